@@ -1,0 +1,287 @@
+"""Turn any timm / torchvision / Hugging Face model into a σN-Ens ensemble, and run its M members in one pass."""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from sigmanens_dist.layers import (
+    LayerSlot,
+    SigmaBatchNorm,
+    SigmaNorm,
+    SigmaStore,
+    looks_like_norm,
+    sigma_class_for,
+    supported_names,
+)
+from sigmanens_dist.regularizer import diversity_loss, members_on
+
+__all__ = ["SigmaEnsemble", "check_num_members", "convert_to_sigma_ensemble"]
+
+Inputs = torch.Tensor | Mapping[str, Any]
+
+
+def check_num_members(num_members: int) -> int:
+    if isinstance(num_members, bool) or not isinstance(num_members, int) or num_members < 1:
+        raise ValueError(f"num_members must be an int ≥ 1, got {num_members!r}")
+    return num_members
+
+
+class SigmaEnsemble(nn.Module):
+    """A shared backbone whose norms are σ layers of M members; all σ state lives in ``self.sigma``.
+
+    ``forward(x)`` replicates a batch ``(B, …)`` for every member and returns member logits ``(M, B, K)`` from ONE
+    batched pass; ``forward_members`` takes an already member-major batch ``(M·B, …)`` (members may see different
+    samples); ``predict`` is the mean of member softmaxes.
+    """
+
+    def __init__(self, backbone: nn.Module, sigma: SigmaStore) -> None:
+        super().__init__()
+        self.sigma = sigma  # first, so a mismatched checkpoint is refused before the backbone is touched
+        self.backbone = backbone
+        self._bound_ptr = -1
+        self.rebind()
+
+    @property
+    def num_members(self) -> int:
+        return self.sigma.num_members
+
+    def sigma_layers(self) -> list[tuple[str, SigmaNorm]]:
+        return [(name, m) for name, m in self.backbone.named_modules() if isinstance(m, SigmaNorm)]
+
+    # -- views survive .to()/.cuda()/load(assign=True): re-expose them whenever the stats buffer moved -------
+    def rebind(self) -> None:
+        """Point every σBatchNorm's named ``running_mean``/``running_var`` views at the current stats buffer."""
+        for _, layer in self.sigma_layers():
+            if isinstance(layer, SigmaBatchNorm) and layer.track_running_stats:
+                layer.rebind_stats()
+        self._bound_ptr = self.sigma.running_stats.data_ptr()
+
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 - torch's signature
+        out = super()._apply(fn, recurse)
+        self.rebind()
+        return out
+
+    # -- forward ---------------------------------------------------------------------------------------------
+    def forward(self, x: Inputs) -> torch.Tensor:
+        """Member logits ``(M, B, K)`` for a batch ``(B, …)`` seen by every member."""
+        return self.forward_members(_map_tensors(x, self._replicate))
+
+    def forward_members(self, x: Inputs) -> torch.Tensor:
+        """Member logits ``(M, B, K)`` for a member-major batch ``(M·B, …)``."""
+        batch = _batch_size(x)
+        if batch % self.num_members:
+            raise ValueError(f"forward_members: batch size {batch} is not a multiple of num_members="
+                             f"{self.num_members}; pass (M·B, …) member-major inputs, or use forward((B, …))")
+        if self.sigma.running_stats.data_ptr() != self._bound_ptr:
+            self.rebind()
+        out = _logits(self.backbone(x))
+        return out.view(self.num_members, batch // self.num_members, *out.shape[1:])
+
+    def _replicate(self, t: torch.Tensor) -> torch.Tensor:
+        return t.unsqueeze(0).expand(self.num_members, *t.shape).reshape(-1, *t.shape[1:])
+
+    @torch.no_grad()
+    def predict(self, x: Inputs) -> torch.Tensor:
+        """Ensemble predictive distribution ``(B, K)``: the mean of the member softmaxes."""
+        return self(x).float().softmax(dim=-1).mean(dim=0)
+
+    # -- σ state ---------------------------------------------------------------------------------------------
+    def gamma(self, regularized_only: bool = True) -> torch.Tensor:
+        """The ``(M, F)`` importance logits (a view of the flat parameter; differentiable)."""
+        return self.sigma.gamma(regularized_only)
+
+    def importances(self, regularized_only: bool = False) -> torch.Tensor:
+        """``σ(γ)`` of every converted layer (or only the regularised ones), ``(M, F)``."""
+        return torch.sigmoid(self.gamma(regularized_only))
+
+    def diversity_loss(self, tau: float) -> torch.Tensor:
+        """``L_div`` over all regularised layers in one op (multiply by λ yourself)."""
+        return diversity_loss(self.gamma(), tau)
+
+    def sharing(self, threshold: float = 0.5) -> dict[str, float]:
+        """Measured sharing: mean number of members "on" (σ(γ) > threshold) per feature, per regularised layer,
+        plus ``"all"`` over every regularised feature."""
+        on = members_on(self.gamma(), threshold).float()
+        out = {s.name: on[s.gamma[0]: s.gamma[1]].mean().item() for s in self.sigma.slots if s.regularized}
+        out["all"] = on.mean().item() if on.numel() else float("nan")
+        return out
+
+    def member(self, index: int) -> nn.Module:
+        """Member ``index`` as a plain model of the source architecture (σ(γ) folded into ordinary norms)."""
+        if not 0 <= index < self.num_members:
+            raise IndexError(f"member index {index} out of range for num_members={self.num_members}")
+        memo: dict[int, Any] = {id(layer): layer.plain_member(index) for _, layer in self.sigma_layers()}
+        return copy.deepcopy(self.backbone, memo)
+
+
+def convert_to_sigma_ensemble(
+    model: nn.Module,
+    num_members: int,
+    *,
+    gamma_init_mean: float = 0.0,
+    gamma_init_std: float = 1.0,
+    layers: Sequence[str] | None = None,
+    regularize: Sequence[str] | None = None,
+    seed: int | None = 0,
+    inplace: bool = False,
+) -> SigmaEnsemble:
+    """Replace every normalization layer of ``model`` by an M-member σ layer and return the ensemble.
+
+    Function preserving: each member's affine is divided by its random ``σ(γ_m)``, so at conversion every member
+    reproduces ``model``'s eval output while γ starts off the symmetric saddle of ``L_div``.
+
+    Args:
+        layers: ``fnmatch`` patterns of module names to convert (default: every norm; an unsupported norm is then an
+            error). Norms not matched stay shared.
+        regularize: patterns of converted layers whose γ enter ``diversity_loss`` (default: all).
+        seed: seed of the γ initialisation (the same on every rank); None draws from torch's global RNG.
+        inplace: modify ``model`` itself instead of a deep copy.
+    """
+    num_members = check_num_members(num_members)
+    if not gamma_init_std >= 0:
+        raise ValueError(f"gamma_init_std must be ≥ 0, got {gamma_init_std!r}")
+    if any(isinstance(m, SigmaNorm) for m in model.modules()):
+        raise ValueError("model already contains σ layers: it was converted before")
+    backbone = model if inplace else copy.deepcopy(model)
+    targets = _find_norms(backbone, layers)
+    if not targets:
+        raise ValueError(f"no normalization layer to convert in {type(model).__name__}; supported types: "
+                         + ", ".join(supported_names()))
+    names = [name for name, _ in targets]
+    reg = set(_match(names, regularize, "regularize")) if regularize is not None else set(names)
+
+    sigma_layers = [(name, sigma_class_for(src)(src, num_members), src) for name, src in targets]
+    slots, num_columns, num_stats = _layout(sigma_layers, reg, num_members)
+    store = SigmaStore(num_members, slots, num_columns, num_stats)
+    ref = next((p for p in model.parameters() if p.is_floating_point()), store.flat)
+    store.to(device=ref.device, dtype=ref.dtype)
+    _initialise(store, sigma_layers, slots, gamma_init_mean, gamma_init_std, seed)
+    for (name, layer, _), slot in zip(sigma_layers, slots, strict=True):
+        layer.bind(store, slot)
+        parent, _, attr = name.rpartition(".")
+        setattr(backbone.get_submodule(parent) if parent else backbone, attr, layer)
+    return SigmaEnsemble(backbone, store)
+
+
+# -- conversion helpers ----------------------------------------------------------------------------------------
+def _find_norms(model: nn.Module, patterns: Sequence[str] | None) -> list[tuple[str, nn.Module]]:
+    found: list[tuple[str, nn.Module]] = []
+    unsupported: list[str] = []
+
+    def walk(module: nn.Module, prefix: str) -> None:
+        for child_name, child in module.named_children():
+            name = prefix + child_name
+            if sigma_class_for(child) is not None:
+                found.append((name, child))
+            elif looks_like_norm(child):
+                unsupported.append(f"{name!r} ({type(child).__name__})")
+            else:
+                walk(child, name + ".")
+
+    walk(model, "")
+    if patterns is not None:
+        keep = set(_match([n for n, _ in found] + [u.split("'")[1] for u in unsupported], patterns, "layers"))
+        found = [(n, m) for n, m in found if n in keep]
+        unsupported = [u for u in unsupported if u.split("'")[1] in keep]
+    if unsupported:
+        raise TypeError("unsupported normalization layer(s): " + ", ".join(unsupported) + ". Supported types: "
+                        + ", ".join(supported_names()) + ". Pass layers=[patterns] to convert only the others "
+                        "(unconverted norms stay shared by all members).")
+    return found
+
+
+def _match(names: list[str], patterns: Sequence[str], what: str) -> list[str]:
+    if isinstance(patterns, str):
+        raise TypeError(f"{what} must be a list of name patterns, got the string {patterns!r}")
+    for pat in patterns:
+        if not any(fnmatch.fnmatchcase(n, pat) for n in names):
+            raise ValueError(f"{what} pattern {pat!r} matches no normalization layer; layers are: "
+                             + ", ".join(names[:20]) + (" …" if len(names) > 20 else ""))
+    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
+def _layout(layers: list[tuple[str, SigmaNorm, nn.Module]], reg: set[str], m: int
+            ) -> tuple[list[LayerSlot], int, int]:
+    """Columns: γ of regularised layers first (one contiguous ``(M, F)`` block), then other γ, then affines."""
+    gamma_cols: dict[str, tuple[int, int]] = {}
+    col = 0
+    for want in (True, False):
+        for name, layer, _ in layers:
+            if (name in reg) == want:
+                gamma_cols[name] = (col, col + layer.num_features)
+                col += layer.num_features
+    slots, stats = [], 0
+    for name, layer, _ in layers:
+        c = layer.num_features
+        weight = (col, col + c)
+        col += c
+        bias = None
+        if layer.has_bias:
+            bias = (col, col + c)
+            col += c
+        stat = None
+        if isinstance(layer, SigmaBatchNorm) and layer.track_running_stats:
+            stat, stats = stats, stats + 2 * m * c
+        slots.append(LayerSlot(name, layer.kind, c, gamma_cols[name], weight, bias, stat, name in reg))
+    return slots, col, stats
+
+
+@torch.no_grad()
+def _initialise(store: SigmaStore, layers: list[tuple[str, SigmaNorm, nn.Module]], slots: list[LayerSlot],
+                mean: float, std: float, seed: int | None) -> None:
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    gamma = torch.randn(store.num_members, store.num_gamma, generator=gen, dtype=torch.float64) * std + mean
+    flat = torch.zeros(store.flat.shape, dtype=torch.float64)
+    flat[:, : store.num_gamma] = gamma
+    stats = torch.zeros(store.running_stats.shape, dtype=torch.float64)
+    for (_, layer, src), slot in zip(layers, slots, strict=True):
+        gate = torch.sigmoid(gamma[:, slot.gamma[0]: slot.gamma[1]])
+        c = layer.num_features
+        w = getattr(src, "weight", None)
+        w = torch.ones(c, dtype=torch.float64) if w is None else w.detach().double().reshape(c).cpu()
+        flat[:, slot.weight[0]: slot.weight[1]] = w / gate  # σ(γ_m)·w_m == w: the member reproduces the source
+        if slot.bias is not None:
+            b = getattr(src, "bias", None)
+            b = torch.zeros(c, dtype=torch.float64) if b is None else b.detach().double().reshape(c).cpu()
+            flat[:, slot.bias[0]: slot.bias[1]] = b / gate
+        if slot.stats is not None:
+            n = store.num_members * c
+            stats[slot.stats: slot.stats + n] = src.running_mean.detach().double().cpu().repeat(store.num_members)
+            stats[slot.stats + n: slot.stats + 2 * n] = src.running_var.detach().double().cpu().repeat(
+                store.num_members)
+    store.flat.copy_(flat)
+    store.running_stats.copy_(stats)
+
+
+# -- inputs and outputs of arbitrary backbones -------------------------------------------------------------------
+def _map_tensors(x: Inputs, fn) -> Inputs:  # noqa: ANN001
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, Mapping):
+        return type(x)({k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in x.items()})
+    raise TypeError(f"inputs must be a Tensor or a mapping of Tensors (e.g. tokenizer output), got {type(x).__name__}")
+
+
+def _batch_size(x: Inputs) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.shape[0]
+    sizes = {v.shape[0] for v in x.values() if isinstance(v, torch.Tensor)}
+    if len(sizes) != 1:
+        raise ValueError(f"input tensors disagree on the batch size: {sorted(sizes)}")
+    return sizes.pop()
+
+
+def _logits(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "logits"):
+        return out.logits
+    if isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise TypeError(f"cannot find logits in the backbone output of type {type(out).__name__}")

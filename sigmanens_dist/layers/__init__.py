@@ -1,0 +1,25 @@
+"""Member-vectorised σ normalization layers and the flat parameter store they share."""
+
+from sigmanens_dist.layers.batchnorm import SigmaBatchNorm
+from sigmanens_dist.layers.groupnorm import SigmaGroupNorm
+from sigmanens_dist.layers.layernorm import SigmaLayerNorm, SigmaLayerNorm2d
+from sigmanens_dist.layers.registry import SUPPORTED, looks_like_norm, sigma_class_for, supported_names
+from sigmanens_dist.layers.rmsnorm import SigmaRmsNorm, SigmaRmsNorm2d
+from sigmanens_dist.layers.sigma_norm import SigmaNorm
+from sigmanens_dist.layers.store import LayerSlot, SigmaStore
+
+__all__ = [
+    "SUPPORTED",
+    "LayerSlot",
+    "SigmaBatchNorm",
+    "SigmaGroupNorm",
+    "SigmaLayerNorm",
+    "SigmaLayerNorm2d",
+    "SigmaNorm",
+    "SigmaRmsNorm",
+    "SigmaRmsNorm2d",
+    "SigmaStore",
+    "looks_like_norm",
+    "sigma_class_for",
+    "supported_names",
+]

@@ -1,0 +1,123 @@
+"""Base of the member-vectorised σ norms: ``σNorm_m(x) = sigmoid(γ_m) ⊙ norm_m(x)`` for M members in one pass.
+
+The input is a member-major batch ``(M·B, …)``: rows ``m·B … (m+1)·B − 1`` belong to member m. Subclasses only
+normalise (without affine); this base applies member m's affine with ``sigmoid(γ_m)`` folded into it, so the σ
+gate costs no extra pass over the activations: ``σ(γ)·(w·x̂ + b) = (σ(γ)w)·x̂ + σ(γ)b``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from sigmanens_dist.layers.store import LayerSlot, SigmaStore
+
+__all__ = ["SigmaNorm"]
+
+
+class SigmaNorm(nn.Module):
+    """Common state of every σ norm: its slot in the shared :class:`SigmaStore`, and timm's optional act/drop."""
+
+    kind: str = ""
+    channels_last: bool = True  # affine over the last dim (LayerNorm style) or over dim 1 (BatchNorm style)
+    has_bias: bool = True  # RMS norms scale only
+
+    def __init__(self, source: nn.Module, num_members: int, num_features: int) -> None:
+        super().__init__()
+        self.num_members = num_members
+        self.num_features = num_features
+        self.eps = float(getattr(source, "eps", 1e-5) or 0.0)
+        self.fp32 = type(source).__name__.endswith("Fp32")
+        self.param_shape = tuple(getattr(source, "normalized_shape", None) or (num_features,))
+        # timm's *Act layers apply drop then act after the norm; keep the very same modules.
+        self.drop = source.drop if isinstance(getattr(source, "drop", None), nn.Module) else None
+        self.act = source.act if isinstance(getattr(source, "act", None), nn.Module) else None
+        # A weightless copy of the source layer (meta device), the template to rebuild a plain member layer from.
+        self._template = (copy.deepcopy(source).to("meta"),)
+        self._store: SigmaStore | None = None
+        self._slot: LayerSlot | None = None
+
+    # -- binding to the store ------------------------------------------------------------------------------
+    def bind(self, store: SigmaStore, slot: LayerSlot) -> None:
+        """Attach to the store (not registered as a child: the store has a single owner, the ensemble)."""
+        object.__setattr__(self, "_store", store)
+        self._slot = slot
+
+    @property
+    def store(self) -> SigmaStore:
+        if self._store is None:
+            raise RuntimeError(f"{type(self).__name__} is not bound to a SigmaStore; build it with "
+                               "convert_to_sigma_ensemble")
+        return self._store
+
+    @property
+    def gamma(self) -> torch.Tensor:
+        """``(M, C)`` importance logits (a view into the flat parameter)."""
+        return self.store.columns(self._slot.gamma)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.store.columns(self._slot.weight)
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return None if self._slot.bias is None else self.store.columns(self._slot.bias)
+
+    def gated_affine(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Member affine with the σ gate folded in: ``(σ(γ)·w, σ(γ)·b)``, each ``(M, C)``."""
+        gate = torch.sigmoid(self.gamma)
+        bias = self.bias
+        return gate * self.weight, None if bias is None else gate * bias
+
+    # -- forward helpers -----------------------------------------------------------------------------------
+    def check_batch(self, x: torch.Tensor) -> int:
+        """Per-member batch size B of a member-major input, or a clear error."""
+        if x.ndim < 2 or x.shape[0] % self.num_members:
+            raise ValueError(f"{type(self).__name__}: input batch dimension {tuple(x.shape)[:1]} is not a multiple "
+                             f"of num_members={self.num_members}; σ layers take member-major batches (M·B, …)")
+        return x.shape[0] // self.num_members
+
+    def member_affine(self, y: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None) -> torch.Tensor:
+        """Apply member m's ``(C,)`` scale/shift to its rows of the normalised ``y`` in one broadcast op."""
+        m, c = self.num_members, self.num_features
+        if self.channels_last:
+            view, s = y.reshape(m, -1, c), (m, 1, c)
+        else:
+            view, s = y.reshape(m, y.shape[0] // m, c, -1), (m, 1, c, 1)
+        out = view * scale.view(s) if shift is None else torch.addcmul(shift.view(s), view, scale.view(s))
+        return out.view(y.shape)
+
+    def post(self, y: torch.Tensor) -> torch.Tensor:
+        if self.drop is not None:
+            y = self.drop(y)
+        if self.act is not None:
+            y = self.act(y)
+        return y
+
+    # -- export --------------------------------------------------------------------------------------------
+    def plain_member(self, member: int) -> nn.Module:
+        """Member ``member`` as an ordinary layer of the source type, with σ(γ) folded into its affine."""
+        layer = copy.deepcopy(self._template[0]).to_empty(device=self.weight.device)
+        with torch.no_grad():
+            scale, shift = self.gated_affine()
+            self.fill_plain(layer, member, scale[member], None if shift is None else shift[member])
+        if self.drop is not None:
+            layer.drop = copy.deepcopy(self.drop)
+        if self.act is not None:
+            layer.act = copy.deepcopy(self.act)
+        return layer
+
+    def fill_plain(self, layer: nn.Module, member: int, scale: torch.Tensor, shift: torch.Tensor | None) -> None:
+        """Write member ``member``'s state into ``layer`` (a fresh copy of the source type)."""
+        # Always give the plain layer an affine: even a source without one gets σ(γ_m) and member m's shift.
+        layer.weight = nn.Parameter(scale.detach().clone().reshape(self.param_shape))
+        if shift is not None:
+            layer.bias = nn.Parameter(shift.detach().clone().reshape(self.param_shape))
+        for flag in ("affine", "elementwise_affine"):
+            if hasattr(layer, flag):
+                setattr(layer, flag, True)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}, num_members={self.num_members}, eps={self.eps}"

@@ -1,0 +1,109 @@
+"""The flat store: every σNorm parameter of every member in one ``nn.Parameter``.
+
+Why one tensor: the whole ensemble state (importances γ, member affines) then travels as a single gradient
+through DDP buckets, FSDP shards and ZeRO partitions, and the diversity regulariser is one op over one view.
+
+Layout of the parameter, shape ``(M, D)``, one row per member::
+
+    row m = [ γ of regularised layers | γ of other layers | weight, bias of layer 0 | weight, bias of layer 1 | … ]
+
+so ``flat[:, :G_reg]`` is the ``(M, F)`` matrix the regulariser needs and ``flat[m]`` is member m's whole state.
+Running statistics live in one flat buffer too, with every layer's ``(M, C)`` mean and var contiguous so the
+per-member rows can be updated in place by ``F.batch_norm``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = ["LayerSlot", "SigmaStore"]
+
+
+@dataclass(frozen=True)
+class LayerSlot:
+    """Where one σ layer's tensors sit inside the store (column ranges of the parameter, offsets of the stats)."""
+
+    name: str
+    kind: str
+    num_features: int
+    gamma: tuple[int, int]
+    weight: tuple[int, int]
+    bias: tuple[int, int] | None
+    stats: int | None  # offset of running_mean in the stats buffer; running_var follows; None: no running stats
+    regularized: bool
+
+    def signature(self) -> str:
+        return f"{self.name}:{self.kind}:{self.num_features}:{int(self.bias is not None)}:{int(self.stats is not None)}"
+
+
+class SigmaStore(nn.Module):
+    """Owns the flat parameter and the flat running-stat buffer; σ layers only read views of them."""
+
+    # Written into the state dict so a checkpoint of another M or architecture is refused with a clear message.
+    _LAYOUT_FIELDS = ("num_members", "num_layers", "num_gamma", "num_regularized", "num_columns", "num_stats", "crc")
+
+    def __init__(self, num_members: int, slots: list[LayerSlot], num_columns: int, num_stats: int) -> None:
+        super().__init__()
+        self.num_members = num_members
+        self.slots = slots
+        self.num_gamma = sum(s.num_features for s in slots)
+        self.num_regularized = sum(s.num_features for s in slots if s.regularized)
+        self.flat = nn.Parameter(torch.zeros(num_members, num_columns))
+        self.register_buffer("running_stats", torch.zeros(num_stats))
+        self.register_buffer("layout", torch.tensor(self._layout_values(), dtype=torch.int64))
+
+    def _layout_values(self) -> list[int]:
+        crc = zlib.crc32("|".join(s.signature() for s in self.slots).encode())
+        return [
+            self.num_members,
+            len(self.slots),
+            self.num_gamma,
+            self.num_regularized,
+            self.flat.shape[1],
+            self.running_stats.numel(),
+            crc,
+        ]
+
+    # -- views --------------------------------------------------------------------------------------------
+    def gamma(self, regularized_only: bool = True) -> torch.Tensor:
+        """The ``(M, F)`` importance logits, a view into the flat parameter."""
+        return self.flat[:, : self.num_regularized if regularized_only else self.num_gamma]
+
+    def columns(self, span: tuple[int, int]) -> torch.Tensor:
+        return self.flat[:, span[0] : span[1]]
+
+    def stats(self, offset: int, num_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Running mean and var of one layer as contiguous ``(M, C)`` views of the stats buffer."""
+        n = self.num_members * num_features
+        buf = self.running_stats
+        return buf[offset : offset + n].view(self.num_members, -1), buf[offset + n : offset + 2 * n].view(
+            self.num_members, -1
+        )
+
+    # -- checkpoint compatibility ---------------------------------------------------------------------------
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:  # noqa: ANN001 - torch's signature
+        key = prefix + "layout"
+        if key in state_dict:
+            theirs = [int(v) for v in state_dict[key].tolist()]
+            ours = self._layout_values()
+            if theirs != ours:
+                raise RuntimeError(self._describe_mismatch(theirs, ours))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    def _describe_mismatch(self, theirs: list[int], ours: list[int]) -> str:
+        t = dict(zip(self._LAYOUT_FIELDS, theirs, strict=False))
+        o = dict(zip(self._LAYOUT_FIELDS, ours, strict=False))
+        if t["num_members"] != o["num_members"]:
+            return (f"cannot load σN-Ens state: the checkpoint has num_members={t['num_members']}, this ensemble has "
+                    f"num_members={o['num_members']}; convert the model with the checkpoint's M")
+        diffs = [f"{k}: checkpoint {t[k]} vs model {o[k]}" for k in self._LAYOUT_FIELDS[1:] if t[k] != o[k]]
+        if diffs == [f"crc: checkpoint {t['crc']} vs model {o['crc']}"]:
+            diffs = ["same sizes but the σ layers differ in name, kind or order (layout checksum differs)"]
+        return "cannot load σN-Ens state: the checkpoint comes from a different architecture or conversion (" + \
+            "; ".join(diffs) + ")"
