@@ -80,7 +80,7 @@ class SigmaEnsemble(nn.Module):
                              f"{self.num_members}; pass (M·B, …) member-major inputs, or use forward((B, …))")
         if self.sigma.running_stats.data_ptr() != self._bound_ptr:
             self.rebind()
-        out = _logits(self.backbone(x))
+        out = _logits(self.backbone(**x) if isinstance(x, Mapping) else self.backbone(x))
         return out.view(self.num_members, batch // self.num_members, *out.shape[1:])
 
     def _replicate(self, t: torch.Tensor) -> torch.Tensor:

@@ -56,7 +56,9 @@ _NORM_BASES = (nn.modules.batchnorm._NormBase, nn.LocalResponseNorm, nn.CrossMap
 
 
 def supported_names() -> list[str]:
-    return sorted({f"{t.__module__.replace('torch.nn.modules.', 'torch.nn.')}.{t.__qualname__}" for t in SUPPORTED})
+    """Public spellings of the supported types (``torch.nn.BatchNorm2d``, ``timm.layers.LayerNorm2d``…)."""
+    return sorted(f"{'torch.nn' if t.__module__.startswith('torch.') else 'timm.layers'}.{t.__qualname__}"
+                  for t in SUPPORTED)
 
 
 def sigma_class_for(module: nn.Module) -> type[SigmaNorm] | None:

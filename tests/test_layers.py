@@ -1,0 +1,151 @@
+"""Each σ layer with M members must behave exactly like M independent copies of its source layer."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from timm.layers import norm as timm_norm
+from timm.layers import norm_act as timm_norm_act
+from torch import nn
+
+from sigmanens_dist import convert_to_sigma_ensemble
+from sigmanens_dist.layers import SUPPORTED, SigmaBatchNorm, SigmaNorm
+
+M, B = 3, 4
+
+CASES = {
+    "BatchNorm1d-2d": (lambda: nn.BatchNorm1d(6), (6,)),
+    "BatchNorm1d-3d": (lambda: nn.BatchNorm1d(6), (6, 5)),
+    "BatchNorm2d": (lambda: nn.BatchNorm2d(6), (6, 5, 5)),
+    "BatchNorm2d-cumulative": (lambda: nn.BatchNorm2d(6, momentum=None), (6, 5, 5)),
+    "BatchNorm2d-no-stats": (lambda: nn.BatchNorm2d(6, track_running_stats=False), (6, 5, 5)),
+    "BatchNorm3d": (lambda: nn.BatchNorm3d(4), (4, 3, 3, 3)),
+    "SyncBatchNorm": (lambda: nn.SyncBatchNorm(6), (6, 5, 5)),
+    "timm.BatchNormAct2d": (lambda: timm_norm_act.BatchNormAct2d(6, act_layer=nn.SiLU), (6, 5, 5)),
+    "LayerNorm": (lambda: nn.LayerNorm(8), (5, 8)),
+    "LayerNorm-2dshape": (lambda: nn.LayerNorm((4, 8)), (4, 8)),
+    "timm.LayerNorm": (lambda: timm_norm.LayerNorm(8), (5, 8)),
+    "timm.LayerNormFp32": (lambda: timm_norm.LayerNormFp32(8), (5, 8)),
+    "timm.LayerNormAct": (lambda: timm_norm_act.LayerNormAct(8, act_layer=nn.GELU), (5, 8)),
+    "timm.LayerNorm2d": (lambda: timm_norm.LayerNorm2d(6), (6, 4, 4)),
+    "timm.LayerNormAct2d": (lambda: timm_norm_act.LayerNormAct2d(6, act_layer=nn.GELU), (6, 4, 4)),
+    "GroupNorm": (lambda: nn.GroupNorm(3, 6), (6, 4, 4)),
+    "timm.GroupNorm1": (lambda: timm_norm.GroupNorm1(6), (6, 4, 4)),
+    "timm.GroupNormAct": (lambda: timm_norm_act.GroupNormAct(6, num_groups=3, act_layer=nn.ReLU), (6, 4, 4)),
+    "RMSNorm": (lambda: nn.RMSNorm(8), (5, 8)),
+    "RMSNorm-eps-None": (lambda: nn.RMSNorm(8, eps=None), (5, 8)),
+    "timm.RmsNorm": (lambda: timm_norm.RmsNorm(8), (5, 8)),
+    "timm.RmsNorm2d": (lambda: timm_norm.RmsNorm2d(6), (6, 4, 4)),
+    "timm.RmsNormAct": (lambda: timm_norm_act.RmsNormAct(8, act_layer=nn.GELU), (5, 8)),
+}
+
+
+def _randomised(make) -> nn.Module:  # noqa: ANN001
+    src = make()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in src.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5 + 1.0)
+        if getattr(src, "running_mean", None) is not None:
+            src.running_mean.copy_(torch.randn(src.running_mean.shape, generator=g) * 0.3)
+            src.running_var.copy_(torch.rand(src.running_var.shape, generator=g) + 0.5)
+    return src
+
+
+def _build(name: str) -> tuple[nn.Module, SigmaNorm, list[nn.Module]]:
+    """The σ layer with random member state, and M plain copies of the source holding each member's state."""
+    make, _ = CASES[name]
+    src = _randomised(make)
+    ens = convert_to_sigma_ensemble(nn.Sequential(src), M, seed=3)
+    layer = ens.backbone[0]
+    with torch.no_grad():  # make the members really different, beyond the γ compensation
+        ens.sigma.flat.add_(torch.randn(ens.sigma.flat.shape, generator=torch.Generator().manual_seed(2)) * 0.3)
+    scale, shift = layer.gated_affine()
+    refs = []
+    for m in range(M):
+        ref = copy.deepcopy(src)
+        with torch.no_grad():
+            ref.weight.copy_(scale[m].reshape(ref.weight.shape))
+            if shift is not None:
+                ref.bias.copy_(shift[m].reshape(ref.bias.shape))
+            if isinstance(layer, SigmaBatchNorm) and layer.track_running_stats:
+                ref.running_mean.copy_(layer.running_mean[m])
+                ref.running_var.copy_(layer.running_var[m])
+        refs.append(ref)
+    return ens, layer, refs
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_sigma_layer_equals_member_copies(name: str, mode: str) -> None:
+    ens, layer, refs = _build(name)
+    _, feat = CASES[name]
+    ens.train(mode == "train")
+    for r in refs:
+        r.train(mode == "train")
+    x = torch.randn(M * B, *feat, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    xr = [x.detach()[m * B: (m + 1) * B].clone().requires_grad_() for m in range(M)]
+    y = layer(x)
+    yr = [r(xm) for r, xm in zip(refs, xr, strict=True)]
+    torch.testing.assert_close(y, torch.cat(yr), atol=1e-5, rtol=1e-5)
+
+    # Gradients: input, and the member parameters through σ(γ)·w = w_eff (chain rule onto the flat store).
+    weight_out = torch.randn(y.shape, generator=torch.Generator().manual_seed(5))
+    (y * weight_out).sum().backward()
+    for m in range(M):
+        (yr[m] * weight_out[m * B: (m + 1) * B]).sum().backward()
+    torch.testing.assert_close(x.grad, torch.cat([xm.grad for xm in xr]), atol=1e-5, rtol=1e-5)
+    grad = ens.sigma.flat.grad
+    s = layer._slot
+    gate = torch.sigmoid(layer.gamma.detach())
+    g_w = torch.stack([r.weight.grad.reshape(-1) for r in refs])
+    torch.testing.assert_close(grad[:, s.weight[0]: s.weight[1]], gate * g_w, atol=1e-5, rtol=1e-4)
+    dgamma = gate * (1 - gate) * layer.weight.detach() * g_w
+    if s.bias is not None:
+        g_b = torch.stack([r.bias.grad.reshape(-1) for r in refs])
+        torch.testing.assert_close(grad[:, s.bias[0]: s.bias[1]], gate * g_b, atol=1e-5, rtol=1e-4)
+        dgamma = dgamma + gate * (1 - gate) * layer.bias.detach() * g_b
+    torch.testing.assert_close(grad[:, s.gamma[0]: s.gamma[1]], dgamma, atol=1e-5, rtol=1e-4)
+
+    # Running statistics: each member updated its own with its own batch.
+    if isinstance(layer, SigmaBatchNorm) and layer.track_running_stats:
+        for m, r in enumerate(refs):
+            torch.testing.assert_close(layer.running_mean[m], r.running_mean, atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(layer.running_var[m], r.running_var, atol=1e-6, rtol=1e-5)
+        assert int(layer.num_batches_tracked) == int(refs[0].num_batches_tracked)
+
+
+def test_every_supported_type_has_a_case() -> None:
+    covered = {type(CASES[n][0]()) for n in CASES}
+    # Fp32/Exp/GroupNorm1Act/SyncBatchNormAct variants share their σ class and code path with a covered sibling.
+    siblings = {timm_norm.LayerNorm2dFp32, timm_norm.LayerNormExp2d, timm_norm_act.LayerNormAct2dFp32,
+                timm_norm_act.LayerNormActFp32, timm_norm_act.GroupNorm1Act, timm_norm_act.SyncBatchNormAct,
+                timm_norm.GroupNorm, timm_norm.RmsNormFp32, timm_norm.RmsNorm2dFp32, timm_norm_act.RmsNormActFp32,
+                timm_norm_act.RmsNormAct2d, timm_norm_act.RmsNormAct2dFp32}
+    assert set(SUPPORTED) - covered - siblings == set()
+
+
+def test_running_stats_are_views_of_the_flat_buffer_and_survive_moves() -> None:
+    ens, layer, _ = _build("BatchNorm2d")
+    assert layer.running_mean.untyped_storage().data_ptr() == ens.sigma.running_stats.untyped_storage().data_ptr()
+    ens.double()
+    assert layer.running_mean.dtype == torch.float64
+    assert layer.running_mean.untyped_storage().data_ptr() == ens.sigma.running_stats.untyped_storage().data_ptr()
+    before = ens.sigma.running_stats.clone()
+    ens.train()(torch.randn(2, 6, 5, 5, dtype=torch.float64))
+    assert not torch.equal(before, ens.sigma.running_stats)
+    torch.testing.assert_close(layer.running_mean, ens.sigma.stats(layer._slot.stats, 6)[0])
+    names = [n for n, _ in ens.named_buffers()]
+    assert "backbone.0.running_mean" in names and "backbone.0.running_var" in names
+    assert "backbone.0.running_mean" not in ens.state_dict()  # saved once, in the flat buffer
+
+
+def test_layer_rejects_batch_not_multiple_of_members() -> None:
+    _, layer, _ = _build("LayerNorm")
+    with pytest.raises(ValueError, match=r"not a multiple of num_members=3"):
+        layer(torch.randn(M * B + 1, 5, 8))
+    _, bn, _ = _build("BatchNorm2d")
+    with pytest.raises(ValueError, match=r"expected 6 channels"):
+        bn(torch.randn(M * B, 5, 5, 5))
