@@ -1,0 +1,130 @@
+"""σNorm core benchmarks; every number is a ratio against a baseline measured in the same run.
+
+    python bench/bench_core.py            # all three
+    python bench/bench_core.py --only step --model resnet18 --batch 32 --img 32
+
+1. train step (forward + backward + SGD) of σN-Ens(M) at batch B vs the plain backbone at batch M·B (equal FLOPs;
+   goal ≤ 1.15×) and vs a naive loop over M separate member copies at batch B (must be slower than σN-Ens);
+2. ``diversity_loss`` fused (one op over the flat (M, F) view) vs a loop over layers, ResNet-50 size, M=16 (goal ≥ 5×);
+3. parameters of σN-Ens(M) / single model (a Deep Ensemble is M×).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from collections.abc import Callable
+
+import timm
+import torch
+from torch import nn
+
+from sigmanens_dist import convert_to_sigma_ensemble, diversity_loss
+
+
+def _interleaved(fns: dict[str, Callable[[], None]], repeats: int, warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call; calls alternate between candidates so machine noise hits all of them alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _sgd_step(model: nn.Module, params: list[nn.Parameter], loss_fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
+    opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_fn().backward()
+        opt.step()
+
+    return step
+
+
+def bench_step(model_name: str, m: int, batch: int, img: int, repeats: int) -> None:
+    torch.manual_seed(0)
+    src = timm.create_model(model_name, num_classes=10).train()
+    ens = convert_to_sigma_ensemble(src, m).train()
+    members = [copy.deepcopy(src).train() for _ in range(m)]
+    x, xb = torch.randn(batch, 3, img, img), torch.randn(m * batch, 3, img, img)
+    y, yb = torch.randint(0, 10, (batch,)), torch.randint(0, 10, (m * batch,))
+    ce = nn.functional.cross_entropy
+
+    def ens_loss() -> torch.Tensor:
+        logits = ens(x)
+        return ce(logits.flatten(0, 1), y.repeat(m)) + 1e-3 * ens.diversity_loss(0.5)
+
+    fns = {
+        f"plain backbone, batch {m * batch}": _sgd_step(src, list(src.parameters()), lambda: ce(src(xb), yb)),
+        f"σN-Ens M={m}, batch {batch}": _sgd_step(ens, list(ens.parameters()), ens_loss),
+        f"loop over {m} member copies, batch {batch}": _sgd_step(
+            members[0], [p for mm in members for p in mm.parameters()],
+            lambda: sum(ce(mm(x), y) for mm in members)),
+    }
+    t = _interleaved(fns, repeats)
+    base = next(iter(t.values()))
+    print(f"\n[train step] {model_name} {img}x{img}, threads={torch.get_num_threads()}, median of {repeats}")
+    for k, v in t.items():
+        print(f"  {k:40s} {v * 1e3:8.1f} ms   ratio vs plain {v / base:5.2f}x")
+    names = list(t)
+    print(f"  σN-Ens / plain = {t[names[1]] / t[names[0]]:.2f}x (goal ≤ 1.15x);  "
+          f"member loop / σN-Ens = {t[names[2]] / t[names[1]]:.2f}x (goal > 1)")
+
+
+def bench_regularizer(model_name: str, m: int, repeats: int) -> None:
+    ens = convert_to_sigma_ensemble(timm.create_model(model_name), m)
+    layers = [layer for _, layer in ens.sigma_layers()]
+
+    def fused() -> None:
+        ens.sigma.flat.grad = None
+        diversity_loss(ens.gamma(), 0.5).backward()
+
+    def loop() -> None:
+        ens.sigma.flat.grad = None
+        sum(diversity_loss(layer.gamma, 0.5) for layer in layers).backward()
+
+    t = _interleaved({"per-layer loop": loop, "fused": fused}, repeats)
+    print(f"\n[diversity_loss fwd+bwd] {model_name}: {len(layers)} layers, {ens.gamma().shape[1]} features, M={m}")
+    print(f"  per-layer loop {t['per-layer loop'] * 1e3:7.2f} ms   fused {t['fused'] * 1e3:7.2f} ms   "
+          f"speed-up {t['per-layer loop'] / t['fused']:.1f}x (goal ≥ 5x)")
+
+
+def bench_params(names: list[str], ms: list[int]) -> None:
+    print("\n[parameters]  σN-Ens(M) / single model   (a Deep Ensemble is M×)")
+    for name in names:
+        src = timm.create_model(name)
+        n = sum(p.numel() for p in src.parameters())
+        cells = []
+        for m in ms:
+            ens = convert_to_sigma_ensemble(src, m)
+            cells.append(f"M={m}: {sum(p.numel() for p in ens.parameters()) / n:.4f}x")
+        print(f"  {name:22s} {n / 1e6:7.2f}M   " + "   ".join(cells))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", choices=["step", "reg", "params"])
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--members", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--img", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=10)
+    args = ap.parse_args()
+    if args.only in (None, "step"):
+        bench_step(args.model, args.members, args.batch, args.img, args.repeats)
+    if args.only in (None, "reg"):
+        bench_regularizer("resnet50", 16, args.repeats * 5)
+    if args.only in (None, "params"):
+        bench_params(["resnet50", "wide_resnet50_2", "vit_tiny_patch16_224"], [4, 16])
+
+
+if __name__ == "__main__":
+    main()
