@@ -62,7 +62,7 @@ class SigmaEnsemble(nn.Module):
                 layer.rebind_stats()
         self._bound_ptr = self.sigma.running_stats.data_ptr()
 
-    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 - torch's signature
+    def _apply(self, fn, recurse: bool = True):
         out = super()._apply(fn, recurse)
         self.rebind()
         return out
@@ -260,7 +260,7 @@ def _initialise(store: SigmaStore, layers: list[tuple[str, SigmaNorm, nn.Module]
 
 
 # -- inputs and outputs of arbitrary backbones -------------------------------------------------------------------
-def _map_tensors(x: Inputs, fn) -> Inputs:  # noqa: ANN001
+def _map_tensors(x: Inputs, fn) -> Inputs:
     if isinstance(x, torch.Tensor):
         return fn(x)
     if isinstance(x, Mapping):

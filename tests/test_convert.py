@@ -52,7 +52,7 @@ def _source(name: str) -> nn.Module:
     return model
 
 
-def _logits(out) -> torch.Tensor:  # noqa: ANN001
+def _logits(out) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out
 
 

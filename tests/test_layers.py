@@ -42,7 +42,7 @@ CASES = {
 }
 
 
-def _randomised(make) -> nn.Module:  # noqa: ANN001
+def _randomised(make) -> nn.Module:
     src = make()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():

@@ -29,7 +29,7 @@ class SigmaBatchNorm(SigmaNorm):
         if self.track_running_stats:
             self.register_buffer("num_batches_tracked", source.num_batches_tracked.detach().clone())
 
-    def bind(self, store, slot) -> None:  # noqa: ANN001 - see SigmaNorm.bind
+    def bind(self, store, slot) -> None:
         super().bind(store, slot)
         if self.track_running_stats:
             self.rebind_stats()

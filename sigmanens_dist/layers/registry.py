@@ -14,7 +14,7 @@ from sigmanens_dist.layers.layernorm import SigmaLayerNorm, SigmaLayerNorm2d
 from sigmanens_dist.layers.rmsnorm import SigmaRmsNorm, SigmaRmsNorm2d
 from sigmanens_dist.layers.sigma_norm import SigmaNorm
 
-__all__ = ["SUPPORTED", "sigma_class_for", "looks_like_norm", "supported_names"]
+__all__ = ["SUPPORTED", "looks_like_norm", "sigma_class_for", "supported_names"]
 
 # Exact source type -> σ layer. Subclasses come before their bases (LayerNorm2d before LayerNorm), as in timm's
 # converters; a subclass not listed here is only accepted when it keeps its base's forward (same semantics).

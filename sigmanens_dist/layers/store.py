@@ -86,7 +86,7 @@ class SigmaStore(nn.Module):
 
     # -- checkpoint compatibility ---------------------------------------------------------------------------
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs) -> None:  # noqa: ANN001 - torch's signature
+                              error_msgs) -> None:
         key = prefix + "layout"
         if key in state_dict:
             theirs = [int(v) for v in state_dict[key].tolist()]

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One-time (idempotent) set-up of a fresh machine: system packages, a virtual environment, this package.
+# Sourced by launch/demo.sh and launch/test.sh; safe to re-run (it skips what is already there).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${SIGMANENS_VENV:-$ROOT/.venv}"
+export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
+
+# System packages: Fashion-MNIST (the demo's data, shipped by Debian), when apt is available.
+APT_PACKAGES=(dataset-fashion-mnist)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if ((${#missing[@]})); then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "[setup] apt-get install ${missing[*]}"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    echo "[setup] missing system packages: ${missing[*]} (run as root: apt-get install ${missing[*]})" >&2
+  fi
+fi
+
+# Python environment: torch pinned to the wheels this platform has, then the package with its extras.
+PY="${PYTHON:-python3}"
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+stamp="$VENV/.sigmanens-installed"
+want="$(sha1sum "$ROOT/pyproject.toml" | cut -c1-40)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  case "$(uname -m)" in
+    aarch64|arm64) TORCH=(torch==2.9.1 torchvision==0.24.1) ;;
+    *) TORCH=(torch==2.14.1 torchvision==0.29.1) ;;
+  esac
+  echo "[setup] installing ${TORCH[*]} and sigmanens-dist[dev,mlflow] into $VENV (a few minutes the first time)"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${TORCH[@]}" 2>&1 | grep -v "^WARNING: Location" || true
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[dev,mlflow]" 2>&1 \
+    | grep -v "^WARNING: Location" || true
+  "$VENV/bin/python" -c "import torch, torchvision, timm, sigmanens_dist" \
+    || { echo "[setup] install failed: see pip output above" >&2; exit 1; }
+  echo "$want" > "$stamp"
+fi
+export PATH="$VENV/bin:$PATH"

@@ -1,0 +1,55 @@
+"""``sigmanens`` — the command users type.
+
+    sigmanens train --config configs/demo.yaml model.num_members=8     (one process; use torchrun for several)
+    sigmanens demo                                                      (the embedded Fashion-MNIST demo)
+    sigmanens params resnet50 --members 1 4 16                          (σN-Ens vs single-model parameter count)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _params(argv: Sequence[str]) -> int:
+    import timm
+
+    from sigmanens_dist import convert_to_sigma_ensemble
+
+    ap = argparse.ArgumentParser(prog="sigmanens params", description="parameters of σN-Ens(M) vs the single model")
+    ap.add_argument("model", help="timm model name")
+    ap.add_argument("--members", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    args = ap.parse_args(argv)
+    src = timm.create_model(args.model)
+    n = sum(p.numel() for p in src.parameters())
+    print(f"{args.model}: {n:,} parameters")
+    for m in args.members:
+        k = sum(p.numel() for p in convert_to_sigma_ensemble(src, m).parameters())
+        print(f"  σN-Ens M={m:<3d} {k:>14,d}  = {k / n:.4f}x   (deep ensemble {m}x)")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = ("train", "demo", "params")
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+        print(__doc__)
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"unknown command {argv[0]!r}; choose one of: {', '.join(commands)}", file=sys.stderr)
+            return 2
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "params":
+        return _params(rest)
+    if cmd == "train":
+        from sigmanens_dist.train import main as train_main
+
+        return train_main(rest)
+    from sigmanens_dist.demo import main as demo_main
+
+    return demo_main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Deterministic, resumable batch order shared by all ranks.
+
+Each epoch draws one global permutation from ``(seed, epoch)``; global batch i is ``perm[i·B·W : (i+1)·B·W]`` and
+rank r takes its r-th slice of B. So W ranks at batch B see exactly the samples one process sees at batch W·B, every
+rank runs the same number of steps, and a run resumed at (epoch, batch) sees the very batches it would have seen.
+Each sample also gets its own augmentation seed, derived from its place in the global order (not from the rank).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+__all__ = ["EvalShardSampler", "ShardedBatchSampler"]
+
+_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, epoch, position) over 63 bits
+
+
+class ShardedBatchSampler:
+    """Yields lists of ``(index, augmentation_seed)`` for this rank; ``set_position`` chooses epoch and start batch."""
+
+    def __init__(self, num_samples: int, batch_size: int, rank: int, world_size: int, seed: int,
+                 shuffle: bool = True) -> None:
+        if num_samples < batch_size * world_size:
+            raise ValueError(f"the training set has {num_samples} samples, fewer than one global batch "
+                             f"({batch_size} per rank × {world_size} ranks); lower train.batch_size")
+        self.num_samples, self.batch_size = num_samples, batch_size
+        self.rank, self.world_size, self.seed, self.shuffle = rank, world_size, seed, shuffle
+        self.epoch, self.start = 0, 0
+
+    def __len__(self) -> int:
+        """Batches per epoch (the last incomplete global batch is dropped so every rank takes the same steps)."""
+        return self.num_samples // (self.batch_size * self.world_size)
+
+    def set_position(self, epoch: int, start: int = 0) -> None:
+        if not 0 <= start <= len(self):
+            raise ValueError(f"start batch {start} outside an epoch of {len(self)} batches")
+        self.epoch, self.start = epoch, start
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(self.num_samples, generator=g) if self.shuffle else torch.arange(self.num_samples)
+        glob = self.batch_size * self.world_size
+        for i in range(self.start, len(self)):
+            lo = i * glob + self.rank * self.batch_size
+            yield [(int(order[p]), _sample_seed(self.seed, self.epoch, p)) for p in range(lo, lo + self.batch_size)]
+
+
+class EvalShardSampler:
+    """Contiguous, unpadded shards for evaluation: every sample is scored exactly once across ranks."""
+
+    def __init__(self, num_samples: int, batch_size: int, rank: int, world_size: int) -> None:
+        per = -(-num_samples // world_size)
+        self.indices = list(range(rank * per, min(num_samples, (rank + 1) * per)))
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        return -(-len(self.indices) // self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for i in range(0, len(self.indices), self.batch_size):
+            yield self.indices[i: i + self.batch_size]
+
+
+def _sample_seed(seed: int, epoch: int, position: int) -> int:
+    return ((seed * 1_000_003 + epoch) * _MIX + position * 0xBF58476D1CE4E5B9) % (2**63 - 1)

@@ -1,0 +1,64 @@
+"""Process-group set-up from torchrun's environment; a single process without torchrun is a world of one."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistEnv", "all_gather_object", "any_rank", "init_distributed"]
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(backend: str = "auto") -> DistEnv:
+    """Join the process group torchrun describes (nccl on GPU, gloo on CPU, unless ``backend`` says otherwise)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available()
+    if backend == "auto":
+        backend = "nccl" if cuda else "gloo"
+    if backend == "nccl" and not cuda:
+        raise RuntimeError("strategy.backend=nccl needs CUDA GPUs, none is visible; use gloo (or auto) on CPU")
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timedelta(minutes=30),
+                                device_id=device if backend == "nccl" else None)
+    return DistEnv(rank, world, local_rank, device)
+
+
+def any_rank(flag: bool, env: DistEnv) -> bool:
+    """True on every rank if it is true on any (e.g. a preemption signal that reached only some ranks)."""
+    if not env.distributed:
+        return flag
+    t = torch.tensor([int(flag)], device=env.device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def all_gather_object(obj: Any, env: DistEnv) -> list[Any]:
+    if not env.distributed:
+        return [obj]
+    out: list[Any] = [None] * env.world_size
+    dist.all_gather_object(out, obj)
+    return out

@@ -1,0 +1,137 @@
+"""The training loop end to end: runs, DDP equivalence, exact resume after SIGKILL and SIGUSR1, clear errors."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import REPO, SYNTHETIC, TINY_VIT, env, final_state, losses, run_train, torchrun, train_cmd
+
+BASE = [*TINY_VIT, *SYNTHETIC, "train.batch_size=16", "optim.name=adamw", "optim.lr=0.002",
+        "schedule.warmup_steps=3", "train.log_every_steps=1", "reg.lam=0.01"]
+
+
+@pytest.mark.slow
+def test_single_process_run_writes_everything(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = run_train(run, *BASE, "train.max_steps=20", "train.eval_every_steps=10", "checkpoint.every_steps=10",
+                     "checkpoint.keep_last=1", "train.grad_accum=2", "train.clip_grad=1.0", "train.ema_decay=0.9")
+    metrics = json.loads((run / "final_metrics.json").read_text())
+    for key in ("acc", "nll", "ece", "brier", "disagreement", "member0/acc", "member3/nll", "sharing/members_on"):
+        assert key in metrics, key
+    assert metrics["acc"] > 0.3  # 10 learnable classes, chance is 0.1
+    assert [p.name for p in sorted((run / "checkpoints").glob("step_*.pt"))] == ["step_00000020.pt"]
+    assert (run / "checkpoints" / "best.pt").is_file()
+    assert (run / "config.yaml").is_file() and (run / "reliability.png").stat().st_size > 10_000
+    assert sorted(losses(run)) == list(range(1, 21))
+    assert "member 3:" in proc.stdout
+
+
+@pytest.mark.slow
+def test_ddp_two_ranks_match_one_process_with_double_batch(tmp_path: Path) -> None:
+    common = [*BASE, "train.max_steps=6", "checkpoint.every_steps=6"]
+    run_train(tmp_path / "ddp", *common, "train.batch_size=8", nproc=2)
+    run_train(tmp_path / "one", *common, "train.batch_size=16", nproc=1)
+    a, b = losses(tmp_path / "ddp"), losses(tmp_path / "one")
+    assert a.keys() == b.keys() == set(range(1, 7))
+    for step in a:
+        assert a[step] == pytest.approx(b[step], rel=1e-4, abs=1e-5), step
+    sa, sb = final_state(tmp_path / "ddp"), final_state(tmp_path / "one")
+    for k in sa:
+        if sa[k].is_floating_point():
+            torch.testing.assert_close(sa[k], sb[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+@pytest.mark.slow
+def test_ddp_flat_sigma_gradient_is_identical_on_all_ranks(tmp_path: Path) -> None:
+    script = REPO / "tests" / "dist_scripts" / "ddp_grad_check.py"
+    proc = subprocess.run([*torchrun(2), str(script), str(tmp_path)], cwd=REPO, env=env(),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    grads = [torch.load(tmp_path / f"grad_rank{r}.pt") for r in (0, 1)]
+    assert grads[0].abs().sum() > 0
+    assert torch.equal(grads[0], grads[1])
+    local = [torch.load(tmp_path / f"local_grad_rank{r}.pt") for r in (0, 1)]
+    assert not torch.equal(local[0], local[1])  # the ranks saw different data: the equality above is the all-reduce
+
+
+def _interrupted(run: Path, overrides: list[str], sig: int, after_ckpt: str, nproc: int = 1) -> int:
+    """Start training, send ``sig`` once ``after_ckpt`` exists, return the exit status."""
+    proc = subprocess.Popen(train_cmd(run, *overrides, nproc=nproc), cwd=REPO, env=env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 300
+    while not (run / "checkpoints" / after_ckpt).exists():
+        assert proc.poll() is None, proc.stderr.read()[-4000:]
+        assert time.time() < deadline, "checkpoint never appeared"
+        time.sleep(0.02)
+    if sig == signal.SIGKILL:
+        import os
+
+        os.killpg(proc.pid, signal.SIGKILL)
+    elif nproc == 1:
+        proc.send_signal(sig)
+    else:  # like a signal that reached one worker only: the others must follow
+        workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert workers, "no torchrun workers found"
+        subprocess.run(["kill", f"-{sig.name[3:]}", workers[-1]], check=True)
+    _, err = proc.communicate(timeout=300)
+    if sig != signal.SIGKILL:
+        assert "checkpointed at step" in err or proc.returncode != 0, err[-3000:]
+    return proc.returncode
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "nproc"), [(signal.SIGKILL, 1), (signal.SIGUSR1, 1), (signal.SIGUSR1, 2)])
+def test_interrupted_and_resumed_run_is_identical(tmp_path: Path, sig: signal.Signals, nproc: int) -> None:
+    # Dropout and drop-path on, so RNG restoration matters; slow steps so the signal lands mid-run.
+    overrides = [*BASE, "train.max_steps=16", "checkpoint.every_steps=4", "checkpoint.keep_last=3",
+                 "model.kwargs.drop_rate=0.2", "model.kwargs.drop_path_rate=0.1", "train.eval_every_steps=8",
+                 "train.batch_size=8"]
+    run_train(tmp_path / "straight", *overrides, nproc=nproc)
+    run = tmp_path / "interrupted"
+    status = _interrupted(run, overrides, sig, "step_00000004.pt", nproc)
+    if sig == signal.SIGKILL:
+        assert status == -signal.SIGKILL
+    else:
+        assert status in (75, 1)  # 75 from the worker; torchrun reports a failed worker as 1
+        done = sorted(int(p.stem.split("_")[1]) for p in (run / "checkpoints").glob("step_*.pt"))
+        assert done[-1] < 16, "the signal arrived too late to test anything"
+        assert max(losses(run)) == done[-1], "a step ran after the preemption checkpoint"
+    run_train(run, *overrides, "checkpoint.resume=auto", nproc=nproc)
+    assert losses(run) == losses(tmp_path / "straight")
+    straight, resumed = final_state(tmp_path / "straight"), final_state(run)
+    for k in straight:
+        assert torch.equal(straight[k], resumed[k]), k
+
+
+@pytest.mark.slow
+def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    overrides = [*BASE, "train.max_steps=8", "checkpoint.every_steps=4", "checkpoint.keep_last=3"]
+    run_train(run, *overrides)
+    newest = run / "checkpoints" / "step_00000008.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # truncated, as after a crash mid-copy
+    proc = run_train(run, *overrides, "train.max_steps=10", "checkpoint.resume=auto")
+    assert "step_00000008.pt is unreadable" in proc.stderr
+    assert "resumed from" in proc.stderr and "step_00000004.pt at step 4" in proc.stderr
+
+
+@pytest.mark.slow
+def test_resume_with_other_members_is_a_clear_error(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run_train(run, *BASE, "train.max_steps=2", "model.num_members=2")
+    proc = run_train(run, *BASE, "train.max_steps=4", "model.num_members=3", "checkpoint.resume=auto", expect=1)
+    assert "checkpoint has num_members=2, this ensemble has num_members=3" in proc.stderr
+
+
+def test_bad_config_fails_before_anything_starts(tmp_path: Path) -> None:
+    proc = run_train(tmp_path / "run", "model.num_members=0", "reg.tau=-1", "model.nmembers=3", expect=1)
+    for needle in ("model.num_members", "reg.tau", "model.nmembers"):
+        assert needle in proc.stderr, needle
+    assert not (tmp_path / "run").exists()
