@@ -78,8 +78,8 @@ class Tracker:
         with self._local.open("a") as f:
             f.write(json.dumps({"step": step, **metrics}) + "\n")
         if self._mlflow is not None:
-            clean = {k.replace("/", "."): float(v) for k, v in metrics.items()}
-            self._guard("log metrics", lambda: self._mlflow.log_metrics(clean, step=step))
+            values = {k: float(v) for k, v in metrics.items()}
+            self._guard("log metrics", lambda: self._mlflow.log_metrics(values, step=step))
 
     def log_artifact(self, path: Path) -> None:
         if self.active and self._mlflow is not None:

@@ -186,6 +186,9 @@ def run(cfg: Config) -> int:
             now = time.perf_counter()
             rate = seen / max(now - t_last, 1e-9)
             seen, t_last = 0, now
+            if env.distributed:  # report the global-batch loss, not rank 0's share of it
+                dist.all_reduce(stats)
+                stats /= env.world_size
             loss_v, task_v, div_v = stats.tolist()
             row = {"train/loss": loss_v, "train/task_loss": task_v, "train/div_loss": div_v,
                    "train/lr": scheduler.get_last_lr()[0], "train/img_per_s": rate, "train/epoch": pos.epoch}

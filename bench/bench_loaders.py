@@ -1,0 +1,98 @@
+"""Training-loader throughput on the same JPEGs, at the same transforms and the same number of workers; every number
+is also given as a ratio against torchvision ``ImageFolder`` + ``DataLoader`` (PIL) measured in the same run.
+
+    python bench/bench_loaders.py                       # 2000 JPEGs of 160 px, crops of 128, 2 workers
+    python bench/bench_loaders.py --images 5000 --workers 4 --epochs 3
+
+Transforms (the ffcv-imagenet train recipe): random-resized crop to ``--img``, horizontal flip, normalise to float.
+FFCV's "workers" are numba threads, the others' are DataLoader processes. FFCV is measured twice: with every image
+stored as JPEG (the same decode work as the others) and as ffcv-imagenet writes ImageNet (half raw, half JPEG).
+An epoch is timed from the loader's first request to its last batch, so worker start-up counts; one untimed epoch
+first pays one-off costs (FFCV's JIT compilation, the OS page cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+from torchvision import datasets
+
+from sigmanens_dist.data.synthetic_tree import make_image_folder
+from sigmanens_dist.data.webdataset_io import WebDatasetLoader, image_transform, write_shards
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def _epoch_rate(make_epoch: Callable[[int], Iterable], epochs: int) -> float:
+    """Median images/s over ``epochs`` timed epochs, after one untimed one."""
+    rates = []
+    for epoch in range(epochs + 1):
+        t, n = time.perf_counter(), 0
+        for batch in make_epoch(epoch):
+            n += len(batch[1])
+        if epoch:
+            rates.append(n / (time.perf_counter() - t))
+    return statistics.median(rates)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", type=Path, default=Path("/tmp/sigmanens_bench_loaders"))
+    p.add_argument("--images", type=int, default=2000)
+    p.add_argument("--size", type=int, default=160, help="side of the generated JPEGs")
+    p.add_argument("--img", type=int, default=128, help="crop size fed to the model")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=3)
+    args = p.parse_args()
+
+    classes = 10
+    tree = args.root / f"jpeg_{args.images}_{args.size}"
+    if not (tree / "train").is_dir():
+        make_image_folder(tree, classes, args.images // classes, args.size, seed=0, val_per_class=1)
+    folder = datasets.ImageFolder(str(tree / "train"), transform=image_transform(True, args.img, MEAN, STD))
+    n = len(folder)
+    # Enough shards for 2 × workers streams (so the webdataset loader also runs with more workers).
+    manifest = write_shards(datasets.ImageFolder(str(tree / "train")), args.root / f"wds_{args.images}_{args.size}",
+                            max_count=-(-n // (4 * max(1, args.workers))))
+    torch.set_num_threads(1)  # the main process only collects batches; workers do the work
+
+    def folder_epoch(epoch: int) -> Iterable:
+        g = torch.Generator().manual_seed(epoch)
+        return DataLoader(folder, batch_size=args.batch, shuffle=True, drop_last=True, num_workers=args.workers,
+                          generator=g)
+
+    wds = WebDatasetLoader(manifest, args.batch, 0, 1, args.workers, seed=0,
+                           transform=image_transform(True, args.img, MEAN, STD))
+    candidates: dict[str, Callable[[int], Iterable]] = {"ImageFolder + DataLoader (PIL)": folder_epoch,
+                                                        "webdataset shards": wds.iter_epoch}
+    try:
+        from sigmanens_dist.data.ffcv_io import FFCVLoader, write_beton
+    except ImportError:
+        print("FFCV not installed: skipped (pip install 'sigmanens-dist[ffcv]')")
+    else:
+        for name, mode in (("FFCV, all JPEG", "jpg"), ("FFCV, ffcv-imagenet (50% raw)", "proportion")):
+            beton = args.root / f"ffcv_{mode}_{args.images}_{args.size}.beton"
+            if not beton.is_file():
+                write_beton(datasets.ImageFolder(str(tree / "train")), beton, max_resolution=None, jpeg_quality=90,
+                            write_mode=mode, compress_probability=0.5, num_workers=args.workers)
+            loader = FFCVLoader(beton, args.batch, 0, 1, args.workers, seed=0, train=True, img_size=args.img,
+                                mean=MEAN, std=STD)
+            candidates[name] = loader.iter_epoch
+
+    print(f"\n{n} JPEGs of {args.size} px → random-resized crop {args.img} + flip + normalise; batch {args.batch}, "
+          f"{args.workers} workers, median of {args.epochs} epochs, {torch.get_num_threads()} main thread(s)")
+    rates = {name: _epoch_rate(fn, args.epochs) for name, fn in candidates.items()}
+    base = rates["ImageFolder + DataLoader (PIL)"]
+    for name, rate in rates.items():
+        print(f"  {name:<32} {rate:8.0f} img/s   {rate / base:5.2f}× ImageFolder")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The embedded demo: set up (if needed), then train a single model and σN-Ens (M=4) on Fashion-MNIST under
+# 2-process torchrun DDP on CPU, compare them in a table and a reliability diagram. Extra args go to the demo,
+# e.g. `bash launch/demo.sh train.max_steps=100`.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/launch/setup.sh"
+cd "$ROOT"
+exec python -m sigmanens_dist.demo "$@"

@@ -1,0 +1,528 @@
+"""The run configuration: typed sections checked by pydantic, read from a YAML recipe plus ``key.sub=value`` overrides.
+
+Everything wrong with a config is reported at once, in one :class:`ConfigError` with a ``dotted.path: what is wrong
+(got value)`` line per problem, so a job that waited hours in a queue fails in seconds with the whole list to fix,
+not one typo per resubmission. Unknown keys are errors everywhere: a misspelt key must never silently train with the
+default instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from sigmanens_dist.data.idx import FASHION_MNIST_ROOT
+
+__all__ = ["CheckpointConfig", "Config", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig", "RegConfig",
+           "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig", "check_paths", "flatten",
+           "load_config", "save_config"]
+
+
+class ConfigError(ValueError):
+    """Every problem found in one config, one ``  - dotted.path: what is wrong (got value)`` line each."""
+
+    def __init__(self, source: str, problems: Sequence[str]) -> None:
+        self.source, self.problems = source, list(problems)
+        count = len(self.problems)
+        super().__init__(f"{source}: {count} problem{'' if count == 1 else 's'} in the config:\n"
+                         + "\n".join(self.problems))
+
+
+def _cross_field(field: str, message: str, got: Any) -> PydanticCustomError:
+    """An error from a section-level check that still points at one field (pydantic would only name the section)."""
+    return PydanticCustomError("config_field", message, {"field": field, "got": got})
+
+
+class _Section(BaseModel):
+    """Base of every section: unknown keys are errors; ``lambda`` and ``lam`` both name :attr:`RegConfig.lam`."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ModelConfig(_Section):
+    """The timm backbone and how it becomes a σN-Ens ensemble."""
+
+    name: str = "resnet18"
+    pretrained: bool = False
+    num_classes: int | None = Field(None, ge=1)  # None: the dataset's
+    in_chans: int | None = Field(None, ge=1)  # None: the dataset's
+    kwargs: dict[str, Any] = Field(default_factory=dict)  # more timm.create_model kwargs, e.g. img_size, patch_size
+    ensemble: bool = True  # False: train the plain backbone as a single-model baseline
+    num_members: int = Field(4, ge=1)
+    gamma_init_mean: float = Field(0.0, allow_inf_nan=False)
+    gamma_init_std: float = Field(1.0, ge=0, allow_inf_nan=False)
+    layers: list[str] | None = None  # fnmatch patterns of norm layers to convert; None: every norm
+
+    @field_validator("name")
+    @classmethod
+    def _timm_knows_it(cls, name: str) -> str:
+        """A misspelt model name should fail here, with a suggestion, not after the data has loaded."""
+        import timm
+
+        if name.startswith(("hf-hub:", "hf_hub:", "local-dir:")) or timm.is_model(name):
+            return name
+        raise ValueError(f"timm has no model {name!r}{_did_you_mean(name, timm.list_models())}")
+
+    @field_validator("kwargs")
+    @classmethod
+    def _no_clash_with_fields(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """These are passed from their own fields; a second copy in kwargs would be a TypeError in create_model."""
+        clash = sorted({"model_name", "pretrained", "num_classes", "in_chans"} & kwargs.keys())
+        if clash:
+            raise ValueError(f"set {', '.join(clash)} as model.<key>, not inside model.kwargs")
+        return kwargs
+
+
+class RegConfig(_Section):
+    """The diversity regulariser: ``loss = task + lam * diversity(tau)``."""
+
+    tau: float = Field(0.5, gt=0, allow_inf_nan=False)
+    lam: float = Field(1e-3, ge=0, allow_inf_nan=False, alias="lambda")
+    regularize: list[str] | None = None  # fnmatch patterns of σ layers the regulariser sees; None: all
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_spelling(cls, data: Any) -> Any:
+        """Without this, giving both would report the name as an 'unknown key', which misleads."""
+        if isinstance(data, dict) and "lam" in data and "lambda" in data:
+            raise _cross_field("lambda", "given twice, as reg.lam and as reg.lambda; keep one", data["lambda"])
+        return data
+
+
+class OptimConfig(_Section):
+    """The optimiser; ``lr`` is the peak rate after warm-up, for the global batch the recipe states."""
+
+    name: Literal["sgd", "adamw"] = "sgd"
+    lr: float = Field(0.1, gt=0, allow_inf_nan=False)
+    momentum: float = Field(0.9, ge=0, lt=1)  # SGD only
+    nesterov: bool = False  # SGD only
+    weight_decay: float = Field(5e-4, ge=0, allow_inf_nan=False)
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW only
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_unit_interval(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in betas):
+            raise ValueError("both betas must be in [0, 1)")
+        return betas
+
+    @model_validator(mode="after")
+    def _nesterov_needs_momentum(self) -> OptimConfig:
+        """torch.optim.SGD rejects this only when the optimiser is built, after the model and data are up."""
+        if self.name == "sgd" and self.nesterov and self.momentum == 0:
+            raise _cross_field("nesterov", "Nesterov SGD needs optim.momentum > 0", self.nesterov)
+        return self
+
+
+class ScheduleConfig(_Section):
+    """Learning-rate schedule over optimiser steps: linear warm-up, then cosine to ``min_lr_ratio * lr`` or flat."""
+
+    name: Literal["cosine", "constant"] = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+
+
+class TrainConfig(_Section):
+    """The step loop. Exactly one of ``epochs`` / ``max_steps`` gives the budget; ``batch_size`` is per rank."""
+
+    epochs: int | None = Field(1, ge=1)
+    max_steps: int | None = Field(None, ge=1)
+    batch_size: int = Field(128, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    clip_grad: float | None = Field(None, gt=0, allow_inf_nan=False)
+    amp: Literal["none", "bf16", "fp16"] = "none"
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    ema_decay: float | None = Field(None, gt=0, lt=1)
+    eval_every_steps: int | None = Field(None, ge=1)  # None: at each epoch end (and at the end)
+    log_every_steps: int = Field(10, ge=1)
+    mixup_alpha: float = Field(0.0, ge=0, allow_inf_nan=False)
+    cutmix_alpha: float = Field(0.0, ge=0, allow_inf_nan=False)
+    randaugment: str | None = None  # a timm auto-augment string, e.g. "rand-m9-mstd0.5-inc1"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _given_max_steps_replaces_default_epochs(cls, data: Any) -> Any:
+        """A recipe that states ``max_steps`` need not also write ``epochs: null`` to drop the default budget."""
+        if isinstance(data, dict) and data.get("max_steps") is not None and "epochs" not in data:
+            data = {**data, "epochs": None}
+        return data
+
+    @model_validator(mode="after")
+    def _exactly_one_budget(self) -> TrainConfig:
+        if self.epochs is not None and self.max_steps is not None:
+            raise _cross_field("max_steps", f"set only one of train.epochs (here {self.epochs}) and train.max_steps; "
+                                            "set the other to null", self.max_steps)
+        if self.epochs is None and self.max_steps is None:
+            raise _cross_field("epochs", "set one of train.epochs and train.max_steps", None)
+        return self
+
+
+class DataConfig(_Section):
+    """Which dataset, in which on-disk format, from where; nothing is ever downloaded."""
+
+    dataset: Literal["fashion_mnist", "cifar10", "cifar100", "imagenet", "imagefolder", "sst2", "synthetic"] = (
+        "fashion_mnist")
+    format: Literal["raw", "ffcv", "webdataset"] = "raw"  # raw: the dataset's native on-disk format
+    root: Path | None = None  # None: /usr/share/datasets/fashion-mnist for fashion_mnist; required otherwise
+    num_workers: int = Field(2, ge=0)
+    img_size: int | None = Field(None, ge=1)  # None: the dataset's native size
+    train_subset: int | None = Field(None, ge=1)  # only the first N train samples
+    val_subset: int | None = Field(None, ge=1)
+
+
+class StrategyConfig(_Section):
+    """How the model is spread over ranks."""
+
+    name: Literal["ddp", "fsdp", "deepspeed"] = "ddp"
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl with CUDA, else gloo
+    zero_stage: int = Field(2, ge=1, le=3)  # deepspeed only
+
+
+class CheckpointConfig(_Section):
+    """When to checkpoint, how many to keep, and where to resume from."""
+
+    every_steps: int | None = Field(None, ge=1)  # None: at each epoch end
+    keep_last: int = Field(2, ge=1)
+    resume: str = Field("none", min_length=1)  # "none", "auto" (latest in run_dir) or a checkpoint path
+
+
+class TrackingConfig(_Section):
+    """MLflow; ``uri`` None means ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<run_dir parent>/mlflow.db``."""
+
+    enabled: bool = True
+    uri: str | None = None
+    experiment: str = Field("sigmanens", min_length=1)
+    run_name: str | None = None  # None: the run directory's name
+
+
+class Config(_Section):
+    """A whole run. Build it with :func:`load_config`, which also checks that the data is where the config says."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    reg: RegConfig = Field(default_factory=RegConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    strategy: StrategyConfig = Field(default_factory=StrategyConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    run_dir: Path = Path("runs/default")
+    seed: int = Field(0, ge=0)
+
+    def data_root(self) -> Path | None:
+        """``data.root``, or the Debian package's folder for Fashion-MNIST; None for synthetic data or if unset."""
+        return _resolve_root(self.data)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Loading
+
+_DATA_HINTS = {
+    "fashion_mnist": "install it with `apt-get install dataset-fashion-mnist`, or set data.root to a folder with the "
+                     "four Fashion-MNIST idx files",
+    "cifar10": "download cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html and extract it into "
+               "data.root (giving data.root/cifar-10-batches-py/)",
+    "cifar100": "download cifar-100-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html and extract it "
+                "into data.root (giving data.root/cifar-100-python/)",
+    "imagenet": "point data.root at the ILSVRC-2012 folder with train/ and val/ class folders (format: raw) or at "
+                "the FFCV .beton files (format: ffcv)",
+    "imagefolder": "point data.root at a folder with train/ and val/ sub-folders, one folder per class",
+    "sst2": "point data.root at the GLUE SST-2 folder (train.tsv, dev.tsv)",
+}
+# Set by an override, one of these pairs replaces the other even when the recipe sets it: `train.max_steps=50` on an
+# epochs recipe means "50 steps instead", not a both-set error.
+_REPLACES = {"train.max_steps": "train.epochs", "train.epochs": "train.max_steps"}
+_FILE = "(file)"  # the path shown for problems with the file as a whole
+
+
+class _Loader(yaml.SafeLoader):
+    """safe_load, plus: ``1e-3`` is a float (YAML 1.1 wants ``1.0e-3``), dates stay strings (a run name like
+    2024-05-01 must not become a date), and a key given twice is recorded instead of the first one silently losing."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.duplicates: list[str] = []
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str) and key in seen:
+                self.duplicates.append(_line(key, f"key given twice, on lines {seen[key]} and {line}", key))
+            elif isinstance(key, str):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                              re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def _parse_yaml(text: str) -> tuple[Any, list[str]]:
+    loader = _Loader(text)
+    try:
+        return loader.get_single_data(), loader.duplicates
+    finally:
+        loader.dispose()
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = (), *, check_data: bool = True) -> Config:
+    """The config in the YAML file ``path`` (None: the defaults) with ``dotted.key=value`` ``overrides`` applied.
+
+    Override values are YAML (``8``, ``0.25``, ``true``, ``null``, ``[a, b]``); a dotted key may reach into a
+    dict field (``model.kwargs.img_size=32``). With ``check_data`` the data root must exist unless the data is
+    synthetic. Raises one :class:`ConfigError` listing every problem found.
+    """
+    source = str(path) if path is not None else "<defaults>"
+    problems: list[str] = []
+    raw = _read_file(Path(path), problems) if path is not None else {}
+    _apply_overrides(raw if raw is not None else {}, overrides, problems)
+    if raw is None:  # the file itself is unusable: validating the rest would only add misleading lines
+        raise ConfigError(source, problems)
+    cfg: Config | None = None
+    try:
+        cfg = Config.model_validate(raw)
+    except ValidationError as err:
+        problems.extend(_from_pydantic(e) for e in err.errors(include_url=False))
+    if check_data:
+        data = cfg.data if cfg is not None else _valid_or_none(DataConfig, raw.get("data", {}))
+        if data is not None:
+            problems.extend(_data_problems(data))
+    if problems:
+        raise ConfigError(source, problems)
+    assert cfg is not None
+    return cfg
+
+
+def check_paths(cfg: Config, source: str = "<config>") -> None:
+    """Raise :class:`ConfigError` if the data root is unset or missing (synthetic data needs none)."""
+    problems = _data_problems(cfg.data)
+    if problems:
+        raise ConfigError(source, problems)
+
+
+def save_config(cfg: Config, path: str | Path) -> Path:
+    """Write ``cfg`` fully resolved (every default spelt out) as YAML, atomically: a reader or a crash mid-write
+    never sees half a file. :func:`load_config` on the result gives back an equal config."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True), sort_keys=False, default_flow_style=False)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a run's config should be readable like its other files
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def flatten(cfg: Config) -> dict[str, Any]:
+    """``{"model.num_members": 4, "reg.lambda": 0.001, ...}``: scalars under dotted keys, for MLflow params.
+    Lists and empty dicts become JSON strings; dict fields such as ``model.kwargs`` are flattened too."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for key, sub in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), sub)
+        elif isinstance(value, (dict, list)):
+            out[prefix] = json.dumps(value)
+        else:
+            out[prefix] = value
+
+    walk("", cfg.model_dump(mode="json", by_alias=True))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _read_file(path: Path, problems: list[str]) -> dict[str, Any] | None:
+    """The file's mapping with null sections as ``{}``; None (and a problem) if it cannot be used at all."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        problems.append(_line(_FILE, f"cannot read the config file: {err.strerror or err}", str(path)))
+        return None
+    try:
+        raw, duplicates = _parse_yaml(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problems.append(_line(_FILE, f"not valid YAML: {getattr(err, 'problem', None) or err}{where}", str(path)))
+        return None
+    problems.extend(duplicates)
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        problems.append(_line(_FILE, "the top level must be a mapping of sections (model:, train:, ...)", raw))
+        return None
+    for key in _SECTIONS:
+        if key in raw and raw[key] is None:
+            raw[key] = {}
+    return raw
+
+
+def _apply_overrides(raw: dict[str, Any], overrides: Sequence[str], problems: list[str]) -> None:
+    top = _keys_of(Config)
+    given: dict[str, Any] = {}
+    for text in overrides:
+        key, sep, value_text = text.partition("=")
+        key = key.strip()
+        parts = key.split(".")
+        if not sep or not all(parts):
+            problems.append(_line(key or text, "an override must look like dotted.key=value", text))
+            continue
+        if parts[0] not in top:
+            problems.append(_line(key, f"unknown top-level key {parts[0]!r}{_did_you_mean(parts[0], top)}; known: "
+                                       f"{', '.join(sorted(Config.model_fields))}", text))
+            continue
+        try:
+            value, _ = _parse_yaml(value_text)
+        except yaml.YAMLError as err:
+            problems.append(_line(key, f"the value is not valid YAML ({getattr(err, 'problem', None) or err})",
+                                  value_text))
+            continue
+        node = raw
+        for depth, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                problems.append(_line(key, f"{'.'.join(parts[:depth + 1])} is not a mapping, so it has no key "
+                                           f"{parts[depth + 1]!r}", text))
+                break
+            node = child
+        else:
+            for twin in _twins(parts):  # `reg.lambda=` over a recipe's `lam:` replaces it, not a both-given error
+                node.pop(twin, None)
+            node[parts[-1]] = value
+            given[key] = value
+    for key, value in given.items():
+        other = _REPLACES.get(key)
+        if value is not None and other is not None and other not in given:
+            section, field = other.split(".")
+            raw.setdefault(section, {})[field] = None
+
+
+def _twins(parts: Sequence[str]) -> list[str]:
+    """The other spellings (name or alias) of the field at ``parts``."""
+    model = _model_at(parts[:-1])
+    if model is None:
+        return []
+    for name, field in model.model_fields.items():
+        spellings = {name, field.alias} - {None}
+        if parts[-1] in spellings:
+            return sorted(spellings - {parts[-1]})
+    return []
+
+
+def _model_at(loc: Sequence[Any]) -> type[BaseModel] | None:
+    """The section class at a dotted location (``()`` is :class:`Config`); None inside non-section fields."""
+    model: type[BaseModel] = Config
+    for part in loc:
+        field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return None
+        model = field.annotation
+    return model
+
+
+def _keys_of(model: type[BaseModel]) -> list[str]:
+    return [k for n, f in model.model_fields.items() for k in (n, f.alias) if k]
+
+
+_SECTIONS = [n for n, f in Config.model_fields.items() if issubclass(f.annotation, BaseModel)]
+_MESSAGES = {"greater_than": "must be > {gt}", "greater_than_equal": "must be >= {ge}", "less_than": "must be < {lt}",
+             "less_than_equal": "must be <= {le}", "finite_number": "must be a finite number",
+             "int_parsing": "must be an integer", "int_from_float": "must be a whole number",
+             "float_parsing": "must be a number", "bool_parsing": "must be true or false",
+             "string_too_short": "must not be empty", "literal_error": "must be {expected}",
+             "string_type": "must be a string", "dict_type": "must be a mapping", "list_type": "must be a list",
+             "tuple_type": "must be a list", "too_short": "must have {min_length} items",
+             "too_long": "must have {max_length} items"}
+
+
+def _from_pydantic(err: dict[str, Any]) -> str:
+    loc, got, kind, ctx = list(err["loc"]), err.get("input"), err["type"], err.get("ctx") or {}
+    if kind == "config_field":
+        loc.append(ctx["field"])
+        got, what = ctx["got"], err["msg"]
+    elif kind == "extra_forbidden":
+        section = _model_at(loc[:-1])
+        what = "unknown key" + (_did_you_mean(str(loc[-1]), _keys_of(section)) if section else "")
+    elif kind in _MESSAGES:
+        what = _MESSAGES[kind].format(**ctx)
+    else:
+        what = err["msg"].removeprefix("Value error, ")
+        what = what[:1].lower() + what[1:]
+    return _line(_dotted(loc), what, got)
+
+
+def _dotted(loc: Sequence[Any]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _line(path: str, what: str, got: Any) -> str:
+    shown = repr(str(got)) if isinstance(got, Path) else repr(got)
+    if len(shown) > 100:
+        shown = shown[:97] + "..."
+    return f"  - {path}: {what} (got {shown})"
+
+
+def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
+    match = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def _valid_or_none(model: type[BaseModel], data: Any) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError:
+        return None
+
+
+def _resolve_root(data: DataConfig) -> Path | None:
+    if data.dataset == "synthetic":
+        return None
+    if data.root is None and data.dataset == "fashion_mnist":
+        return FASHION_MNIST_ROOT
+    return data.root
+
+
+def _data_problems(data: DataConfig) -> list[str]:
+    if data.dataset == "synthetic":
+        return []
+    root, hint = _resolve_root(data), _DATA_HINTS[data.dataset]
+    if root is None:
+        return [_line("data.root", f"must be set for data.dataset={data.dataset!r}; {hint}", None)]
+    if not root.exists():
+        default = f" (the default for {data.dataset})" if data.root is None else ""
+        return [_line("data.root", f"{root}{default} does not exist; {hint}", data.root)]
+    return []

@@ -1,0 +1,321 @@
+"""FFCV ``.beton`` files: the ffcv-imagenet writer recipe, and a loader with the training loop's batch contract.
+
+The loader keeps ``ShardedBatchSampler``'s order exactly (for ``train=True``): each epoch one global permutation
+from ``(seed, epoch)``, rank r taking its B-slice of every global batch, ``len()`` = N // (B·W) on every rank, and
+``iter_epoch(epoch, start_batch)`` resuming at the very batch. So a run can move between the map-style loader and
+FFCV without changing which samples meet in a batch. We give FFCV that order ourselves instead of
+``distributed=True``, whose ``DistributedSampler`` pads, interleaves (``perm[rank::W]``) and needs a process group.
+``train=False`` follows ``EvalShardSampler``: contiguous, unpadded per-rank slices, every sample scored once.
+
+Not reproduced on resume: FFCV's own random crop and flip draw from numba's per-thread generators, which cannot be
+seeded per sample. The order is exact; the augmentation draws are not.
+
+Grayscale sources are stored as 3-channel RGB (the channel repeated): FFCV's ``RGBImageField`` holds only RGB.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Iterator, Sequence
+from multiprocessing import Process, Queue, SimpleQueue, Value
+from pathlib import Path
+from queue import Empty
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+from tqdm import tqdm
+
+from sigmanens_dist.data.webdataset_io import read_source, unwrap_source
+
+__all__ = ["FFCVLoader", "check_beton", "write_beton"]
+
+
+def _ffcv() -> Any:
+    try:
+        import ffcv
+    except ImportError as err:
+        raise ImportError("FFCV is not installed: apt-get install pkg-config libturbojpeg0-dev libopencv-dev, then "
+                          "pip install 'sigmanens-dist[ffcv]'") from err
+    return ffcv
+
+
+class _Source(Dataset):
+    """``(HWC uint8 RGB, label)`` as FFCV's fields expect; a failing sample is reported to the parent process,
+    which would otherwise wait forever on a dead writer worker."""
+
+    def __init__(self, dataset: Dataset, errors: SimpleQueue) -> None:
+        self.dataset, self.errors = dataset, errors
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        try:
+            pixels, label = read_source(self.dataset, index)
+        except Exception as err:
+            self.errors.put(f"sample {index}: {type(err).__name__}: {err}")
+            raise
+        if pixels.ndim == 2:
+            pixels = np.repeat(pixels[..., None], 3, axis=2)
+        return pixels, label
+
+
+def _writer_class() -> type:
+    from ffcv.memory_allocator import MemoryAllocator
+    from ffcv.writer import DatasetWriter
+
+    class Writer(DatasetWriter):
+        """FFCV 1.0.2's writer loop, except that a worker that dies fails the write (its sample's error in the
+        message) instead of leaving the parent polling a progress counter that never completes."""
+
+        def __init__(self, target: Path, fields: dict[str, Any], num_workers: int, errors: SimpleQueue) -> None:
+            super().__init__(str(target.with_name(target.name + ".tmp")), fields, num_workers=num_workers)
+            self.target, self.errors = target, errors
+
+        def _write_common(self, num_samples: int, queue_content: Any, work_fn: Any,
+                          extra_worker_args: tuple[Any, ...]) -> None:
+            self.num_samples = num_samples
+            self.prepare()
+            todo, allocations_queue = Queue(), Queue()
+            for chunk in queue_content:
+                todo.put(chunk)
+            for _ in range(self.num_workers):
+                todo.put(None)
+            done = Value(ctypes.c_uint64, 0)
+            allocator = MemoryAllocator(self.fname, self.data_region_start, self.page_size)
+            args = (todo, self.metadata_sm, self.metadata_type, self.fields, allocator, done, allocations_queue,
+                    *extra_worker_args)
+            workers = [Process(target=work_fn, args=args) for _ in range(self.num_workers)]
+            for p in workers:
+                p.start()
+            try:
+                allocations: list[Any] = []
+                with tqdm(total=num_samples, desc=f"ffcv → {self.target}", unit="img") as bar:
+                    received = 0
+                    while received < len(workers):
+                        self._check_workers(workers)
+                        bar.update(done.value - bar.n)
+                        try:
+                            allocations.extend(allocations_queue.get(timeout=0.1))
+                            received += 1
+                        except Empty:
+                            pass
+                    bar.update(done.value - bar.n)
+                for p in workers:
+                    p.join()
+                self.finalize(allocations)
+            finally:
+                for p in workers:
+                    if p.is_alive():
+                        p.terminate()
+                self.metadata_sm.close()
+                self.metadata_sm.unlink()
+
+        def _check_workers(self, workers: list[Process]) -> None:
+            dead = [p.exitcode for p in workers if p.exitcode not in (None, 0)]
+            if dead:
+                cause = self.errors.get() if not self.errors.empty() else "see the worker traceback above"
+                raise RuntimeError(f"writing {self.target}: a writer worker exited with code {dead[0]}: {cause}")
+
+    return Writer
+
+
+def write_beton(dataset: Dataset, path: Path | str, *, max_resolution: int | None = 256, jpeg_quality: int = 90,
+                write_mode: Literal["proportion", "jpg", "raw", "smart"] = "proportion",
+                compress_probability: float = 0.5, num_workers: int = 2, chunksize: int = 100) -> Path:
+    """Writes ``dataset`` to ``path`` as ffcv-imagenet does: ``image`` an ``RGBImageField`` (longer side capped at
+    ``max_resolution``; with ``write_mode='proportion'`` a ``compress_probability`` fraction stored as JPEG at
+    ``jpeg_quality``, the rest raw, trading disk for decode time) and ``label`` an ``IntField``.
+
+    Written to ``path.tmp`` and renamed when complete, so ``path`` never holds a partial file.
+    """
+    _ffcv()
+    from ffcv.fields import IntField, RGBImageField
+
+    modes = ("proportion", "jpg", "raw", "smart")
+    if write_mode not in modes:
+        raise ValueError(f"write_mode={write_mode!r} is not one of {', '.join(modes)}")
+    if not 0.0 <= compress_probability <= 1.0 or not 1 <= jpeg_quality <= 100:
+        raise ValueError(f"need compress_probability in [0, 1] and jpeg_quality in 1..100; got "
+                         f"{compress_probability}, {jpeg_quality}")
+    dataset = unwrap_source(dataset)
+    if len(dataset) == 0:
+        raise ValueError(f"write_beton({path}): the dataset is empty")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    errors: SimpleQueue = SimpleQueue()
+    fields = {"image": RGBImageField(write_mode=write_mode, max_resolution=max_resolution, jpeg_quality=jpeg_quality,
+                                     compress_probability=compress_probability),
+              "label": IntField()}
+    writer = _writer_class()(path, fields, max(1, num_workers), errors)
+    try:
+        writer.from_indexed_dataset(_Source(dataset, errors), chunksize=chunksize)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+    return path
+
+
+def check_beton(path: Path | str) -> int:
+    """Number of samples in a ``.beton`` with an ``image`` RGB field and a ``label`` int field, after checking that
+    its header, metadata and allocation table are whole and point inside the file (FFCV itself would read past a
+    truncated file's end, or crash in compiled code). JPEG payloads themselves carry no checksum."""
+    _ffcv()
+    from ffcv.types import (
+        ALLOC_TABLE_TYPE,
+        CURRENT_VERSION,
+        FieldDescType,
+        HeaderType,
+        get_handlers,
+        get_metadata_type,
+    )
+    from ffcv.utils import decode_null_terminated_string
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such .beton file; write one with write_beton()")
+    size = path.stat().st_size
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"{path}: corrupt or truncated .beton ({why}); re-run write_beton()")
+
+    if size < HeaderType.itemsize:
+        raise bad(f"{size} bytes, shorter than the {HeaderType.itemsize}-byte header")
+    header = np.fromfile(path, dtype=HeaderType, count=1)[0]
+    if header["version"] != CURRENT_VERSION:
+        raise bad(f"format version {header['version']}, this FFCV reads {CURRENT_VERSION}")
+    n_fields, n = int(header["num_fields"]), int(header["num_samples"])
+    meta_start = HeaderType.itemsize + n_fields * FieldDescType.itemsize
+    if n_fields == 0 or meta_start > size:
+        raise bad(f"{n_fields} field descriptors do not fit in {size} bytes")
+    desc = np.fromfile(path, dtype=FieldDescType, count=n_fields, offset=HeaderType.itemsize)
+    names = [decode_null_terminated_string(d["name"]) for d in desc]
+    expected = {"image": 2, "label": 1}  # FFCV type ids of RGBImageField and IntField
+    found = {name: int(d["type_id"]) for name, d in zip(names, desc, strict=True)}
+    if any(found.get(k) != v for k, v in expected.items()):
+        raise bad(f"fields {found}; expected image (RGBImageField) and label (IntField)")
+    meta_type = get_metadata_type(get_handlers(desc))
+    meta_end, alloc_ptr = meta_start + n * meta_type.itemsize, int(header["alloc_table_ptr"])
+    if not meta_end <= alloc_ptr <= size or (size - alloc_ptr) % ALLOC_TABLE_TYPE.itemsize:
+        raise bad(f"allocation table at byte {alloc_ptr} does not fit a {size}-byte file whose metadata ends at "
+                  f"{meta_end}")
+    alloc = np.fromfile(path, dtype=ALLOC_TABLE_TYPE, offset=alloc_ptr)
+    if len(alloc) and ((alloc["ptr"] < meta_end).any() or (alloc["ptr"] + alloc["size"] > alloc_ptr).any()
+                       or (alloc["sample_id"] >= n).any()):
+        raise bad("allocation table entries point outside the data region")
+    meta = np.fromfile(path, dtype=meta_type, count=n, offset=meta_start)
+    image = meta[f"f{names.index('image')}"]
+    missing = ~np.isin(image["data_ptr"], alloc["ptr"])
+    if missing.any():
+        raise bad(f"sample {int(np.argmax(missing))} points at image data missing from the allocation table")
+    return n
+
+
+class _EpochOrder:
+    """Hands FFCV this rank's sample order for an epoch. FFCV 1.0.2's Loader accepts a custom order only as an
+    object passing ``isinstance(order, TraversalOrder)`` that it then *calls* with itself; so this is built lazily
+    as a TraversalOrder subclass instance that returns itself when called."""
+
+    @staticmethod
+    def create(loader: FFCVLoader) -> Any:
+        from ffcv.traversal_order.base import TraversalOrder
+
+        class Order(TraversalOrder):
+            def __init__(self) -> None:  # TraversalOrder.__init__ wants the Loader, which does not exist yet
+                self.plan = loader
+
+            def __call__(self, _ffcv_loader: Any) -> Order:
+                return self
+
+            def sample_order(self, epoch: int) -> np.ndarray:
+                return self.plan.rank_order(epoch, self.plan.start_batch)
+
+        return Order()
+
+
+class FFCVLoader:
+    """Per-rank batches ``(images (B, C, H, W) float normalised, labels (B,) int64)`` from a ``.beton``.
+
+    CPU pipeline: decode+crop, flip, ``NormalizeImage`` (all numba-jitted) *then* ``ToTensor`` / ``ToTorchImage``:
+    FFCV 1.0.2 hangs generating code on CPU when a jitted op follows a torch one. GPU pipeline (``device`` cuda):
+    uint8 decode+crop and flip on CPU, ``ToDevice`` early, channels-last ``ToTorchImage``, and the normalisation
+    on the GPU in torch (FFCV's GPU ``NormalizeImage`` would need cupy).
+
+    Batches live in FFCV's ring of reused buffers: use (or copy) each before drawing ``batches_ahead`` more.
+    """
+
+    def __init__(self, path: Path | str, batch_size: int, rank: int, world_size: int, num_workers: int, seed: int,
+                 train: bool, img_size: int, mean: Sequence[float], std: Sequence[float],
+                 device: torch.device | str = "cpu", crop_ratio: float = 0.875, batches_ahead: int = 3) -> None:
+        _ffcv()
+        from ffcv.fields.basics import IntDecoder
+        from ffcv.fields.rgb_image import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
+        from ffcv.loader import Loader
+        from ffcv.transforms import NormalizeImage, RandomHorizontalFlip, Squeeze, ToDevice, ToTensor, ToTorchImage
+
+        if not 0 <= rank < world_size or batch_size < 1:
+            raise ValueError(f"need 0 ≤ rank < world_size and batch_size ≥ 1; got rank={rank}, "
+                             f"world_size={world_size}, batch_size={batch_size}")
+        self.path = Path(path)
+        self.num_samples = check_beton(self.path)
+        if train and self.num_samples < batch_size * world_size:
+            raise ValueError(f"{self.path} has {self.num_samples} samples, fewer than one global batch "
+                             f"({batch_size} per rank × {world_size} ranks)")
+        self.batch_size, self.rank, self.world_size, self.seed, self.train = batch_size, rank, world_size, seed, train
+        self.device = torch.device(device)
+        self.start_batch = 0
+        on_gpu = self.device.type == "cuda"
+        decoder = (RandomResizedCropRGBImageDecoder((img_size, img_size)) if train
+                   else CenterCropRGBImageDecoder((img_size, img_size), ratio=crop_ratio))
+        image = [decoder, *([RandomHorizontalFlip()] if train else [])]
+        label = [IntDecoder(), ToTensor(), Squeeze()]
+        if on_gpu:
+            image += [ToTensor(), ToDevice(self.device, non_blocking=True), ToTorchImage(channels_last=True)]
+            label += [ToDevice(self.device, non_blocking=True)]
+            self._mean = torch.tensor(mean, device=self.device).view(1, -1, 1, 1) * 255
+            self._std = torch.tensor(std, device=self.device).view(1, -1, 1, 1) * 255
+        else:
+            image += [NormalizeImage(np.array(mean) * 255, np.array(std) * 255, np.float32), ToTensor(),
+                      ToTorchImage(channels_last=False)]
+        self._loader = Loader(str(self.path), batch_size=batch_size, num_workers=max(1, num_workers),
+                              order=_EpochOrder.create(self), drop_last=train, seed=seed, os_cache=True,
+                              pipelines={"image": image, "label": label}, batches_ahead=batches_ahead)
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (train: the same on every rank; eval: the last may be partial)."""
+        if self.train:
+            return self.num_samples // (self.batch_size * self.world_size)
+        return -(-len(self._eval_slice()) // self.batch_size)
+
+    def _eval_slice(self) -> range:
+        per = -(-self.num_samples // self.world_size)
+        return range(self.rank * per, min(self.num_samples, (self.rank + 1) * per))
+
+    def rank_order(self, epoch: int, start_batch: int = 0) -> np.ndarray:
+        """Sample indices this rank reads in ``epoch`` from ``start_batch`` on, batch after batch."""
+        if not self.train:
+            mine = self._eval_slice()
+            return np.arange(mine.start + start_batch * self.batch_size, mine.stop, dtype=np.uint64)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)  # ShardedBatchSampler's permutation
+        perm = torch.randperm(self.num_samples, generator=g)
+        batches = perm[: len(self) * self.batch_size * self.world_size].view(len(self), self.world_size,
+                                                                             self.batch_size)
+        return batches[start_batch:, self.rank].reshape(-1).numpy().astype(np.uint64)
+
+    def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Batches ``start_batch .. len() - 1`` of ``epoch``, the same samples in the same order as a full pass."""
+        if not 0 <= start_batch <= len(self):
+            raise ValueError(f"start batch {start_batch} outside an epoch of {len(self)} batches")
+        if start_batch == len(self):
+            return
+        self.start_batch = start_batch
+        self._loader.next_epoch = epoch
+        for images, labels in self._loader:
+            if self.device.type == "cuda":
+                images = images.float().sub_(self._mean).div_(self._std)
+            yield images, labels.long()

@@ -1,0 +1,485 @@
+"""WebDataset tar shards: a resumable converter and a streaming loader with the training loop's batch contract.
+
+Shards are written with webdataset's ``ShardWriter`` (``{split}-%06d.tar``; each sample ``__key__``, ``jpg`` or
+``png``, ``cls``) and described by ``manifest.json`` (counts and sha256 per shard), so a loader can size its epoch
+without reading a tar, and a truncated or replaced shard is caught before training starts.
+
+Streaming cannot use ``ShardedBatchSampler``'s global permutation (no random access), so the loader keeps the parts
+of its contract that matter to DDP instead:
+
+* **Equal steps on every rank.** Each epoch the shard list is permuted from ``(seed, epoch)`` and dealt round-robin
+  to the ``world_size × max(1, num_workers)`` streams (one per rank and DataLoader worker). Every stream then yields
+  the same number of batches, ``L`` = what the *smallest* possible deal (the ``⌊S / streams⌋`` smallest shards)
+  fills, so ``len()`` = ``workers × L`` is fixed for the whole run and no rank waits in an all-reduce. We chose this
+  over ``resampled=True`` + ``with_epoch(n)`` because resampling draws shards with replacement: an epoch would repeat
+  some samples and miss others, and its order could not be replayed from a resume point.
+* **At most once per epoch.** No sample is seen twice in an epoch; a stream's samples past ``L`` full batches are
+  dropped for that epoch (at most one shard plus ``B - 1`` samples a stream; none when every shard holds the same
+  count, a multiple of B, and the shard count is a multiple of the stream count). Which ones are dropped changes with
+  the epoch's deal.
+* **Exact resume.** The deal, each stream's shuffle buffer and each sample's augmentation seed are functions of
+  ``(seed, epoch)`` (and the sample's key), and batch ``i`` always comes from stream ``i mod workers``; so
+  ``iter_epoch(epoch, start_batch)`` yields the very batches an uninterrupted epoch yields from ``start_batch`` on.
+  Skipped batches are read but not decoded.
+
+Evaluation should use the map-style val set (``EvalShardSampler``), which scores every sample exactly once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+import tarfile
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, get_worker_info
+from torchvision import datasets
+from torchvision.transforms import v2
+from tqdm import tqdm
+
+from sigmanens_dist.data.idx import IdxImageDataset
+from sigmanens_dist.data.registry import SeededAugment
+
+__all__ = ["MANIFEST", "Manifest", "Shard", "ShardError", "WebDatasetLoader", "as_uint8_image", "image_transform",
+           "read_manifest", "read_source", "source_classes", "unwrap_source", "write_shards"]
+
+MANIFEST = "manifest.json"
+_PARTIAL = "manifest.partial.json"
+_FORMAT = "sigmanens-webdataset/1"
+_JPEG_MAGIC = b"\xff\xd8\xff"
+_MIX = 0x9E3779B97F4A7C15
+_CHUNK = 256  # samples encoded per thread-pool round: bounds memory while keeping workers busy
+
+
+class ShardError(ValueError):
+    """A shard that does not match its manifest, or holds a sample that cannot be read."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Sources: the map-style datasets of data/registry.py, read without augmentation.
+
+
+def unwrap_source(dataset: Dataset) -> Dataset:
+    """The un-augmented dataset under a registry train set: converters store source images, never augmented ones."""
+    return dataset.dataset if isinstance(dataset, SeededAugment) else dataset
+
+
+def source_classes(dataset: Dataset) -> list[str] | None:
+    """Class names from the dataset (or the one a ``Subset`` wraps), if it has them."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    classes = getattr(dataset, "classes", None)
+    return [str(c) for c in classes] if classes is not None else None
+
+
+def as_uint8_image(image: Any, where: str) -> np.ndarray:
+    """``(H, W)`` or ``(H, W, 3)`` uint8 from a PIL image, an HW/HWC uint8 array or a CHW uint8 tensor.
+
+    Float tensors are refused: their normalisation is unknown, and storing them would silently change the data.
+    """
+    if isinstance(image, Image.Image):
+        image = image if image.mode in ("L", "RGB") else image.convert("RGB")
+        return np.asarray(image)
+    if isinstance(image, torch.Tensor):
+        if image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] not in (1, 3):
+            raise ValueError(f"{where}: tensor images must be uint8 (C, H, W) with C in (1, 3); got {image.dtype} "
+                             f"{tuple(image.shape)}. Pass the dataset without its float/normalising transform")
+        image = image.permute(1, 2, 0).numpy()
+    if isinstance(image, np.ndarray) and image.dtype == np.uint8:
+        if image.ndim == 3 and image.shape[2] == 1:
+            image = image[..., 0]
+        if image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 3):
+            return np.ascontiguousarray(image)
+    shape = getattr(image, "shape", None)
+    raise ValueError(f"{where}: unsupported image {type(image).__name__} {getattr(image, 'dtype', '')} {shape}; "
+                     f"allowed: PIL image, uint8 array (H, W) / (H, W, 1|3), uint8 tensor (1|3, H, W)")
+
+
+def read_source(dataset: Dataset, index: int) -> tuple[np.ndarray, int]:
+    """Sample ``index`` as ``(uint8 pixels (H, W) or (H, W, 3), label)``, whatever form the dataset stores it in."""
+    if isinstance(dataset, IdxImageDataset):  # its __getitem__ normalises; the stored uint8 pixels are the source
+        return dataset.images[index, 0].numpy(), int(dataset.labels[index])
+    image, label = dataset[index]
+    return as_uint8_image(image, f"sample {index}"), int(label)
+
+
+def _source_file(dataset: Dataset, index: int) -> tuple[Path, int] | None:
+    """``(path, label)`` of sample ``index`` when it is a JPEG file read with no transform: its bytes can be stored
+    as they are, which is lossless and many times faster than decoding and re-encoding."""
+    while isinstance(dataset, Subset):
+        dataset, index = dataset.dataset, int(dataset.indices[index])
+    if not isinstance(dataset, datasets.DatasetFolder) or dataset.transform is not None:
+        return None
+    path, label = dataset.samples[index]
+    with open(path, "rb") as f:
+        return (Path(path), int(label)) if f.read(3) == _JPEG_MAGIC else None
+
+
+def _encode(dataset: Dataset, index: int, quality: int) -> tuple[str, bytes, int]:
+    """``(extension, bytes, label)``: source JPEG files as they are; RGB as JPEG (4:4:4); grayscale as lossless
+    PNG."""
+    source = _source_file(dataset, index)
+    if source is not None:
+        return "jpg", source[0].read_bytes(), source[1]
+    pixels, label = read_source(dataset, index)
+    buf = io.BytesIO()
+    if pixels.ndim == 2:
+        Image.fromarray(pixels, "L").save(buf, format="PNG")
+        return "png", buf.getvalue(), label
+    # 4:4:4: the default 4:2:0 halves colour resolution, which costs most on the small images converted here (CIFAR).
+    Image.fromarray(pixels, "RGB").save(buf, format="JPEG", quality=quality, subsampling=0)
+    return "jpg", buf.getvalue(), label
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Writing.
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    """Atomic: a reader (or a resumed conversion) never sees half a manifest."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def _valid_prefix(out_dir: Path, shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The recorded shards, up to the first one missing or changed on disk."""
+    keep = []
+    for entry in shards:
+        path = out_dir / entry["name"]
+        if not path.is_file() or path.stat().st_size != entry["bytes"] or _sha256(path) != entry["sha256"]:
+            break
+        keep.append(entry)
+    return keep
+
+
+class _ShardLog:
+    """Records each shard as ShardWriter closes it, in the partial manifest a resumed conversion starts from."""
+
+    def __init__(self, path: Path, settings: dict[str, Any], shards: list[dict[str, Any]], start: int) -> None:
+        self.path, self.settings, self.shards = path, settings, shards
+        self.first = self.next = start
+        self.max_label = -1
+
+    def added(self, label: int) -> None:
+        self.next += 1
+        self.max_label = max(self.max_label, label)
+
+    def closed(self, fname: str) -> None:
+        path = Path(fname)
+        self.shards.append({"name": path.name, "first": self.first, "count": self.next - self.first,
+                            "max_label": self.max_label, "bytes": path.stat().st_size, "sha256": _sha256(path)})
+        self.first, self.max_label = self.next, -1
+        _write_json(self.path, {"format": _FORMAT, "settings": self.settings, "shards": self.shards})
+
+
+def write_shards(dataset: Dataset, out_dir: Path | str, *, split: str = "train", max_count: int = 10_000,
+                 max_size: int = 1 << 30, jpeg_quality: int = 95, num_workers: int = 4, desc: str | None = None
+                 ) -> Path:
+    """Writes ``dataset`` as ``out_dir/{split}-%06d.tar`` shards plus ``out_dir/manifest.json``; returns the manifest.
+
+    A shard closes after ``max_count`` samples or once it reaches ``max_size`` bytes. Each closed shard is recorded
+    (count, size, sha256) in ``manifest.partial.json`` at once, so an interrupted conversion re-run with the same
+    settings keeps every shard that still matches that record and restarts after the last one; boundaries, and so the
+    bytes, come out as an uninterrupted run's. A finished conversion with the same settings returns at once.
+    ``num_workers`` threads encode (PIL releases the GIL), the writer stays in order.
+    """
+    if max_count < 1 or max_size < 1:
+        raise ValueError(f"max_count={max_count} and max_size={max_size} must be positive")
+    if not 1 <= jpeg_quality <= 100:
+        raise ValueError(f"jpeg_quality={jpeg_quality} must be in 1..100")
+    import webdataset as wds
+
+    dataset = unwrap_source(dataset)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n = len(dataset)
+    if n == 0:
+        raise ValueError(f"write_shards({out_dir}): the dataset is empty")
+    settings = {"split": split, "num_samples": n, "max_count": max_count, "max_size": max_size,
+                "jpeg_quality": jpeg_quality}
+    manifest_path, partial_path = out_dir / MANIFEST, out_dir / _PARTIAL
+    if manifest_path.is_file():
+        done = json.loads(manifest_path.read_text())
+        if done.get("settings") == settings and len(_valid_prefix(out_dir, done["shards"])) == len(done["shards"]):
+            return manifest_path
+        manifest_path.unlink()
+
+    shards: list[dict[str, Any]] = []
+    if partial_path.is_file():
+        partial = json.loads(partial_path.read_text())
+        if partial.get("settings") == settings:
+            shards = _valid_prefix(out_dir, partial["shards"])
+    start = shards[-1]["first"] + shards[-1]["count"] if shards else 0
+    for stale in out_dir.glob(f"{split}-*.tar"):  # an interrupted shard, or shards of other settings
+        if stale.name not in {s["name"] for s in shards}:
+            stale.unlink()
+    log = _ShardLog(partial_path, settings, shards, start)
+    if start < n:
+        pattern = str(out_dir / f"{split}-%06d.tar")
+        writer = wds.ShardWriter(pattern, maxcount=max_count, maxsize=max_size, post=log.closed,
+                                 start_shard=len(shards), verbose=0, encoder=False, mtime=0.0)
+        with ThreadPoolExecutor(max(1, num_workers)) as pool, \
+                tqdm(total=n, initial=start, desc=desc or f"webdataset {split} → {out_dir}", unit="img") as bar:
+            for lo in range(start, n, _CHUNK):
+                indices = range(lo, min(n, lo + _CHUNK))
+                for i, (ext, data, label) in zip(indices, pool.map(lambda i: _encode(dataset, i, jpeg_quality),
+                                                                   indices), strict=True):
+                    writer.write({"__key__": f"{i:09d}", ext: data, "cls": str(label).encode()})
+                    log.added(label)
+                    bar.update()
+            writer.close()
+
+    classes = source_classes(dataset)
+    num_classes = len(classes) if classes is not None else 1 + max(s["max_label"] for s in shards)
+    manifest = {"format": _FORMAT, "settings": settings, "num_samples": n, "num_classes": num_classes,
+                "classes": classes, "shards": shards}
+    _write_json(manifest_path, manifest)
+    partial_path.unlink(missing_ok=True)
+    return manifest_path
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reading.
+
+
+@dataclass(frozen=True)
+class Shard:
+    path: Path
+    count: int
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: Path
+    num_samples: int
+    num_classes: int
+    classes: list[str] | None
+    shards: list[Shard]
+
+
+def read_manifest(path: Path | str, verify: bool = False) -> Manifest:
+    """The manifest at ``path`` (or ``path/manifest.json``), checked against the shards on disk: every shard must
+    exist with the recorded size (a cheap stat; ``verify=True`` also re-hashes them)."""
+    path = Path(path)
+    path = path / MANIFEST if path.is_dir() else path
+    try:
+        raw = json.loads(path.read_text())
+        shards = [Shard(path.parent / s["name"], int(s["count"]), int(s["bytes"]), s["sha256"]) for s in raw["shards"]]
+        manifest = Manifest(path, int(raw["num_samples"]), int(raw["num_classes"]), raw["classes"], shards)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no webdataset manifest; write one with write_shards()") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{path}: not a {_FORMAT} manifest ({type(err).__name__}: {err}); "
+                         f"re-run write_shards()") from err
+    if sum(s.count for s in shards) != manifest.num_samples:
+        raise ValueError(f"{path}: shard counts add up to {sum(s.count for s in shards)}, "
+                         f"but num_samples is {manifest.num_samples}")
+    for s in tqdm(shards, desc=f"verifying {path.parent}", unit="shard", disable=not verify, leave=False):
+        if not s.path.is_file():
+            raise ShardError(f"shard {s.path} listed in {path} is missing")
+        size = s.path.stat().st_size
+        if size != s.bytes:
+            raise ShardError(f"shard {s.path} is {size} bytes but {path} records {s.bytes} "
+                             f"({'truncated' if size < s.bytes else 'replaced or appended to'}); re-run write_shards()")
+        if verify and _sha256(s.path) != s.sha256:
+            raise ShardError(f"shard {s.path}: sha256 differs from {path}; the shard is corrupt, re-run write_shards()")
+    return manifest
+
+
+def image_transform(train: bool, img_size: int, mean: Sequence[float], std: Sequence[float]) -> v2.Compose:
+    """PIL → normalised float (C, H, W): the ffcv-imagenet recipe (random-resized crop + flip, or resize to
+    ``img_size / 0.875`` and centre crop), so loaders can be compared at the same work per image."""
+    if train:
+        geometry = [v2.RandomResizedCrop(img_size, antialias=True), v2.RandomHorizontalFlip()]
+    else:
+        geometry = [v2.Resize(round(img_size / 0.875), antialias=True), v2.CenterCrop(img_size)]
+    return v2.Compose([v2.ToImage(), *geometry, v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+
+
+def _records(shard: Shard) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """``(key, {extension: bytes})`` per sample, in tar order; truncation and stray members name shard and key."""
+    count, key, parts = 0, None, {}
+    try:
+        with shard.path.open("rb") as f, tarfile.open(fileobj=f, mode="r|") as tar:
+            for member in tar:
+                if not member.isreg():
+                    continue
+                name = member.name.rsplit("/", 1)[-1]
+                member_key, _, ext = name.partition(".")
+                if member_key != key:
+                    if key is not None:
+                        count += 1
+                        yield key, parts
+                    key, parts = member_key, {}
+                reader = tar.extractfile(member)
+                parts[ext] = reader.read() if reader is not None else b""
+    except (tarfile.TarError, OSError, EOFError) as err:
+        at = f"sample key {key!r}" if key is not None else "its first sample"
+        raise ShardError(f"shard {shard.path}: corrupt or truncated tar at {at} ({err})") from err
+    if key is not None:
+        count += 1
+        yield key, parts
+    if count != shard.count:
+        raise ShardError(f"shard {shard.path} ended after {count} samples (last key {key!r}) but its manifest "
+                         f"lists {shard.count}: truncated or rewritten; re-run write_shards()")
+
+
+def _shuffled(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
+    """Buffered shuffle (webdataset's scheme) driven by our own seeded ``rng``, so a resumed epoch replays it."""
+    buf: list[Any] = []
+    for item in items:
+        if len(buf) < size:
+            buf.append(item)
+            continue
+        j = rng.randrange(size)
+        yield buf[j]
+        buf[j] = item
+    rng.shuffle(buf)
+    yield from buf
+
+
+def _augment_seed(seed: int, epoch: int, index: int) -> int:
+    return ((seed * 1_000_003 + epoch) * _MIX + index * 0xBF58476D1CE4E5B9) % (2**63 - 1)
+
+
+def _decode(shard: Shard, key: str, parts: dict[str, bytes]) -> tuple[Image.Image, int]:
+    ext = "jpg" if "jpg" in parts else "png" if "png" in parts else None
+    if ext is None or "cls" not in parts:
+        raise ShardError(f"shard {shard.path}, sample key {key!r}: has members {sorted(parts)}; "
+                         f"expected jpg or png, and cls")
+    try:
+        image = Image.open(io.BytesIO(parts[ext]))
+        image.load()
+        label = int(parts["cls"])
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        raise ShardError(f"shard {shard.path}, sample key {key!r}: cannot decode {ext}/cls "
+                         f"({type(err).__name__}: {err})") from err
+    return (image if image.mode in ("L", "RGB") else image.convert("RGB")), label
+
+
+class _RankStream(IterableDataset):
+    """This rank's part of one epoch; DataLoader worker ``w`` runs stream ``(w + start_batch) mod workers``, so the
+    DataLoader's round-robin over workers yields batches ``start_batch, start_batch + 1, ...`` in order."""
+
+    def __init__(self, loader: WebDatasetLoader, epoch: int, start_batch: int) -> None:
+        self.loader, self.epoch, self.start_batch = loader, epoch, start_batch
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        ld = self.loader
+        info = get_worker_info()
+        stream = ((info.id if info is not None else 0) + self.start_batch) % ld.workers
+        shards = ld.epoch_shards(self.epoch)[stream]
+        skip = max(0, -(-(self.start_batch - stream) // ld.workers))  # batches of this stream before start_batch
+        rng = random.Random(_augment_seed(ld.seed, self.epoch, 1 + ld.rank * ld.workers + stream))
+        records = ((shard, key, parts) for shard in shards for key, parts in _records(shard))
+        if ld.shuffle_buffer > 1:
+            records = _shuffled(records, ld.shuffle_buffer, rng)
+        for j in range(ld.batches_per_stream):
+            batch = [next(records, None) for _ in range(ld.batch_size)]
+            if batch[-1] is None:
+                raise ShardError(f"shards {[str(s.path) for s in shards]} ran out after batch {j}, before the "
+                                 f"{ld.batches_per_stream} their manifest counts promise")
+            if j >= skip:
+                yield self._collate(batch)
+
+    def _collate(self, batch: list[tuple[Shard, str, dict[str, bytes]]]) -> tuple[Any, ...]:
+        ld = self.loader
+        images, labels = [], []
+        for shard, key, parts in batch:
+            image, label = _decode(shard, key, parts)
+            with torch.random.fork_rng(devices=[]):
+                state = random.getstate()
+                aug_seed = _augment_seed(ld.seed, self.epoch, int(key) if key.isdigit() else zlib.crc32(key.encode()))
+                torch.manual_seed(aug_seed)
+                random.seed(aug_seed)  # timm's RandAugment draws from python's random
+                images.append(ld.transform(image))
+                random.setstate(state)
+            labels.append(label)
+        out = (torch.stack(images), torch.tensor(labels, dtype=torch.int64))
+        return (*out, [key for _, key, _ in batch]) if ld.return_keys else out
+
+
+class WebDatasetLoader:
+    """Per-rank batches ``(images (B, C, H, W) float, labels (B,) int64)`` streamed from the shards of a
+    :func:`write_shards` manifest; see the module docstring for the equal-steps and resume guarantees.
+
+    ``transform`` maps a PIL image to a normalised ``(C, H, W)`` float tensor (:func:`image_transform` gives the
+    standard ones); it runs under a per-sample seed, so augmentation also replays on resume.
+    """
+
+    def __init__(self, manifest: Path | str, batch_size: int, rank: int, world_size: int, num_workers: int, seed: int,
+                 transform: Callable[[Image.Image], torch.Tensor], shuffle_buffer: int = 1000,
+                 return_keys: bool = False) -> None:
+        if not 0 <= rank < world_size or batch_size < 1 or num_workers < 0:
+            raise ValueError(f"need 0 ≤ rank < world_size, batch_size ≥ 1, num_workers ≥ 0; got rank={rank}, "
+                             f"world_size={world_size}, batch_size={batch_size}, num_workers={num_workers}")
+        self.manifest = read_manifest(manifest)
+        self.batch_size, self.rank, self.world_size, self.seed = batch_size, rank, world_size, seed
+        self.num_workers, self.workers = num_workers, max(1, num_workers)
+        self.transform, self.shuffle_buffer, self.return_keys = transform, shuffle_buffer, return_keys
+        streams = world_size * self.workers
+        shards = self.manifest.shards
+        if len(shards) < streams:
+            raise ValueError(f"{self.manifest.path}: {len(shards)} shards cannot feed {world_size} ranks × "
+                             f"{self.workers} workers = {streams} streams, each of which needs whole shards; "
+                             f"re-shard with write_shards(max_count ≤ {self.manifest.num_samples // streams}) or use "
+                             f"fewer workers")
+        smallest = sorted(s.count for s in shards)[: len(shards) // streams]
+        self.batches_per_stream = sum(smallest) // batch_size
+        if self.batches_per_stream == 0:
+            raise ValueError(f"{self.manifest.path}: the {len(smallest)} smallest shards a stream may get hold "
+                             f"{sum(smallest)} samples, less than one batch of {batch_size}; lower the batch size or "
+                             f"use fewer ranks × workers")
+
+    @property
+    def num_classes(self) -> int:
+        return self.manifest.num_classes
+
+    def __len__(self) -> int:
+        """Batches per epoch, the same on every rank and in every epoch."""
+        return self.workers * self.batches_per_stream
+
+    def epoch_shards(self, epoch: int) -> list[list[Shard]]:
+        """This rank's shards per stream: the epoch's shard permutation dealt round-robin over ranks × workers."""
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        order = torch.randperm(len(self.manifest.shards), generator=g).tolist()
+        dealt = [self.manifest.shards[s] for j, s in enumerate(order) if j % self.world_size == self.rank]
+        return [dealt[k::self.workers] for k in range(self.workers)]
+
+    def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[Any, ...]]:
+        """Batches ``start_batch .. len() - 1`` of ``epoch``: the same ones, in the same order, as a full pass."""
+        if not 0 <= start_batch <= len(self):
+            raise ValueError(f"start batch {start_batch} outside an epoch of {len(self)} batches")
+        if start_batch == len(self):
+            return
+        loader = DataLoader(_RankStream(self, epoch, start_batch), batch_size=None, num_workers=self.num_workers,
+                            prefetch_factor=4 if self.num_workers else None)
+        n = 0
+        for batch in loader:
+            yield batch
+            n += 1
+        if n != len(self) - start_batch:  # a stream ending early would desynchronise the ranks
+            raise ShardError(f"{self.manifest.path}: epoch {epoch} yielded {n} batches from {start_batch}, "
+                             f"expected {len(self) - start_batch}")

@@ -1,0 +1,182 @@
+"""Config loading: defaults and shipped recipes validate, overrides apply, every problem is reported in one error."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from sigmanens_dist.config import Config, ConfigError, check_paths, flatten, load_config, save_config
+from sigmanens_dist.data.idx import FASHION_MNIST_ROOT
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPES = sorted((REPO / "configs").glob("*.yaml"))
+
+
+def _write(tmp_path: Path, text: str, name: str = "cfg.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _problem_paths(err: ConfigError) -> list[str]:
+    return [re.match(r"  - (\S+): ", line).group(1) for line in err.problems]
+
+
+def test_defaults_are_valid() -> None:
+    cfg = load_config(None, check_data=False)
+    assert cfg == Config()
+    assert (cfg.model.name, cfg.model.num_members, cfg.model.ensemble) == ("resnet18", 4, True)
+    assert (cfg.reg.tau, cfg.reg.lam) == (0.5, 1e-3)
+    assert (cfg.train.epochs, cfg.train.max_steps) == (1, None)
+    assert cfg.run_dir == Path("runs/default") and cfg.optim.betas == (0.9, 0.999)
+    assert cfg.data_root() == FASHION_MNIST_ROOT
+    assert load_config(None, ["data.dataset=synthetic"]).data_root() is None
+
+
+def test_all_four_recipes_are_shipped() -> None:
+    assert [p.name for p in RECIPES] == ["cifar100_wrn.yaml", "demo.yaml", "imagenet_resnet50.yaml",
+                                         "imagenet_vit.yaml"]
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_recipe_validates_without_data(recipe: Path) -> None:
+    cfg = load_config(recipe, check_data=False)
+    assert cfg.model.num_members == 4
+    assert (cfg.train.epochs is None) != (cfg.train.max_steps is None)
+    assert cfg.run_dir == Path("runs") / recipe.stem
+
+
+def test_recipe_values_are_read_as_written() -> None:
+    demo = load_config(REPO / "configs" / "demo.yaml", check_data=False)
+    assert (demo.model.name, demo.train.max_steps, demo.train.epochs, demo.data.train_subset) == (
+        "resnet10t", 300, None, 12000)
+    vit = load_config(REPO / "configs" / "imagenet_vit.yaml", check_data=False)
+    assert vit.optim.lr == 5e-4 and vit.optim.betas == (0.9, 0.999) and vit.train.ema_decay == 0.99996
+    assert (vit.train.amp, vit.data.format, vit.data.root, vit.strategy.backend) == (
+        "bf16", "ffcv", Path("/data/imagenet"), "nccl")
+    assert vit.train.randaugment == "rand-m9-mstd0.5-inc1" and vit.schedule.warmup_steps == 6255
+
+
+def test_recipe_with_absent_data_fails_with_the_path() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(REPO / "configs" / "imagenet_vit.yaml")
+    assert _problem_paths(info.value) == ["data.root"]
+    assert "/data/imagenet does not exist" in str(info.value)
+
+
+def test_overrides_apply() -> None:
+    cfg = load_config(REPO / "configs" / "demo.yaml", ["model.num_members=8", "reg.tau=0.25",
+                                                       "model.kwargs.img_size=32", "reg.lambda=0.01",
+                                                       "model.layers=[layer1.*, fc]", "tracking.run_name=null",
+                                                       "run_dir=/tmp/x"], check_data=False)
+    assert cfg.model.num_members == 8 and cfg.reg.tau == 0.25 and cfg.reg.lam == 0.01
+    assert cfg.model.kwargs == {"img_size": 32}
+    assert cfg.model.layers == ["layer1.*", "fc"] and cfg.tracking.run_name is None
+    assert cfg.run_dir == Path("/tmp/x")
+    assert cfg.train.max_steps == 300  # untouched values stay as the recipe set them
+
+
+def test_override_replaces_the_other_spelling_and_the_other_budget(tmp_path: Path) -> None:
+    path = _write(tmp_path, "reg:\n  lam: 0.5\ntrain:\n  epochs: 200\n")
+    cfg = load_config(path, ["reg.lambda=0.25", "train.max_steps=10"], check_data=False)
+    assert cfg.reg.lam == 0.25
+    assert (cfg.train.epochs, cfg.train.max_steps) == (None, 10)
+
+
+def test_every_problem_is_reported_in_one_error(tmp_path: Path) -> None:
+    path = _write(tmp_path, "model:\n  num_members: 0\n  nmembers: 3\nreg:\n  tau: -1\ntrain:\n  batch_size: big\n"
+                            "bogus_section: {}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, ["optim.lr=0", "noequals", "nosuch.key=1"], check_data=False)
+    err, message = info.value, str(info.value)
+    assert isinstance(err, ValueError)
+    assert message.startswith(f"{path}: 8 problems in the config:\n")
+    assert sorted(_problem_paths(err)) == sorted(["model.num_members", "model.nmembers", "reg.tau",
+                                                  "train.batch_size", "bogus_section", "optim.lr", "noequals",
+                                                  "nosuch.key"])
+    assert "  - model.num_members: must be >= 1 (got 0)" in err.problems
+    assert "  - reg.tau: must be > 0.0 (got -1)" in err.problems
+    assert "  - train.batch_size: must be an integer (got 'big')" in err.problems
+    assert "  - model.nmembers: unknown key (did you mean 'num_members'?) (got 3)" in err.problems
+    assert "errors.pydantic.dev" not in message and "Input should" not in message
+
+
+def test_unknown_override_path_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["modle.num_members=8"], check_data=False)
+    assert _problem_paths(info.value) == ["modle.num_members"]
+    assert "unknown top-level key 'modle' (did you mean 'model'?)" in str(info.value)
+    with pytest.raises(ConfigError, match=r"  - model\.num_members8: an override must look like dotted\.key=value"):
+        load_config(None, ["model.num_members8"], check_data=False)
+    with pytest.raises(ConfigError, match=r"  - model\.name\.x: model\.name is not a mapping"):
+        load_config(_write(tmp_path, "model:\n  name: resnet18\n"), ["model.name.x=1"], check_data=False)
+
+
+def test_missing_data_root_names_the_path_and_how_to_get_it(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir"
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [f"data.root={missing}", "model.num_members=0"])
+    assert _problem_paths(info.value) == ["model.num_members", "data.root"]
+    assert f"{missing} does not exist" in str(info.value)
+    assert "apt-get install dataset-fashion-mnist" in str(info.value)
+    with pytest.raises(ConfigError, match=r"data\.root: must be set for data\.dataset='cifar10'.*cifar-10-python"):
+        load_config(None, ["data.dataset=cifar10"])
+    # An existing root passes, synthetic data needs none, and check_data=False skips the check.
+    assert load_config(None, [f"data.root={tmp_path}"]).data_root() == tmp_path
+    assert load_config(None, ["data.dataset=synthetic", f"data.root={missing}"]).data.dataset == "synthetic"
+    cfg = load_config(None, [f"data.root={missing}"], check_data=False)
+    with pytest.raises(ConfigError, match=re.escape(str(missing))):
+        check_paths(cfg)
+
+
+def test_epochs_and_max_steps_together_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, "train:\n  epochs: 3\n  max_steps: 100\n"), check_data=False)
+    assert _problem_paths(info.value) == ["train.max_steps"]
+    assert "set only one of train.epochs (here 3) and train.max_steps" in str(info.value)
+    with pytest.raises(ConfigError, match=r"train\.epochs: set one of train\.epochs and train\.max_steps"):
+        load_config(None, ["train.epochs=null"], check_data=False)
+
+
+def test_yaml_details(tmp_path: Path) -> None:
+    path = _write(tmp_path, "model:\nreg:\n  lambda: 1e-3\n  tau: 5e-1\ntracking:\n  run_name: 2024-05-01\n")
+    cfg = load_config(path, check_data=False)
+    assert cfg.model == Config().model  # an empty section means its defaults
+    assert cfg.reg.lam == 1e-3 and cfg.reg.tau == 0.5 and cfg.tracking.run_name == "2024-05-01"
+    with pytest.raises(ConfigError, match=r"  - tau: key given twice, on lines 2 and 3"):
+        load_config(_write(tmp_path, "reg:\n  tau: 0.1\n  tau: 0.2\n"), check_data=False)
+    with pytest.raises(ConfigError, match=r"reg\.lambda: given twice, as reg\.lam and as reg\.lambda"):
+        load_config(_write(tmp_path, "reg:\n  lam: 0.1\n  lambda: 0.2\n"), check_data=False)
+    with pytest.raises(ConfigError, match=r"\(file\): not valid YAML"):
+        load_config(_write(tmp_path, "model: [unclosed\n"), check_data=False)
+    with pytest.raises(ConfigError, match=r"model\.name: timm has no model 'resnet81' \(did you mean 'resnet18'\?\)"):
+        load_config(None, ["model.name=resnet81"], check_data=False)
+
+
+def test_save_load_round_trip(tmp_path: Path) -> None:
+    cfg = load_config(REPO / "configs" / "imagenet_vit.yaml", ["model.kwargs.img_size=32", "model.kwargs.drop_rate=0.1",
+                                                                "reg.lambda=2.5e-5", "model.layers=[blocks.*]",
+                                                                f"data.root={tmp_path}", "seed=7"])
+    out = save_config(cfg, tmp_path / "run" / "config.yaml")
+    assert out == tmp_path / "run" / "config.yaml"
+    assert [p.name for p in out.parent.iterdir()] == ["config.yaml"]  # the temporary file was renamed, not left
+    text = out.read_text()
+    assert f"root: {tmp_path}\n" in text and "lambda: 2.5e-05\n" in text
+    back = load_config(out)
+    assert back == cfg
+    assert back.optim.betas == (0.9, 0.999) and back.model.kwargs == {"img_size": 32, "drop_rate": 0.1}
+    assert back.train.epochs == 300 and back.train.max_steps is None
+    save_config(back, out)  # overwriting an existing file works too
+    assert load_config(out) == cfg
+
+
+def test_flatten_gives_dotted_scalar_keys() -> None:
+    flat = flatten(load_config(None, ["model.kwargs.img_size=32", "reg.lambda=0.01"], check_data=False))
+    assert flat["model.num_members"] == 4 and flat["reg.tau"] == 0.5 and flat["reg.lambda"] == 0.01
+    assert flat["model.kwargs.img_size"] == 32 and flat["optim.betas"] == "[0.9, 0.999]"
+    assert flat["run_dir"] == "runs/default" and flat["data.root"] is None and flat["seed"] == 0
+    assert all(isinstance(v, (str, int, float, bool, type(None))) for v in flat.values())
+    assert "model" not in flat and "model.kwargs" not in flat
+    assert len([k for k in flat if k.startswith("train.")]) == 13

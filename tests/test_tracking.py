@@ -1,0 +1,95 @@
+"""MLflow tracking against an embedded sqlite store and a real ``mlflow server`` on 127.0.0.1; a dead server must
+not stop training."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import SYNTHETIC, TINY_VIT, free_port, losses, run_train
+
+mlflow = pytest.importorskip("mlflow")
+
+BASE = [*TINY_VIT, *SYNTHETIC, "train.batch_size=16", "optim.name=adamw", "optim.lr=0.002", "train.log_every_steps=2",
+        "tracking.enabled=true", "tracking.experiment=tests"]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real tracking server, one worker, job execution off (what the README recommends for small machines)."""
+    root = tmp_path_factory.mktemp("mlflow_server")
+    port = free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                             "--workers", "1", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
+                             "--artifacts-destination", str(root / "artifacts")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=(root / "server.log").open("w"))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail("mlflow server did not start:\n" + (root / "server.log").read_text()[-3000:])
+        time.sleep(0.5)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _check_run(uri: str, run_dir: Path, steps: int) -> None:
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("tests")
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.runName = '{run_dir.name}'")
+    assert len(runs) == 1, "a resumed run must continue its MLflow run, not start another"
+    run = runs[0]
+    assert run.data.params["model.num_members"] == "4"
+    assert run.data.params["reg.tau"] == "0.5"
+    for tag in ("git_commit", "num_members", "tau", "strategy", "world_size", "slurm_job_id"):
+        assert tag in run.data.tags, tag
+    assert run.data.tags["num_members"] == "4" and run.data.tags["strategy"] == "ddp"
+    history = client.get_metric_history(run.info.run_id, "train/loss")
+    assert sorted({m.step for m in history}) == sorted(losses(run_dir))
+    assert max(m.step for m in history) == steps
+    assert "val/nll" in run.data.metrics and "val/member0/acc" in run.data.metrics
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "reliability.png"} <= artifacts
+
+
+@pytest.mark.slow
+def test_sqlite_store_and_resume_continue_the_same_run(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run = tmp_path / "sqlite_run"
+    run_train(run, *BASE, f"tracking.uri={uri}", "train.max_steps=4", "checkpoint.every_steps=2")
+    run_train(run, *BASE, f"tracking.uri={uri}", "train.max_steps=8", "checkpoint.every_steps=2",
+              "checkpoint.resume=auto")
+    _check_run(uri, run, 8)
+
+
+@pytest.mark.slow
+def test_real_tracking_server(tmp_path: Path, mlflow_server: str) -> None:
+    run = tmp_path / "server_run"
+    run_train(run, *BASE, f"tracking.uri={mlflow_server}", "train.max_steps=6")
+    _check_run(mlflow_server, run, 6)
+
+
+@pytest.mark.slow
+def test_unreachable_server_does_not_stop_training(tmp_path: Path) -> None:
+    run = tmp_path / "offline_run"
+    dead = f"http://127.0.0.1:{free_port()}"
+    proc = run_train(run, *BASE, f"tracking.uri={dead}", "train.max_steps=4")
+    assert "tracking to MLflow is off for the rest of this run" in proc.stderr
+    assert sorted(losses(run)) == [2, 4]
+    assert (run / "final_metrics.json").is_file()
