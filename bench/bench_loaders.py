@@ -61,7 +61,6 @@ def main() -> None:
     # Enough shards for 2 × workers streams (so the webdataset loader also runs with more workers).
     manifest = write_shards(datasets.ImageFolder(str(tree / "train")), args.root / f"wds_{args.images}_{args.size}",
                             max_count=-(-n // (4 * max(1, args.workers))))
-    torch.set_num_threads(1)  # the main process only collects batches; workers do the work
 
     def folder_epoch(epoch: int) -> Iterable:
         g = torch.Generator().manual_seed(epoch)
@@ -87,7 +86,7 @@ def main() -> None:
             candidates[name] = loader.iter_epoch
 
     print(f"\n{n} JPEGs of {args.size} px → random-resized crop {args.img} + flip + normalise; batch {args.batch}, "
-          f"{args.workers} workers, median of {args.epochs} epochs, {torch.get_num_threads()} main thread(s)")
+          f"{args.workers} workers, median of {args.epochs} epochs")
     rates = {name: _epoch_rate(fn, args.epochs) for name, fn in candidates.items()}
     base = rates["ImageFolder + DataLoader (PIL)"]
     for name, rate in rates.items():

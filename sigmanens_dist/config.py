@@ -170,8 +170,7 @@ class TrainConfig(_Section):
 class DataConfig(_Section):
     """Which dataset, in which on-disk format, from where; nothing is ever downloaded."""
 
-    dataset: Literal["fashion_mnist", "cifar10", "cifar100", "imagenet", "imagefolder", "sst2", "synthetic"] = (
-        "fashion_mnist")
+    dataset: Literal["fashion_mnist", "cifar10", "cifar100", "imagenet", "imagefolder", "synthetic"] = "fashion_mnist"
     format: Literal["raw", "ffcv", "webdataset"] = "raw"  # raw: the dataset's native on-disk format
     root: Path | None = None  # None: /usr/share/datasets/fashion-mnist for fashion_mnist; required otherwise
     num_workers: int = Field(2, ge=0)
@@ -183,9 +182,8 @@ class DataConfig(_Section):
 class StrategyConfig(_Section):
     """How the model is spread over ranks."""
 
-    name: Literal["ddp", "fsdp", "deepspeed"] = "ddp"
+    name: Literal["ddp"] = "ddp"  # FSDP2 and DeepSpeed ZeRO join here when their strategies land
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl with CUDA, else gloo
-    zero_stage: int = Field(2, ge=1, le=3)  # deepspeed only
 
 
 class CheckpointConfig(_Section):

@@ -274,6 +274,7 @@ def test_ffcv_corrupt_or_truncated_beton_is_named(tmp_path: Path, beton: Path) -
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ffcv_writer_fails_instead_of_hanging_on_a_bad_sample(tmp_path: Path) -> None:
+    pytest.importorskip("ffcv")
     from sigmanens_dist.data.ffcv_io import write_beton
 
     target = tmp_path / "bad.beton"

@@ -215,12 +215,14 @@ def write_shards(dataset: Dataset, out_dir: Path | str, *, split: str = "train",
     n = len(dataset)
     if n == 0:
         raise ValueError(f"write_shards({out_dir}): the dataset is empty")
-    settings = {"split": split, "num_samples": n, "max_count": max_count, "max_size": max_size,
-                "jpeg_quality": jpeg_quality}
+    settings = {"split": split, "num_samples": n, "classes": source_classes(dataset), "max_count": max_count,
+                "max_size": max_size, "jpeg_quality": jpeg_quality}
     manifest_path, partial_path = out_dir / MANIFEST, out_dir / _PARTIAL
     if manifest_path.is_file():
         done = json.loads(manifest_path.read_text())
-        if done.get("settings") == settings and len(_valid_prefix(out_dir, done["shards"])) == len(done["shards"]):
+        complete = all((out_dir / e["name"]).is_file() and (out_dir / e["name"]).stat().st_size == e["bytes"]
+                       for e in done["shards"])  # sizes only: re-hashing a finished conversion would read it all
+        if done.get("settings") == settings and complete:
             return manifest_path
         manifest_path.unlink()
 
@@ -249,7 +251,7 @@ def write_shards(dataset: Dataset, out_dir: Path | str, *, split: str = "train",
                     bar.update()
             writer.close()
 
-    classes = source_classes(dataset)
+    classes = settings["classes"]
     num_classes = len(classes) if classes is not None else 1 + max(s["max_label"] for s in shards)
     manifest = {"format": _FORMAT, "settings": settings, "num_samples": n, "num_classes": num_classes,
                 "classes": classes, "shards": shards}
@@ -412,7 +414,7 @@ class _RankStream(IterableDataset):
             with torch.random.fork_rng(devices=[]):
                 state = random.getstate()
                 aug_seed = _augment_seed(ld.seed, self.epoch, int(key) if key.isdigit() else zlib.crc32(key.encode()))
-                torch.manual_seed(aug_seed)
+                torch.default_generator.manual_seed(aug_seed)  # CPU only: torch.manual_seed also seeds CUDA, 3× slower
                 random.seed(aug_seed)  # timm's RandAugment draws from python's random
                 images.append(ld.transform(image))
                 random.setstate(state)

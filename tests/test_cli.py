@@ -1,0 +1,21 @@
+"""The ``sigmanens`` entry point."""
+
+from __future__ import annotations
+
+import pytest
+
+from sigmanens_dist.cli import main
+
+
+def test_help_and_unknown_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 0
+    assert "sigmanens train" in capsys.readouterr().out
+    assert main(["fly"]) == 2
+    assert "unknown command 'fly'; choose one of: train, demo, params" in capsys.readouterr().err
+
+
+def test_params_prints_ratio_per_member_count(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["params", "resnet18", "--members", "1", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "resnet18: 11,689,512 parameters" in out
+    assert "σN-Ens M=4       11,737,512  = 1.0041x" in out  # + M·3·4800 σ values − 9600 source norm params
