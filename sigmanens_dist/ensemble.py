@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -172,7 +173,7 @@ def convert_to_sigma_ensemble(
 # -- conversion helpers ----------------------------------------------------------------------------------------
 def _find_norms(model: nn.Module, patterns: Sequence[str] | None) -> list[tuple[str, nn.Module]]:
     found: list[tuple[str, nn.Module]] = []
-    unsupported: list[str] = []
+    unsupported: list[tuple[str, nn.Module]] = []
 
     def walk(module: nn.Module, prefix: str) -> None:
         for child_name, child in module.named_children():
@@ -180,19 +181,24 @@ def _find_norms(model: nn.Module, patterns: Sequence[str] | None) -> list[tuple[
             if sigma_class_for(child) is not None:
                 found.append((name, child))
             elif looks_like_norm(child):
-                unsupported.append(f"{name!r} ({type(child).__name__})")
+                unsupported.append((name, child))
             else:
                 walk(child, name + ".")
 
     walk(model, "")
     if patterns is not None:
-        keep = set(_match([n for n, _ in found] + [u.split("'")[1] for u in unsupported], patterns, "layers"))
+        keep = set(_match([n for n, _ in found + unsupported], patterns, "layers"))
         found = [(n, m) for n, m in found if n in keep]
-        unsupported = [u for u in unsupported if u.split("'")[1] in keep]
+        unsupported = [(n, m) for n, m in unsupported if n in keep]
     if unsupported:
-        raise TypeError("unsupported normalization layer(s): " + ", ".join(unsupported) + ". Supported types: "
-                        + ", ".join(supported_names()) + ". Pass layers=[patterns] to convert only the others "
-                        "(unconverted norms stay shared by all members).")
+        raise TypeError("unsupported normalization layer(s): "
+                        + ", ".join(f"{n!r} ({type(m).__name__})" for n, m in unsupported)
+                        + ". Supported types: " + ", ".join(supported_names()) + ". Pass layers=[patterns] to "
+                        "convert only the others (unconverted norms stay shared by all members).")
+    if any(isinstance(m, nn.SyncBatchNorm) for _, m in found):
+        warnings.warn("SyncBatchNorm layers become σBatchNorm with per-rank statistics (each member normalises "
+                      "over its own samples on each rank; statistics are not synchronised across ranks)",
+                      stacklevel=3)
     return found
 
 

@@ -193,3 +193,8 @@ def test_partial_conversion_and_regularised_subset() -> None:
     assert ens.gamma().shape == (4, reg_feats)
     assert ens.gamma(regularized_only=False).shape[1] == sum(layer.num_features for _, layer in ens.sigma_layers())
     assert set(ens.sharing()) == {n for n in names if n.startswith("layer4.")} | {"all"}
+
+
+def test_sync_batchnorm_conversion_says_statistics_stay_per_rank() -> None:
+    with pytest.warns(UserWarning, match="per-rank statistics"):
+        convert_to_sigma_ensemble(nn.Sequential(nn.Conv2d(3, 4, 3), nn.SyncBatchNorm(4)), 2)

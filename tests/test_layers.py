@@ -22,7 +22,7 @@ CASES = {
     "BatchNorm2d-cumulative": (lambda: nn.BatchNorm2d(6, momentum=None), (6, 5, 5)),
     "BatchNorm2d-no-stats": (lambda: nn.BatchNorm2d(6, track_running_stats=False), (6, 5, 5)),
     "BatchNorm3d": (lambda: nn.BatchNorm3d(4), (4, 3, 3, 3)),
-    "SyncBatchNorm": (lambda: nn.SyncBatchNorm(6), (6, 5, 5)),
+    "SyncBatchNorm": (lambda: nn.SyncBatchNorm(6), (6, 5, 5)),  # warns: stats stay per rank
     "timm.BatchNormAct2d": (lambda: timm_norm_act.BatchNormAct2d(6, act_layer=nn.SiLU), (6, 5, 5)),
     "LayerNorm": (lambda: nn.LayerNorm(8), (5, 8)),
     "LayerNorm-2dshape": (lambda: nn.LayerNorm((4, 8)), (4, 8)),
