@@ -6,8 +6,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${SIGMANENS_VENV:-$ROOT/.venv}"
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
 
-# System packages: Fashion-MNIST (the demo's data, shipped by Debian), when apt is available.
-APT_PACKAGES=(dataset-fashion-mnist)
+# System packages: Fashion-MNIST (the demo's data, shipped by Debian); FFCV's build needs turbojpeg and OpenCV.
+APT_PACKAGES=(dataset-fashion-mnist pkg-config libturbojpeg0-dev libopencv-dev)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then
@@ -29,11 +29,11 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     aarch64|arm64) TORCH=(torch==2.9.1 torchvision==0.24.1) ;;
     *) TORCH=(torch==2.14.1 torchvision==0.29.1) ;;
   esac
-  echo "[setup] installing ${TORCH[*]} and sigmanens-dist[dev,mlflow] into $VENV (a few minutes the first time)"
+  echo "[setup] installing ${TORCH[*]} and sigmanens-dist[dev,mlflow,ffcv,webdataset] into $VENV (a few minutes the first time)"
   "$VENV/bin/pip" install -q --disable-pip-version-check "${TORCH[@]}" 2>&1 | grep -v "^WARNING: Location" || true
-  "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[dev,mlflow]" 2>&1 \
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[dev,mlflow,ffcv,webdataset]" 2>&1 \
     | grep -v "^WARNING: Location" || true
-  "$VENV/bin/python" -c "import torch, torchvision, timm, sigmanens_dist" \
+  "$VENV/bin/python" -c "import torch, torchvision, timm, ffcv, webdataset, mlflow, sigmanens_dist" \
     || { echo "[setup] install failed: see pip output above" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi

@@ -3,6 +3,7 @@
     sigmanens train --config configs/demo.yaml model.num_members=8     (one process; use torchrun for several)
     sigmanens demo                                                      (the embedded Fashion-MNIST demo)
     sigmanens params resnet50 --members 1 4 16                          (σN-Ens vs single-model parameter count)
+    sigmanens data convert --dataset cifar10 --root /data/cifar10 --format ffcv --out /data/cifar10_ffcv
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def _params(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("train", "demo", "params")
+    commands = ("train", "demo", "params", "data")
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__)
         if argv and argv[0] not in ("-h", "--help"):
@@ -42,6 +43,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "params":
         return _params(rest)
+    if cmd == "data":
+        if not rest or rest[0] != "convert":
+            print("usage: sigmanens data convert --help", file=sys.stderr)
+            return 2
+        from sigmanens_dist.data.convert import main as convert_main
+
+        return convert_main(rest[1:])
     if cmd == "train":
         from sigmanens_dist.train import main as train_main
 

@@ -25,13 +25,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from sigmanens_dist.checkpoint import EXIT_PREEMPTED, CheckpointManager, PreemptionFlag, capture_rng, restore_rng
 from sigmanens_dist.config import Config, flatten, load_config, save_config
-from sigmanens_dist.data.registry import DataBundle, build_datasets
-from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler
+from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.distributed import DistEnv, all_gather_object, any_rank, init_distributed
 from sigmanens_dist.ensemble import SigmaEnsemble
 from sigmanens_dist.metrics import EnsembleMetrics, reliability_diagram
@@ -61,12 +59,11 @@ def run(cfg: Config) -> int:
         raise ValueError("train.amp=fp16 needs a CUDA device (GradScaler); use bf16 or none on CPU")
 
     # -- data ----------------------------------------------------------------------------------------------------
-    data = build_datasets(cfg.data, cfg.data_root(), cfg.train.randaugment)
-    sampler = ShardedBatchSampler(len(data.train), cfg.train.batch_size, env.rank, env.world_size, cfg.seed)
+    data = build_data(cfg, env)
     micro_per_step = cfg.train.grad_accum
-    total_steps = cfg.train.max_steps or cfg.train.epochs * len(sampler) // micro_per_step
+    total_steps = cfg.train.max_steps or cfg.train.epochs * len(data.train) // micro_per_step
     if total_steps < 1:
-        raise ValueError(f"train.epochs={cfg.train.epochs} gives no optimiser step: an epoch has {len(sampler)} "
+        raise ValueError(f"train.epochs={cfg.train.epochs} gives no optimiser step: an epoch has {len(data.train)} "
                          f"batches per rank and train.grad_accum={micro_per_step}")
 
     # -- model, strategy, optimiser (model init is identical on every rank; later randomness is per rank) ---------
@@ -143,7 +140,7 @@ def run(cfg: Config) -> int:
 
     # -- the loop ------------------------------------------------------------------------------------------------
     preempt = PreemptionFlag()
-    batches = _micro_batches(data, sampler, pos, cfg, env)
+    batches = _micro_batches(data.train, pos)
     autocast = _autocast(cfg, env)
     bar = tqdm(total=total_steps, initial=pos.step, disable=not env.is_main, desc="train", dynamic_ncols=True,
                unit="step")
@@ -240,31 +237,22 @@ def _member_loss(logits: torch.Tensor, y: torch.Tensor, smoothing: float) -> tor
     return F.cross_entropy(flat, y.repeat(m), label_smoothing=smoothing)
 
 
-def _micro_batches(data: DataBundle, sampler: ShardedBatchSampler, pos: Position, cfg: Config, env: DistEnv
-                   ) -> Iterator[tuple[Any, int, int]]:
+def _micro_batches(stream: TrainStream, pos: Position) -> Iterator[tuple[Any, int, int]]:
     """Micro-batches forever, each with the position of the one after it (what a checkpoint must record)."""
     epoch, start = pos.epoch, pos.batch
-    pin = env.device.type == "cuda"
     while True:
-        sampler.set_position(epoch, start)
-        # Its own generator: creating a loader mid-epoch on resume must not consume the global RNG stream.
-        loader = DataLoader(data.train, batch_sampler=sampler, num_workers=cfg.data.num_workers, pin_memory=pin,
-                            generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch))
-        for i, batch in enumerate(loader, start=start + 1):
-            yield (batch, epoch + 1, 0) if i == len(sampler) else (batch, epoch, i)
+        for i, batch in enumerate(stream.iter_epoch(epoch, start), start=start + 1):
+            yield (batch, epoch + 1, 0) if i == len(stream) else (batch, epoch, i)
         epoch, start = epoch + 1, 0
 
 
 @torch.no_grad()
-def _evaluate(model: nn.Module, data: DataBundle, cfg: Config, env: DistEnv, plot_dir: Path | None
-              ) -> dict[str, float]:
+def _evaluate(model: nn.Module, data: Data, cfg: Config, env: DistEnv, plot_dir: Path | None) -> dict[str, float]:
     model.eval()
     metrics = EnsembleMetrics(data.num_classes, model.num_members).to(env.device)
-    sampler = EvalShardSampler(len(data.val), cfg.train.batch_size, env.rank, env.world_size)
-    loader = DataLoader(data.val, batch_sampler=sampler, num_workers=cfg.data.num_workers)
     probs, targets = [], []
     with _autocast(cfg, env):
-        for x, y in loader:
+        for x, y in data.val():
             x, y = x.to(env.device), y.to(env.device)
             logits = model(x).float()
             metrics.update(logits, y)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -64,3 +66,29 @@ def losses(run_dir: Path) -> dict[int, float]:
 def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
     ckpts = sorted((run_dir / "checkpoints").glob("step_*.pt"))
     return torch.load(ckpts[-1], map_location="cpu", weights_only=False)["model"]
+
+
+def interrupted(run: Path, overrides: list[str], sig: int, after_ckpt: str, nproc: int = 1) -> int:
+    """Start training, send ``sig`` once ``after_ckpt`` exists, return the exit status."""
+    log = run.parent / f"{run.name}.stderr"  # a file, not a pipe: an unread pipe could fill and stall the run
+    with log.open("w") as f:
+        proc = subprocess.Popen(train_cmd(run, *overrides, nproc=nproc), cwd=REPO, env=env(),
+                                stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
+    deadline = time.time() + 300
+    while not (run / "checkpoints" / after_ckpt).exists():
+        assert proc.poll() is None, log.read_text()[-4000:]
+        assert time.time() < deadline, "checkpoint never appeared"
+        time.sleep(0.02)
+    if sig == signal.SIGKILL:
+        os.killpg(proc.pid, signal.SIGKILL)
+    elif nproc == 1:
+        proc.send_signal(sig)
+    else:  # like a signal that reached one worker only: the others must follow
+        workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert workers, "no torchrun workers found"
+        subprocess.run(["kill", f"-{sig.name[3:]}", workers[-1]], check=True)
+    proc.wait(timeout=300)
+    err = log.read_text()
+    if sig != signal.SIGKILL:
+        assert "checkpointed at step" in err or proc.returncode != 0, err[-3000:]
+    return proc.returncode

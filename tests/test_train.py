@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import REPO, SYNTHETIC, TINY_VIT, env, final_state, losses, run_train, torchrun, train_cmd
+from tests.helpers import REPO, SYNTHETIC, TINY_VIT, env, final_state, interrupted, losses, run_train, torchrun
 
 BASE = [*TINY_VIT, *SYNTHETIC, "train.batch_size=16", "optim.name=adamw", "optim.lr=0.002",
         "schedule.warmup_steps=3", "train.log_every_steps=1", "reg.lam=0.01"]
@@ -63,31 +62,6 @@ def test_ddp_flat_sigma_gradient_is_identical_on_all_ranks(tmp_path: Path) -> No
     assert not torch.equal(local[0], local[1])  # the ranks saw different data: the equality above is the all-reduce
 
 
-def _interrupted(run: Path, overrides: list[str], sig: int, after_ckpt: str, nproc: int = 1) -> int:
-    """Start training, send ``sig`` once ``after_ckpt`` exists, return the exit status."""
-    proc = subprocess.Popen(train_cmd(run, *overrides, nproc=nproc), cwd=REPO, env=env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.time() + 300
-    while not (run / "checkpoints" / after_ckpt).exists():
-        assert proc.poll() is None, proc.stderr.read()[-4000:]
-        assert time.time() < deadline, "checkpoint never appeared"
-        time.sleep(0.02)
-    if sig == signal.SIGKILL:
-        import os
-
-        os.killpg(proc.pid, signal.SIGKILL)
-    elif nproc == 1:
-        proc.send_signal(sig)
-    else:  # like a signal that reached one worker only: the others must follow
-        workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
-        assert workers, "no torchrun workers found"
-        subprocess.run(["kill", f"-{sig.name[3:]}", workers[-1]], check=True)
-    _, err = proc.communicate(timeout=300)
-    if sig != signal.SIGKILL:
-        assert "checkpointed at step" in err or proc.returncode != 0, err[-3000:]
-    return proc.returncode
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("sig", "nproc"), [(signal.SIGKILL, 1), (signal.SIGUSR1, 1), (signal.SIGUSR1, 2)])
 def test_interrupted_and_resumed_run_is_identical(tmp_path: Path, sig: signal.Signals, nproc: int) -> None:
@@ -97,7 +71,7 @@ def test_interrupted_and_resumed_run_is_identical(tmp_path: Path, sig: signal.Si
                  "train.batch_size=8"]
     run_train(tmp_path / "straight", *overrides, nproc=nproc)
     run = tmp_path / "interrupted"
-    status = _interrupted(run, overrides, sig, "step_00000004.pt", nproc)
+    status = interrupted(run, overrides, sig, "step_00000004.pt", nproc)
     if sig == signal.SIGKILL:
         assert status == -signal.SIGKILL
     else:

@@ -38,14 +38,15 @@ class SeededAugment(Dataset):
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         index, seed = key
-        py_state = random.getstate()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            random.seed(seed)  # timm's RandAugment draws from python's random
+        torch_state, py_state = torch.get_rng_state(), random.getstate()
+        torch.default_generator.manual_seed(seed)  # CPU generator only: torch.manual_seed would also seed CUDA
+        random.seed(seed)  # timm's RandAugment draws from python's random
+        try:
             x, y = self.dataset[index]
-            x = self.transform(x) if self.transform is not None else x
-        random.setstate(py_state)
-        return x, y
+            return (self.transform(x) if self.transform is not None else x), y
+        finally:
+            torch.set_rng_state(torch_state)
+            random.setstate(py_state)
 
 
 class SyntheticImages(Dataset):

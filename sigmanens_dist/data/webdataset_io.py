@@ -52,7 +52,7 @@ from sigmanens_dist.data.idx import IdxImageDataset
 from sigmanens_dist.data.registry import SeededAugment
 
 __all__ = ["MANIFEST", "Manifest", "Shard", "ShardError", "WebDatasetLoader", "as_uint8_image", "image_transform",
-           "read_manifest", "read_source", "source_classes", "unwrap_source", "write_shards"]
+           "iter_eval", "read_manifest", "read_source", "source_classes", "unwrap_source", "write_shards"]
 
 MANIFEST = "manifest.json"
 _PARTIAL = "manifest.partial.json"
@@ -485,3 +485,22 @@ class WebDatasetLoader:
         if n != len(self) - start_batch:  # a stream ending early would desynchronise the ranks
             raise ShardError(f"{self.manifest.path}: epoch {epoch} yielded {n} batches from {start_batch}, "
                              f"expected {len(self) - start_batch}")
+
+
+def iter_eval(manifest: Path | str, rank: int, world_size: int, batch_size: int,
+              transform: Callable[[Image.Image], torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Evaluation pass: rank r reads shards ``r, r + W, …`` in order, whole; every sample is scored exactly once
+    across ranks (ranks may get different batch counts: evaluation runs no collective per batch)."""
+    shards = read_manifest(manifest).shards[rank::world_size]
+    images: list[torch.Tensor] = []
+    labels: list[int] = []
+    for shard in shards:
+        for key, parts in _records(shard):
+            image, label = _decode(shard, key, parts)
+            images.append(transform(image))
+            labels.append(label)
+            if len(images) == batch_size:
+                yield torch.stack(images), torch.tensor(labels, dtype=torch.int64)
+                images, labels = [], []
+    if images:
+        yield torch.stack(images), torch.tensor(labels, dtype=torch.int64)

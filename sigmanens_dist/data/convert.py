@@ -1,0 +1,75 @@
+"""``sigmanens data convert``: write a dataset's train and val splits as FFCV ``.beton`` files or webdataset shards,
+in the layout :func:`sigmanens_dist.data.loaders.build_data` reads (see that module's docstring).
+
+    sigmanens data convert --dataset imagenet --root /data/imagenet --format ffcv --out /data/imagenet_ffcv \\
+        --max-resolution 256 --jpeg-quality 90 --compress-probability 0.5
+    sigmanens data convert --dataset fashion_mnist --format webdataset --out /data/fmnist_wds --max-count 5000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from sigmanens_dist.config import load_config
+from sigmanens_dist.data.loaders import CLASSES_FILE, DATASET_STATS
+from sigmanens_dist.data.registry import build_datasets
+from sigmanens_dist.data.webdataset_io import source_classes, unwrap_source
+
+__all__ = ["convert", "main"]
+
+
+def convert(dataset: str, root: Path | None, fmt: str, out: Path, *, max_count: int = 10_000,
+            jpeg_quality: int = 90, max_resolution: int | None = 256, compress_probability: float = 0.5,
+            num_workers: int = 2, train_subset: int | None = None, val_subset: int | None = None) -> Path:
+    """Convert both splits of ``dataset`` (read from ``root`` in its native format); returns ``out``."""
+    if dataset not in DATASET_STATS:
+        raise ValueError(f"--dataset {dataset!r}: convertible datasets are {', '.join(DATASET_STATS)}")
+    overrides = [f"data.dataset={dataset}", "data.format=raw", f"data.train_subset={train_subset or 'null'}",
+                 f"data.val_subset={val_subset or 'null'}"] + ([f"data.root={root}"] if root else [])
+    cfg = load_config(None, overrides)  # the same validation (and missing-path errors) as a training run
+    bundle = build_datasets(cfg.data, cfg.data_root())
+    out.mkdir(parents=True, exist_ok=True)
+    classes = source_classes(unwrap_source(bundle.train)) or [str(i) for i in range(bundle.num_classes)]
+    for split, ds in (("train", bundle.train), ("val", bundle.val)):
+        if fmt == "ffcv":
+            from sigmanens_dist.data.ffcv_io import write_beton
+
+            write_beton(ds, out / f"{split}.beton", max_resolution=max_resolution, jpeg_quality=jpeg_quality,
+                        compress_probability=compress_probability, num_workers=num_workers)
+        elif fmt == "webdataset":
+            from sigmanens_dist.data.webdataset_io import write_shards
+
+            write_shards(ds, out / split, split=split, max_count=max_count, jpeg_quality=jpeg_quality,
+                         num_workers=num_workers, desc=f"{dataset} {split}")
+        else:
+            raise ValueError(f"--format {fmt!r}: choose ffcv or webdataset")
+    tmp = out / f".{CLASSES_FILE}.tmp"
+    tmp.write_text(json.dumps({"dataset": dataset, "classes": list(classes)}, indent=1))
+    os.replace(tmp, out / CLASSES_FILE)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="sigmanens data convert", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", required=True, choices=sorted(DATASET_STATS))
+    ap.add_argument("--root", type=Path, help="the dataset in its native format (default: the dataset's default)")
+    ap.add_argument("--format", required=True, choices=["ffcv", "webdataset"])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--max-count", type=int, default=10_000, help="webdataset: samples per shard")
+    ap.add_argument("--jpeg-quality", type=int, default=90)
+    ap.add_argument("--max-resolution", type=int, default=256, help="ffcv: cap on the longer image side")
+    ap.add_argument("--compress-probability", type=float, default=0.5, help="ffcv: share stored as JPEG")
+    ap.add_argument("--num-workers", type=int, default=2)
+    ap.add_argument("--train-subset", type=int, help="only the first N training samples")
+    ap.add_argument("--val-subset", type=int, help="only the first N validation samples")
+    a = ap.parse_args(argv)
+    out = convert(a.dataset, a.root, a.format, a.out, max_count=a.max_count, jpeg_quality=a.jpeg_quality,
+                  max_resolution=a.max_resolution, compress_probability=a.compress_probability,
+                  num_workers=a.num_workers, train_subset=a.train_subset, val_subset=a.val_subset)
+    print(f"wrote {a.format} data to {out}; train with data.format={a.format} data.root={out}")
+    return 0

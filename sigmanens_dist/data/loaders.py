@@ -1,0 +1,120 @@
+"""The training loop's view of data, whatever the on-disk format (``data.format``: raw, ffcv, webdataset).
+
+A *train stream* has a fixed number of batches per epoch, the same on every rank, and yields the batches of an epoch
+from any start batch exactly as an uninterrupted pass would (``iter_epoch(epoch, start_batch)``), which is what exact
+resume needs. An *eval pass* scores every validation sample exactly once across ranks.
+
+On-disk layout of the converted formats (written by ``sigmanens data convert``)::
+
+    <root>/classes.json                         {"classes": [...]} (both formats)
+    <root>/train.beton, <root>/val.beton        ffcv
+    <root>/train/manifest.json + shards,        webdataset
+    <root>/val/manifest.json + shards
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch.utils.data import DataLoader, Dataset
+
+from sigmanens_dist.data.registry import build_datasets
+from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler
+from sigmanens_dist.distributed import DistEnv
+
+__all__ = ["CLASSES_FILE", "DATASET_STATS", "Data", "MapStyleStream", "TrainStream", "build_data"]
+
+CLASSES_FILE = "classes.json"
+# (mean, std, native image size) of each dataset, used by the converted formats' decoders.
+DATASET_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...], int]] = {
+    "fashion_mnist": ((0.2860,), (0.3530,), 28),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 32),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), 32),
+    "imagenet": (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, 224),
+    "imagefolder": (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, 224),
+}
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class TrainStream(Protocol):
+    def __len__(self) -> int: ...
+
+    def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]: ...
+
+
+@dataclass
+class Data:
+    train: TrainStream
+    val: Callable[[], Iterable[Batch]]  # a fresh pass over this rank's share of the validation set
+    num_classes: int
+    in_chans: int
+
+
+class MapStyleStream:
+    """A map-style dataset read in :class:`ShardedBatchSampler` order through a ``DataLoader``."""
+
+    def __init__(self, dataset: Dataset, batch_size: int, env: DistEnv, seed: int, num_workers: int) -> None:
+        self.dataset, self.num_workers, self.seed = dataset, num_workers, seed
+        self.pin = env.device.type == "cuda"
+        self.sampler = ShardedBatchSampler(len(dataset), batch_size, env.rank, env.world_size, seed)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
+        self.sampler.set_position(epoch, start_batch)
+        # Its own generator: creating a loader mid-epoch on resume must not consume the global RNG stream.
+        yield from DataLoader(self.dataset, batch_sampler=self.sampler, num_workers=self.num_workers,
+                              pin_memory=self.pin, generator=torch.Generator().manual_seed(self.seed * 1_000_003
+                                                                                            + epoch))
+
+
+def build_data(cfg: Any, env: DistEnv) -> Data:
+    """Train stream and eval pass for ``cfg.data`` (``cfg.train.batch_size`` per rank)."""
+    d, batch = cfg.data, cfg.train.batch_size
+    if d.format == "raw":
+        bundle = build_datasets(d, cfg.data_root(), cfg.train.randaugment)
+        train = MapStyleStream(bundle.train, batch, env, cfg.seed, d.num_workers)
+
+        def val() -> Iterable[Batch]:
+            sampler = EvalShardSampler(len(bundle.val), batch, env.rank, env.world_size)
+            return DataLoader(bundle.val, batch_sampler=sampler, num_workers=d.num_workers)
+
+        return Data(train, val, bundle.num_classes, bundle.in_chans)
+
+    if d.dataset not in DATASET_STATS:
+        raise ValueError(f"data.format={d.format!r} needs a converted image dataset, one of "
+                         f"{', '.join(DATASET_STATS)}; got data.dataset={d.dataset!r}")
+    root = Path(cfg.data_root())
+    mean, std, native = DATASET_STATS[d.dataset]
+    size = d.img_size or native
+    classes_file = root / CLASSES_FILE
+    if not classes_file.is_file():
+        raise FileNotFoundError(f"{classes_file} is missing: write {d.format} data with `sigmanens data convert "
+                                f"--format {d.format} --out {root} …`")
+    num_classes = len(json.loads(classes_file.read_text())["classes"])
+    if d.format == "ffcv":
+        from sigmanens_dist.data.ffcv_io import FFCVLoader
+
+        if len(mean) == 1:  # FFCV stores grayscale as 3 equal channels
+            mean, std = mean * 3, std * 3
+        common = dict(batch_size=batch, rank=env.rank, world_size=env.world_size, num_workers=max(1, d.num_workers),
+                      seed=cfg.seed, img_size=size, mean=mean, std=std, device=env.device)
+        train = FFCVLoader(root / "train.beton", train=True, **common)
+        val_loader = FFCVLoader(root / "val.beton", train=False, **common)
+        return Data(train, lambda: val_loader.iter_epoch(0), num_classes, 3)
+
+    from sigmanens_dist.data.webdataset_io import WebDatasetLoader, image_transform, iter_eval
+
+    train = WebDatasetLoader(root / "train" / "manifest.json", batch, env.rank, env.world_size, d.num_workers,
+                             cfg.seed, image_transform(True, size, mean, std))
+    val_tf = image_transform(False, size, mean, std)
+    return Data(train, lambda: iter_eval(root / "val" / "manifest.json", env.rank, env.world_size, batch, val_tf),
+                num_classes, len(mean))
