@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from sigmanens_dist.data.idx import FASHION_MNIST_ROOT
@@ -50,8 +50,14 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    """The timm backbone and how it becomes a σN-Ens ensemble."""
+    """The backbone and how it becomes a σN-Ens ensemble.
 
+    ``source: timm``: ``name`` is a timm model. ``source: hf`` (text): with ``pretrained: true`` ``name`` is a local
+    Hugging Face model folder (``AutoModelForSequenceClassification``; nothing downloads); with ``pretrained: false``
+    it is ``bert`` (a ``BertConfig`` from ``kwargs``) or a local folder whose ``config.json`` is built untrained.
+    """
+
+    source: Literal["timm", "hf"] = "timm"  # before name: name's check reads it
     name: str = "resnet18"
     pretrained: bool = False
     num_classes: int | None = Field(None, ge=1)  # None: the dataset's
@@ -65,10 +71,12 @@ class ModelConfig(_Section):
 
     @field_validator("name")
     @classmethod
-    def _timm_knows_it(cls, name: str) -> str:
+    def _timm_knows_it(cls, name: str, info: ValidationInfo) -> str:
         """A misspelt model name should fail here, with a suggestion, not after the data has loaded."""
         import timm
 
+        if info.data.get("source", "hf") == "hf":  # absent: source itself is invalid and already reported
+            return name
         if name.startswith(("hf-hub:", "hf_hub:", "local-dir:")) or timm.is_model(name):
             return name
         raise ValueError(f"timm has no model {name!r}{_did_you_mean(name, timm.list_models())}")
@@ -81,6 +89,17 @@ class ModelConfig(_Section):
         if clash:
             raise ValueError(f"set {', '.join(clash)} as model.<key>, not inside model.kwargs")
         return kwargs
+
+    @model_validator(mode="after")
+    def _hf_kwargs_from_elsewhere(self) -> ModelConfig:
+        """For text backbones the label count comes from num_classes and the vocabulary from the tokenizer."""
+        if self.source == "hf":
+            clash = sorted({"num_labels", "vocab_size"} & self.kwargs.keys())
+            if clash:
+                raise _cross_field("kwargs", f"{', '.join(clash)} must not be set for model.source=hf: the label "
+                                             "count is model.num_classes (or the dataset's), the vocabulary the "
+                                             "tokenizer's", {k: self.kwargs[k] for k in clash})
+        return self
 
 
 class RegConfig(_Section):
@@ -170,13 +189,18 @@ class TrainConfig(_Section):
 class DataConfig(_Section):
     """Which dataset, in which on-disk format, from where; nothing is ever downloaded."""
 
-    dataset: Literal["fashion_mnist", "cifar10", "cifar100", "imagenet", "imagefolder", "synthetic"] = "fashion_mnist"
+    dataset: Literal["fashion_mnist", "cifar10", "cifar100", "imagenet", "imagefolder", "synthetic", "sst2"] = (
+        "fashion_mnist")
     format: Literal["raw", "ffcv", "webdataset"] = "raw"  # raw: the dataset's native on-disk format
     root: Path | None = None  # None: /usr/share/datasets/fashion-mnist for fashion_mnist; required otherwise
     num_workers: int = Field(2, ge=0)
     img_size: int | None = Field(None, ge=1)  # None: the dataset's native size
     train_subset: int | None = Field(None, ge=1)  # only the first N train samples
     val_subset: int | None = Field(None, ge=1)
+    max_length: int = Field(64, ge=8)  # text: tokens per sample, padded or truncated to it
+    # text: a local Hugging Face tokenizer folder (a pretrained backbone's own); None: train a WordPiece tokenizer
+    # on the training sentences and keep it in <root>/tokenizer/
+    tokenizer: Path | None = None
 
 
 class StrategyConfig(_Section):
@@ -217,6 +241,19 @@ class Config(_Section):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     run_dir: Path = Path("runs/default")
     seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _text_needs_text_model(self) -> Config:
+        """A text batch is a dict of token ids: image augmentations or a timm model would fail on it mid-start."""
+        text = self.data.dataset == "sst2"
+        if text != (self.model.source == "hf"):
+            raise _cross_field("model.source", f"data.dataset={self.data.dataset!r} needs model.source="
+                                               f"{'hf' if text else 'timm'}", self.model.source)
+        for key in ("mixup_alpha", "cutmix_alpha", "randaugment"):
+            if text and getattr(self.train, key):
+                raise _cross_field(f"train.{key}", "an image augmentation; set it to 0/null for text data",
+                                   getattr(self.train, key))
+        return self
 
     def data_root(self) -> Path | None:
         """``data.root``, or the Debian package's folder for Fashion-MNIST; None for synthetic data or if unset."""

@@ -22,7 +22,7 @@ from sigmanens_dist.layers import (
 )
 from sigmanens_dist.regularizer import diversity_loss, members_on
 
-__all__ = ["SigmaEnsemble", "check_num_members", "convert_to_sigma_ensemble"]
+__all__ = ["SigmaEnsemble", "check_num_members", "convert_to_sigma_ensemble", "logits_of"]
 
 Inputs = torch.Tensor | Mapping[str, Any]
 
@@ -81,7 +81,7 @@ class SigmaEnsemble(nn.Module):
                              f"{self.num_members}; pass (M·B, …) member-major inputs, or use forward((B, …))")
         if self.sigma.running_stats.data_ptr() != self._bound_ptr:
             self.rebind()
-        out = _logits(self.backbone(**x) if isinstance(x, Mapping) else self.backbone(x))
+        out = logits_of(self.backbone(**x) if isinstance(x, Mapping) else self.backbone(x))
         return out.view(self.num_members, batch // self.num_members, *out.shape[1:])
 
     def _replicate(self, t: torch.Tensor) -> torch.Tensor:
@@ -283,7 +283,8 @@ def _batch_size(x: Inputs) -> int:
     return sizes.pop()
 
 
-def _logits(out: Any) -> torch.Tensor:
+def logits_of(out: Any) -> torch.Tensor:
+    """Logits from a backbone's output: a tensor, a Hugging Face ``ModelOutput`` (``.logits``) or a tuple."""
     if isinstance(out, torch.Tensor):
         return out
     if hasattr(out, "logits"):

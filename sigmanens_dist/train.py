@@ -68,7 +68,7 @@ def run(cfg: Config) -> int:
 
     # -- model, strategy, optimiser (model init is identical on every rank; later randomness is per rank) ---------
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg, data.num_classes, data.in_chans)
+    model = build_model(cfg, data.num_classes, data.in_chans, data.vocab_size)
     torch.manual_seed(cfg.seed + env.rank)
     strategy = build_strategy(cfg.strategy.name, env)
     wrapped = strategy.wrap(model)
@@ -152,7 +152,7 @@ def run(cfg: Config) -> int:
         stats = torch.zeros(3, device=env.device)
         for micro in range(micro_per_step):
             (x, y), pos.epoch, pos.batch = next(batches)
-            x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
+            x, y = _to_device(x, env.device, non_blocking=True), y.to(env.device, non_blocking=True)
             if mixup is not None:
                 x, y = mixup(x, y)
             sync = contextlib.nullcontext() if micro == micro_per_step - 1 else strategy.no_sync(wrapped)
@@ -164,7 +164,7 @@ def run(cfg: Config) -> int:
                     loss = task + cfg.reg.lam * div
                 scaler.scale(loss / micro_per_step).backward()
             stats += torch.stack([loss.detach(), task.detach(), div.detach()]).float() / micro_per_step
-            seen += x.shape[0] * env.world_size
+            seen += y.shape[0] * env.world_size
         if cfg.train.clip_grad:
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_grad)
@@ -228,6 +228,14 @@ def _due(step: int, every: int | None, epoch_done: bool) -> bool:
     return step % every == 0 if every else epoch_done
 
 
+def _to_device(x: torch.Tensor | dict[str, torch.Tensor], device: torch.device, non_blocking: bool = False
+               ) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Images are one tensor; text batches are a dict of tokenizer tensors (input_ids, attention_mask, …)."""
+    if isinstance(x, dict):
+        return {k: v.to(device, non_blocking=non_blocking) for k, v in x.items()}
+    return x.to(device, non_blocking=non_blocking)
+
+
 def _member_loss(logits: torch.Tensor, y: torch.Tensor, smoothing: float) -> torch.Tensor:
     """Mean over members of each member's task loss (hard labels, or soft labels from mixup)."""
     m = logits.shape[0]
@@ -253,7 +261,7 @@ def _evaluate(model: nn.Module, data: Data, cfg: Config, env: DistEnv, plot_dir:
     probs, targets = [], []
     with _autocast(cfg, env):
         for x, y in data.val():
-            x, y = x.to(env.device), y.to(env.device)
+            x, y = _to_device(x, env.device), y.to(env.device)
             logits = model(x).float()
             metrics.update(logits, y)
             if plot_dir is not None:

@@ -35,9 +35,9 @@ def test_defaults_are_valid() -> None:
     assert load_config(None, ["data.dataset=synthetic"]).data_root() is None
 
 
-def test_all_four_recipes_are_shipped() -> None:
+def test_all_five_recipes_are_shipped() -> None:
     assert [p.name for p in RECIPES] == ["cifar100_wrn.yaml", "demo.yaml", "imagenet_resnet50.yaml",
-                                         "imagenet_vit.yaml"]
+                                         "imagenet_vit.yaml", "sst2_bert.yaml"]
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
@@ -57,6 +57,11 @@ def test_recipe_values_are_read_as_written() -> None:
     assert (vit.train.amp, vit.data.format, vit.data.root, vit.strategy.backend) == (
         "bf16", "ffcv", Path("/data/imagenet"), "nccl")
     assert vit.train.randaugment == "rand-m9-mstd0.5-inc1" and vit.schedule.warmup_steps == 6255
+    sst2 = load_config(REPO / "configs" / "sst2_bert.yaml", check_data=False)
+    assert (sst2.model.source, sst2.model.name, sst2.model.pretrained, sst2.data.dataset) == (
+        "hf", "bert", False, "sst2")
+    assert (sst2.optim.name, sst2.optim.lr, sst2.train.amp, sst2.data.tokenizer) == ("adamw", 1e-4, "none", None)
+    assert sst2.model.kwargs["num_hidden_layers"] == 2 and sst2.data.max_length == 64
 
 
 def test_recipe_with_absent_data_fails_with_the_path() -> None:

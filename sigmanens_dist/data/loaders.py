@@ -40,7 +40,7 @@ DATASET_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...], int]] = {
     "imagefolder": (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, 224),
 }
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+Batch = tuple[torch.Tensor | dict[str, torch.Tensor], torch.Tensor]  # images, or tokenizer tensors for text
 
 
 class TrainStream(Protocol):
@@ -55,6 +55,7 @@ class Data:
     val: Callable[[], Iterable[Batch]]  # a fresh pass over this rank's share of the validation set
     num_classes: int
     in_chans: int
+    vocab_size: int | None = None  # text datasets: the tokenizer's vocabulary size
 
 
 class MapStyleStream:
@@ -87,7 +88,7 @@ def build_data(cfg: Any, env: DistEnv) -> Data:
             sampler = EvalShardSampler(len(bundle.val), batch, env.rank, env.world_size)
             return DataLoader(bundle.val, batch_sampler=sampler, num_workers=d.num_workers)
 
-        return Data(train, val, bundle.num_classes, bundle.in_chans)
+        return Data(train, val, bundle.num_classes, bundle.in_chans, bundle.vocab_size)
 
     if d.dataset not in DATASET_STATS:
         raise ValueError(f"data.format={d.format!r} needs a converted image dataset, one of "

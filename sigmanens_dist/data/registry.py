@@ -15,7 +15,7 @@ from sigmanens_dist.data.idx import IdxImageDataset
 
 __all__ = ["DATASETS", "DataBundle", "SeededAugment", "SyntheticImages", "build_datasets"]
 
-DATASETS = ("fashion_mnist", "cifar10", "cifar100", "imagenet", "imagefolder", "synthetic")
+DATASETS = ("fashion_mnist", "cifar10", "cifar100", "imagenet", "imagefolder", "synthetic", "sst2")
 
 
 @dataclass
@@ -23,7 +23,8 @@ class DataBundle:
     train: Dataset
     val: Dataset
     num_classes: int
-    in_chans: int
+    in_chans: int  # 0 for text
+    vocab_size: int | None = None  # text only: the tokenizer's, which a from-scratch backbone's embeddings must fit
 
 
 class SeededAugment(Dataset):
@@ -96,6 +97,12 @@ def build_datasets(data_cfg: Any, root: Path | None, randaugment: str | None = N
         return _cifar(name, root, data_cfg)
     if name in ("imagenet", "imagefolder"):
         return _image_folder(root, data_cfg, randaugment)
+    if name == "sst2":
+        from sigmanens_dist.data.sst2 import build_sst2
+
+        train, val, vocab_size = build_sst2(data_cfg, root)
+        # No text augmentation; SeededAugment still gives the (index, seed) keys the train stream fetches by.
+        return DataBundle(SeededAugment(train, None), val, 2, 0, vocab_size)
     raise ValueError(f"data.dataset={name!r} is not one of {', '.join(DATASETS)}")
 
 

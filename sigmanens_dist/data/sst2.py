@@ -1,0 +1,153 @@
+"""GLUE SST-2 (binary sentiment) for a Hugging Face text backbone: TSV reading, tokenisation, fixed-length batches.
+
+On disk (``data.root``)::
+
+    <root>/train.tsv, <root>/dev.tsv      header ``sentence<TAB>label``, labels 0/1 (GLUE's own files)
+    <root>/tokenizer/                     written on first use when ``data.tokenizer`` is unset (see below)
+
+Tokenizer: ``data.tokenizer`` names a local Hugging Face tokenizer folder (``AutoTokenizer.from_pretrained``). A
+*pretrained* backbone (e.g. a local ``bert-base-uncased`` folder as ``model.name``) only understands the token ids
+of its own tokenizer, so with one ``data.tokenizer`` MUST be that backbone's tokenizer folder (usually the same
+folder). When it is unset, a WordPiece tokenizer is built here from ``train.tsv`` (deterministic, offline, seconds)
+and saved to ``<root>/tokenizer/``; later runs load that folder, so ids stay stable across runs and checkpoints
+(delete it to retrain). That only suits a backbone trained from scratch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+__all__ = ["SPECIAL_TOKENS", "Sst2Dataset", "load_tokenizer", "read_sst2_tsv", "train_wordpiece"]
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+TOKENIZER_DIR = "tokenizer"
+
+
+def read_sst2_tsv(path: Path) -> tuple[list[str], list[int]]:
+    """Sentences and 0/1 labels of a GLUE SST-2 TSV. Split on tabs only: the sentences contain quote characters
+    that a CSV reader would take as field quoting."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: data.root must hold GLUE SST-2's train.tsv and dev.tsv")
+    with path.open(encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    if not lines:
+        raise ValueError(f"{path}: empty file; expected a header line 'sentence<TAB>label'")
+    header = lines[0].split("\t")
+    if "sentence" not in header or "label" not in header:
+        raise ValueError(f"{path}:1: header {lines[0]!r} lacks the columns 'sentence' and 'label'")
+    s_col, l_col = header.index("sentence"), header.index("label")
+    sentences, labels = [], []
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != len(header):
+            raise ValueError(f"{path}:{number}: {len(fields)} tab-separated fields, the header has {len(header)}: "
+                             f"{line[:80]!r}")
+        label = fields[l_col].strip()
+        if label not in ("0", "1"):
+            raise ValueError(f"{path}:{number}: label {label!r} is not 0 or 1")
+        sentences.append(fields[s_col])
+        labels.append(int(label))
+    if not sentences:
+        raise ValueError(f"{path}: no samples after the header")
+    return sentences, labels
+
+
+def train_wordpiece(sentences: list[str], vocab_size: int = 8000) -> Any:
+    """A BERT-style uncased WordPiece tokenizer for ``sentences``, wrapped as ``PreTrainedTokenizerFast`` so it pads
+    and truncates like any Hugging Face tokenizer.
+
+    The vocabulary is every character seen (alone and as a ``##`` continuation, so no word is ever ``[UNK]``) plus the
+    most frequent whole words up to ``vocab_size``, ties broken alphabetically. Not ``tokenizers``'
+    ``WordPieceTrainer``: it breaks merge ties in hash-map order, so two runs on the same sentences give different
+    vocabularies, and a checkpoint would no longer match the ids of a retrained tokenizer.
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    normalizer, pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    counts: Counter[str] = Counter()
+    for sentence in sentences:
+        counts.update(word for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(sentence)))
+    chars = sorted({c for word in counts for c in word})
+    pieces = [*SPECIAL_TOKENS, *chars, *(f"##{c}" for c in chars)]
+    words = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if len(w) > 1]
+    vocab = {token: i for i, token in enumerate(pieces + words[:max(0, vocab_size - len(pieces))])}
+
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tok.normalizer, tok.pre_tokenizer, tok.decoder = normalizer, pre_tokenizer, decoders.WordPiece()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]", model_max_length=512)
+
+
+def load_tokenizer(tokenizer_dir: Path | None, root: Path) -> Any:
+    """``tokenizer_dir`` if given; else ``<root>/tokenizer/``, trained on ``<root>/train.tsv`` and saved there first
+    if absent. Saving goes through a temporary folder renamed into place, so ranks racing to write it never leave
+    (or read) a half-written tokenizer; they all train the same one."""
+    from transformers import AutoTokenizer
+
+    if tokenizer_dir is not None:
+        tokenizer_dir = Path(tokenizer_dir)
+        if not (tokenizer_dir / "tokenizer_config.json").is_file() and not (tokenizer_dir / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"data.tokenizer={tokenizer_dir}: not a Hugging Face tokenizer folder (no "
+                                    "tokenizer.json or tokenizer_config.json); give the pretrained backbone's folder")
+        return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    target = Path(root) / TOKENIZER_DIR
+    if not (target / "tokenizer.json").is_file():
+        sentences, _ = read_sst2_tsv(Path(root) / "train.tsv")
+        tokenizer = train_wordpiece(sentences)
+        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{TOKENIZER_DIR}."))
+        try:
+            tokenizer.save_pretrained(str(tmp))
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "tokenizer.json").is_file():  # not a lost race: a real failure (read-only root, …)
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return AutoTokenizer.from_pretrained(str(target))
+
+
+class Sst2Dataset(Dataset):
+    """``({"input_ids": (L,), "attention_mask": (L,)}, label)`` with ``L = max_length``: padded and truncated up
+    front so the default collate stacks a batch, and tokenisation runs once, not every epoch."""
+
+    def __init__(self, sentences: list[str], labels: list[int], tokenizer: Any, max_length: int) -> None:
+        if len(sentences) != len(labels):
+            raise ValueError(f"{len(sentences)} sentences but {len(labels)} labels")
+        enc = tokenizer(sentences, padding="max_length", truncation=True, max_length=max_length,
+                        return_tensors="pt")
+        self.input_ids, self.attention_mask = enc["input_ids"], enc["attention_mask"]
+        self.labels = torch.tensor(labels, dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[dict[str, torch.Tensor], int]:
+        return {"input_ids": self.input_ids[index], "attention_mask": self.attention_mask[index]}, int(
+            self.labels[index])
+
+
+def build_sst2(data_cfg: Any, root: Path) -> tuple[Sst2Dataset, Sst2Dataset, int]:
+    """Train and dev sets (first ``train_subset`` / ``val_subset`` samples) and the tokenizer's vocabulary size,
+    which a from-scratch backbone's embedding table must match."""
+    root = Path(root)
+    tokenizer = load_tokenizer(data_cfg.tokenizer, root)
+    splits = []
+    for name, subset in (("train.tsv", data_cfg.train_subset), ("dev.tsv", data_cfg.val_subset)):
+        sentences, labels = read_sst2_tsv(root / name)
+        splits.append(Sst2Dataset(sentences[:subset], labels[:subset], tokenizer, data_cfg.max_length))
+    return splits[0], splits[1], len(tokenizer)
