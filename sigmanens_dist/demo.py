@@ -53,12 +53,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = Table(title=f"Fashion-MNIST test set, {args.nproc}-process DDP on CPU")
     columns = [("params", "{:,.0f}"), ("acc", "{:.4f}"), ("nll", "{:.4f}"), ("ece", "{:.4f}"),
                ("brier", "{:.4f}"), ("disagreement", "{:.4f}"), ("train_img_per_s", "{:.0f}")]
-    table.add_column("model")
+    table.add_column("model", no_wrap=True)
     for name, _ in columns:
-        table.add_column(name.replace("train_img_per_s", "img/s"), justify="right")
+        table.add_column(name.replace("train_img_per_s", "img/s"), justify="right", no_wrap=True)
     for label, r in results.items():
         table.add_row(label, *(fmt.format(r[name]) for name, fmt in columns))
-    Console().print(table)
+    console = Console()
+    (console if console.is_terminal else Console(width=120)).print(table)  # logs and pipes get the full table
     plot = reliability_diagrams(curves, args.out / "reliability.png")
     db = (args.out.resolve() / "mlflow.db").as_posix()  # the default store sits beside the run directories
     print(f"reliability diagrams: {plot}\nMLflow UI: mlflow ui --backend-store-uri sqlite:///{db}  "
