@@ -24,7 +24,7 @@ __all__ = ["EXIT_PREEMPTED", "CheckpointManager", "PreemptionFlag", "capture_rng
 
 log = logging.getLogger(__name__)
 
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "checkpointed after a signal, requeue me"; the Slurm scripts test for it
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "checkpointed after a signal, requeue me", for a batch script to test
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
 
@@ -65,16 +65,20 @@ class CheckpointManager:
         return Path(self.run_dir) / "checkpoints"
 
     def save(self, state: dict[str, Any], step: int, metric: float | None = None) -> Path:
-        """Atomically write ``step_<step>.pt``; copy it to ``best.pt`` when ``metric`` improves; rotate old ones."""
+        """Atomically write ``step_<step>.pt`` (recording the best metric so far under ``"best"``); copy it to
+        ``best.pt`` when ``metric`` improves; then delete all but the newest ``keep_last`` older than it."""
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"step_{step:08d}.pt"
-        _atomic_torch_save(state, path)
-        if metric is not None and (self.best_metric is None or metric < self.best_metric):
+        improved = metric is not None and (self.best_metric is None or metric < self.best_metric)
+        if improved:
             self.best_metric = metric
+        _atomic_torch_save({**state, "best": self.best_metric}, path)
+        if improved:
             tmp = self.directory / ".best.pt.tmp"
             shutil.copyfile(path, tmp)
             os.replace(tmp, self.directory / "best.pt")
-        for old in self.checkpoints()[: -self.keep_last]:
+        older = [p for p in self.checkpoints() if _step_of(p) < step]
+        for old in older[: max(0, len(older) - (self.keep_last - 1))]:
             old.unlink(missing_ok=True)
         return path
 
@@ -82,8 +86,7 @@ class CheckpointManager:
         """Step checkpoints, oldest first."""
         if not self.directory.is_dir():
             return []
-        found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := _STEP_FILE.match(p.name))]
-        return [p for _, p in sorted(found)]
+        return sorted((p for p in self.directory.iterdir() if _STEP_FILE.match(p.name)), key=_step_of)
 
     def load(self, resume: str) -> tuple[dict[str, Any], Path] | None:
         """``"auto"``: the newest readable checkpoint (a corrupt newest one is reported and skipped), or None if the
@@ -94,21 +97,26 @@ class CheckpointManager:
             path = Path(resume)
             if not path.is_file():
                 raise FileNotFoundError(f"checkpoint.resume={resume!r}: no such file")
-            return _read(path), path
+            return self.read(path), path
         for path in reversed(self.checkpoints()):
             try:
-                return _read(path), path
+                return self.read(path), path
             except Exception as err:
                 log.warning("checkpoint %s is unreadable (%s: %s); trying the previous one", path,
                             type(err).__name__, err)
         return None
 
+    @staticmethod
+    def read(path: Path) -> dict[str, Any]:
+        """One checkpoint file, or an error if it is unreadable or not ours."""
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        if not isinstance(state, dict) or "model" not in state or "position" not in state:
+            raise ValueError(f"{path} is not a sigmanens checkpoint (missing 'model'/'position')")
+        return state
 
-def _read(path: Path) -> dict[str, Any]:
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    if not isinstance(state, dict) or "model" not in state or "position" not in state:
-        raise ValueError(f"{path} is not a sigmanens checkpoint (missing 'model'/'position')")
-    return state
+
+def _step_of(path: Path) -> int:
+    return int(_STEP_FILE.match(path.name).group(1))
 
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:

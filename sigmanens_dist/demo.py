@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -45,6 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results, curves = {}, {}
     for label, extra in RUNS.items():
         run_dir = args.out / ("single" if label == "single model" else "sigma_m4")
+        shutil.rmtree(run_dir, ignore_errors=True)  # a demo starts fresh; earlier runs stay in the MLflow store
         train(run_dir, args.nproc, [*extra, "checkpoint.resume=none", *args.overrides], args.config)
         results[label] = json.loads((run_dir / "final_metrics.json").read_text())
         pred = torch.load(run_dir / "val_predictions.pt")

@@ -24,13 +24,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
 from sigmanens_dist.checkpoint import EXIT_PREEMPTED, CheckpointManager, PreemptionFlag, capture_rng, restore_rng
 from sigmanens_dist.config import Config, flatten, load_config, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.distributed import DistEnv, all_gather_object, any_rank, init_distributed
+from sigmanens_dist.ema import EMA
 from sigmanens_dist.ensemble import SigmaEnsemble
 from sigmanens_dist.metrics import EnsembleMetrics, reliability_diagram
 from sigmanens_dist.models import build_model, param_groups
@@ -55,6 +55,10 @@ def run(cfg: Config) -> int:
     env = init_distributed(cfg.strategy.backend)
     _setup_logging(env)
     run_dir = Path(cfg.run_dir)
+    ckpt = CheckpointManager(run_dir, cfg.checkpoint.keep_last)
+    if cfg.checkpoint.resume == "none" and ckpt.checkpoints():
+        raise FileExistsError(f"run_dir={run_dir} already holds checkpoints of an earlier run; continue it with "
+                              "checkpoint.resume=auto (or --resume auto), or start this one in a new run_dir")
     if cfg.train.amp == "fp16" and env.device.type != "cuda":
         raise ValueError("train.amp=fp16 needs a CUDA device (GradScaler); use bf16 or none on CPU")
 
@@ -76,16 +80,16 @@ def run(cfg: Config) -> int:
     optimizer = _optimizer(cfg, model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(cfg, total_steps))
     scaler = torch.amp.GradScaler(env.device.type, enabled=cfg.train.amp == "fp16")
-    ema = (AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.train.ema_decay), use_buffers=True)
-           if cfg.train.ema_decay else None)
+    ema = EMA(model, cfg.train.ema_decay) if cfg.train.ema_decay else None
     mixup = _mixup(cfg, data.num_classes)
 
     # -- resume --------------------------------------------------------------------------------------------------
-    ckpt = CheckpointManager(run_dir, cfg.checkpoint.keep_last)
+    # Rank 0 picks the checkpoint (skipping unreadable ones) and every rank loads that very file.
     pos, run_id = Position(), None
-    loaded = ckpt.load(cfg.checkpoint.resume)
-    if loaded is not None:
-        state, path = loaded
+    loaded = ckpt.load(cfg.checkpoint.resume) if env.is_main else None
+    path = all_gather_object(None if loaded is None else loaded[1], env)[0]
+    if path is not None:
+        state = loaded[0] if env.is_main else ckpt.read(path)
         try:
             strategy.load_model_state(wrapped, state["model"])
         except RuntimeError as err:
@@ -124,17 +128,15 @@ def run(cfg: Config) -> int:
             ckpt.save({"model": strategy.model_state(wrapped), "optimizer": optimizer.state_dict(),
                        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
                        "ema": None if ema is None else ema.state_dict(), "rng": rng, "position": asdict(pos),
-                       "config": cfg.model_dump(mode="json"), "mlflow_run_id": run_id, "best": ckpt.best_metric},
-                      pos.step, metric)
+                       "config": cfg.model_dump(mode="json"), "mlflow_run_id": run_id}, pos.step, metric)
         if env.distributed:
             dist.barrier()
 
     def evaluate(final: bool = False) -> dict[str, float]:
         scored = ema.module if ema is not None else model
         metrics = _evaluate(scored, data, cfg, env, run_dir if final else None)
-        if isinstance(model, SigmaEnsemble):
-            sharing = model.sharing()
-            metrics["sharing/members_on"] = sharing["all"]
+        if isinstance(scored, SigmaEnsemble):
+            metrics["sharing/members_on"] = scored.sharing()["all"]
         tracker.log_metrics({f"val/{k}": v for k, v in metrics.items()}, pos.step)
         return metrics
 
@@ -144,11 +146,11 @@ def run(cfg: Config) -> int:
     autocast = _autocast(cfg, env)
     bar = tqdm(total=total_steps, initial=pos.step, disable=not env.is_main, desc="train", dynamic_ncols=True,
                unit="step")
-    seen, t_last = 0, time.perf_counter()
-    train_seconds, train_samples = 0.0, 0  # pure training throughput, eval and checkpoints excluded
+    seen, window = 0, 0.0  # images and training seconds since the last log line (eval and checkpoints excluded)
+    train_seconds, train_samples = 0.0, 0
     wrapped.train()
     while pos.step < total_steps:
-        t_step = time.perf_counter()
+        t_step, epoch_at_start = time.perf_counter(), pos.epoch
         stats = torch.zeros(3, device=env.device)
         for micro in range(micro_per_step):
             (x, y), pos.epoch, pos.batch = next(batches)
@@ -171,29 +173,31 @@ def run(cfg: Config) -> int:
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
+        lr = scheduler.get_last_lr()[0]  # the rate this step used
         scheduler.step()
         if ema is not None:
-            ema.update_parameters(model)
+            ema.update(model)
         pos.step += 1
-        train_seconds += time.perf_counter() - t_step
+        step_seconds = time.perf_counter() - t_step
+        window += step_seconds
+        train_seconds += step_seconds
         train_samples += micro_per_step * cfg.train.batch_size * env.world_size
 
         bar.update(1)
         if pos.step % cfg.train.log_every_steps == 0 or pos.step == total_steps:
-            now = time.perf_counter()
-            rate = seen / max(now - t_last, 1e-9)
-            seen, t_last = 0, now
+            rate = seen / max(window, 1e-9)
+            seen, window = 0, 0.0
             if env.distributed:  # report the global-batch loss, not rank 0's share of it
                 dist.all_reduce(stats)
                 stats /= env.world_size
             loss_v, task_v, div_v = stats.tolist()
             row = {"train/loss": loss_v, "train/task_loss": task_v, "train/div_loss": div_v,
-                   "train/lr": scheduler.get_last_lr()[0], "train/img_per_s": rate, "train/epoch": pos.epoch}
+                   "train/lr": lr, "train/img_per_s": rate, "train/epoch": pos.epoch}
             tracker.log_metrics(row, pos.step)
             bar.set_postfix(loss=f"{row['train/loss']:.3f}", img_s=f"{rate:.0f}")
 
         if pos.step < total_steps:  # the final step is evaluated and saved after the loop
-            epoch_done = pos.batch == 0  # the next micro-batch starts a new epoch
+            epoch_done = pos.epoch != epoch_at_start  # this step crossed an epoch boundary
             nll = None
             if _due(pos.step, cfg.train.eval_every_steps, epoch_done):
                 nll = evaluate()["nll"]
@@ -269,7 +273,10 @@ def _evaluate(model: nn.Module, data: Data, cfg: Config, env: DistEnv, plot_dir:
                 targets.append(y.cpu())
     out = metrics.compute()
     if plot_dir is not None:
-        gathered = all_gather_object((torch.cat(probs), torch.cat(targets)), env)
+        # A rank with no validation samples (more ranks than val shards or samples) still joins the gather.
+        mine = ((torch.cat(probs), torch.cat(targets)) if probs else
+                (torch.empty(0, data.num_classes), torch.empty(0, dtype=torch.int64)))
+        gathered = all_gather_object(mine, env)
         if env.is_main:
             p = torch.cat([g[0] for g in gathered])
             t = torch.cat([g[1] for g in gathered])

@@ -63,9 +63,10 @@ def losses(run_dir: Path) -> dict[int, float]:
     return out
 
 
-def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
+def final_state(run_dir: Path, part: str = "model") -> dict[str, torch.Tensor]:
+    """``part`` (model, ema, …) of the newest checkpoint."""
     ckpts = sorted((run_dir / "checkpoints").glob("step_*.pt"))
-    return torch.load(ckpts[-1], map_location="cpu", weights_only=False)["model"]
+    return torch.load(ckpts[-1], map_location="cpu", weights_only=False)[part]
 
 
 def interrupted(run: Path, overrides: list[str], sig: int, after_ckpt: str, nproc: int = 1) -> int:

@@ -50,3 +50,18 @@ def test_corrupt_newest_is_skipped_and_explicit_path_errors(tmp_path: Path, capl
     with pytest.raises(FileNotFoundError, match=r"checkpoint\.resume='/nope\.pt': no such file"):
         mgr.load("/nope.pt")
     assert CheckpointManager(tmp_path / "empty").load("auto") is None
+
+
+def test_step_file_records_the_best_including_its_own_metric(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path, keep_last=5)
+    first = mgr.save(_state(1), 1, 0.5)
+    second = mgr.save(_state(2), 2, 0.6)
+    assert torch.load(first, weights_only=False)["best"] == 0.5  # its own metric, not the None before it
+    assert torch.load(second, weights_only=False)["best"] == 0.5
+
+
+def test_rotation_never_deletes_the_file_just_written(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path, keep_last=1)
+    mgr.save(_state(10), 10)
+    mgr.save(_state(5), 5)
+    assert [p.name for p in mgr.checkpoints()] == ["step_00000005.pt", "step_00000010.pt"]

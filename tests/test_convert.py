@@ -149,6 +149,9 @@ def test_mismatched_members_or_architecture_is_refused() -> None:
     sd4 = convert_to_sigma_ensemble(src, 4).state_dict()
     with pytest.raises(RuntimeError, match=r"checkpoint has num_members=4, this ensemble has num_members=8"):
         convert_to_sigma_ensemble(src, 8).load_state_dict(sd4)
+    regularised_elsewhere = convert_to_sigma_ensemble(src, 4, regularize=["layer1.*"])
+    with pytest.raises(RuntimeError, match=r"differ in name, kind or order|num_regularized"):
+        regularised_elsewhere.load_state_dict(sd4)
     other = convert_to_sigma_ensemble(timm.create_model("resnet34", num_classes=5), 4)
     with pytest.raises(RuntimeError, match=r"different architecture.*num_layers: checkpoint 20 vs model 36"):
         other.load_state_dict(sd4)
@@ -193,6 +196,14 @@ def test_partial_conversion_and_regularised_subset() -> None:
     assert ens.gamma().shape == (4, reg_feats)
     assert ens.gamma(regularized_only=False).shape[1] == sum(layer.num_features for _, layer in ens.sigma_layers())
     assert set(ens.sharing()) == {n for n in names if n.startswith("layer4.")} | {"all"}
+
+
+def test_same_sizes_other_regularised_layers_is_refused() -> None:
+    # Every ViT LayerNorm has the same width: only the regularised flag tells the layouts apart.
+    vit = timm.create_model("vit_tiny_patch16_224", num_classes=5, depth=2)
+    sd = convert_to_sigma_ensemble(vit, 2, regularize=["blocks.0.*"]).state_dict()
+    with pytest.raises(RuntimeError, match=r"differ in name, kind or order"):
+        convert_to_sigma_ensemble(vit, 2, regularize=["blocks.1.*"]).load_state_dict(sd)
 
 
 def test_sync_batchnorm_conversion_says_statistics_stay_per_rank() -> None:

@@ -60,6 +60,7 @@ def test_ddp_flat_sigma_gradient_is_identical_on_all_ranks(tmp_path: Path) -> No
     assert torch.equal(grads[0], grads[1])
     local = [torch.load(tmp_path / f"local_grad_rank{r}.pt") for r in (0, 1)]
     assert not torch.equal(local[0], local[1])  # the ranks saw different data: the equality above is the all-reduce
+    torch.testing.assert_close(grads[0], (local[0] + local[1]) / 2, atol=1e-6, rtol=1e-5)  # an average, once
 
 
 @pytest.mark.slow
@@ -68,7 +69,7 @@ def test_interrupted_and_resumed_run_is_identical(tmp_path: Path, sig: signal.Si
     # Dropout and drop-path on, so RNG restoration matters; slow steps so the signal lands mid-run.
     overrides = [*BASE, "train.max_steps=24", "checkpoint.every_steps=4", "checkpoint.keep_last=3",
                  "model.kwargs.drop_rate=0.2", "model.kwargs.drop_path_rate=0.1", "train.eval_every_steps=8",
-                 "train.batch_size=8"]
+                 "train.batch_size=8", "train.ema_decay=0.9"]
     run_train(tmp_path / "straight", *overrides, nproc=nproc)
     run = tmp_path / "interrupted"
     status = interrupted(run, overrides, sig, "step_00000004.pt", nproc)
@@ -81,9 +82,10 @@ def test_interrupted_and_resumed_run_is_identical(tmp_path: Path, sig: signal.Si
         assert max(losses(run)) == done[-1], "a step ran after the preemption checkpoint"
     run_train(run, *overrides, "checkpoint.resume=auto", nproc=nproc)
     assert losses(run) == losses(tmp_path / "straight")
-    straight, resumed = final_state(tmp_path / "straight"), final_state(run)
-    for k in straight:
-        assert torch.equal(straight[k], resumed[k]), k
+    for part in ("model", "ema"):
+        straight, resumed = final_state(tmp_path / "straight", part), final_state(run, part)
+        for k in straight:
+            assert torch.equal(straight[k], resumed[k]), f"{part}: {k}"
 
 
 @pytest.mark.slow
@@ -104,6 +106,19 @@ def test_resume_with_other_members_is_a_clear_error(tmp_path: Path) -> None:
     run_train(run, *BASE, "train.max_steps=2", "model.num_members=2")
     proc = run_train(run, *BASE, "train.max_steps=4", "model.num_members=3", "checkpoint.resume=auto", expect=1)
     assert "checkpoint has num_members=2, this ensemble has num_members=3" in proc.stderr
+    proc = run_train(run, *BASE, "train.max_steps=4", "model.num_members=2", expect=1)  # resume=none: not over it
+    assert "already holds checkpoints of an earlier run" in proc.stderr
+
+
+@pytest.mark.slow
+def test_epoch_end_eval_and_checkpoint_when_accumulation_straddles_the_epoch(tmp_path: Path) -> None:
+    # 512 samples / 16 = 32 batches an epoch; 3 micro-batches a step: step 11 takes batches 31-33 and ends epoch 0.
+    run = tmp_path / "run"
+    run_train(run, *BASE, "train.max_steps=12", "train.grad_accum=3", "checkpoint.keep_last=3")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "val/nll" in r] == [11, 12]
+    assert [p.name for p in sorted((run / "checkpoints").glob("step_*.pt"))] == ["step_00000011.pt",
+                                                                                "step_00000012.pt"]
 
 
 def test_bad_config_fails_before_anything_starts(tmp_path: Path) -> None:

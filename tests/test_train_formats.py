@@ -52,3 +52,14 @@ def test_webdataset_resume_after_sigkill_is_exact(converted: Path, tmp_path: Pat
     assert losses(run) == losses(tmp_path / "straight")
     a, b = final_state(tmp_path / "straight"), final_state(run)
     assert all((a[k] == b[k]).all() for k in a)
+
+
+def test_webdataset_eval_covers_every_sample_once_with_fewer_shards_than_ranks(converted: Path) -> None:
+    from torchvision.transforms import v2
+
+    from sigmanens_dist.data.webdataset_io import iter_eval
+
+    manifest = converted / "webdataset" / "val" / "manifest.json"
+    tf = v2.Compose([v2.PILToTensor()])
+    per_rank = [sum(len(y) for _, y in iter_eval(manifest, r, 5, 16, tf)) for r in range(5)]
+    assert per_rank == [40] * 5  # 200 samples in 2 shards, 5 ranks: nobody is left empty

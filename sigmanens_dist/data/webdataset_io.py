@@ -489,13 +489,17 @@ class WebDatasetLoader:
 
 def iter_eval(manifest: Path | str, rank: int, world_size: int, batch_size: int,
               transform: Callable[[Image.Image], torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Evaluation pass: rank r reads shards ``r, r + W, …`` in order, whole; every sample is scored exactly once
-    across ranks (ranks may get different batch counts: evaluation runs no collective per batch)."""
-    shards = read_manifest(manifest).shards[rank::world_size]
+    """Evaluation pass: rank r decodes samples ``r, r + W, …`` of the manifest's order, so every sample is scored
+    exactly once across ranks however few shards the split has (ranks read all shards but decode only their own;
+    evaluation runs no collective per batch, so ranks may end with different batch counts)."""
     images: list[torch.Tensor] = []
     labels: list[int] = []
-    for shard in shards:
+    index = 0
+    for shard in read_manifest(manifest).shards:
         for key, parts in _records(shard):
+            mine, index = index % world_size == rank, index + 1
+            if not mine:
+                continue
             image, label = _decode(shard, key, parts)
             images.append(transform(image))
             labels.append(label)

@@ -37,7 +37,8 @@ class LayerSlot:
     regularized: bool
 
     def signature(self) -> str:
-        return f"{self.name}:{self.kind}:{self.num_features}:{int(self.bias is not None)}:{int(self.stats is not None)}"
+        return (f"{self.name}:{self.kind}:{self.num_features}:{int(self.bias is not None)}:"
+                f"{int(self.stats is not None)}:{int(self.regularized)}")
 
 
 class SigmaStore(nn.Module):
