@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import Dataset
 from tqdm import tqdm
 
+from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler
 from sigmanens_dist.data.webdataset_io import read_source, unwrap_source
 
 __all__ = ["FFCVLoader", "check_beton", "write_beton"]
@@ -290,22 +291,16 @@ class FFCVLoader:
         """Batches per epoch on this rank (train: the same on every rank; eval: the last may be partial)."""
         if self.train:
             return self.num_samples // (self.batch_size * self.world_size)
-        return -(-len(self._eval_slice()) // self.batch_size)
-
-    def _eval_slice(self) -> range:
-        per = -(-self.num_samples // self.world_size)
-        return range(self.rank * per, min(self.num_samples, (self.rank + 1) * per))
+        return len(EvalShardSampler(self.num_samples, self.batch_size, self.rank, self.world_size))
 
     def rank_order(self, epoch: int, start_batch: int = 0) -> np.ndarray:
-        """Sample indices this rank reads in ``epoch`` from ``start_batch`` on, batch after batch."""
+        """Sample indices this rank reads in ``epoch`` from ``start_batch`` on, batch after batch: exactly the
+        samplers' order (``EvalShardSampler`` for eval, ``ShardedBatchSampler`` for training)."""
         if not self.train:
-            mine = self._eval_slice()
-            return np.arange(mine.start + start_batch * self.batch_size, mine.stop, dtype=np.uint64)
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)  # ShardedBatchSampler's permutation
-        perm = torch.randperm(self.num_samples, generator=g)
-        batches = perm[: len(self) * self.batch_size * self.world_size].view(len(self), self.world_size,
-                                                                             self.batch_size)
-        return batches[start_batch:, self.rank].reshape(-1).numpy().astype(np.uint64)
+            mine = EvalShardSampler(self.num_samples, self.batch_size, self.rank, self.world_size).indices
+            return np.asarray(mine[start_batch * self.batch_size:], dtype=np.uint64)
+        sampler = ShardedBatchSampler(self.num_samples, self.batch_size, self.rank, self.world_size, self.seed)
+        return sampler.global_batches(epoch)[start_batch:, self.rank].reshape(-1).numpy().astype(np.uint64)
 
     def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Batches ``start_batch .. len() - 1`` of ``epoch``, the same samples in the same order as a full pass."""

@@ -25,7 +25,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import DataLoader, Dataset
 
 from sigmanens_dist.data.registry import build_datasets
-from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler
+from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler, epoch_seed
 from sigmanens_dist.distributed import DistEnv
 
 __all__ = ["CLASSES_FILE", "DATASET_STATS", "Data", "MapStyleStream", "TrainStream", "build_data"]
@@ -72,9 +72,9 @@ class MapStyleStream:
     def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
         self.sampler.set_position(epoch, start_batch)
         # Its own generator: creating a loader mid-epoch on resume must not consume the global RNG stream.
+        generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
         yield from DataLoader(self.dataset, batch_sampler=self.sampler, num_workers=self.num_workers,
-                              pin_memory=self.pin, generator=torch.Generator().manual_seed(self.seed * 1_000_003
-                                                                                            + epoch))
+                              pin_memory=self.pin, generator=generator)
 
 
 def build_data(cfg: Any, env: DistEnv) -> Data:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["EvalShardSampler", "ShardedBatchSampler"]
+__all__ = ["EvalShardSampler", "ShardedBatchSampler", "epoch_seed", "sample_seed"]
 
 _MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, epoch, position) over 63 bits
 
@@ -38,13 +38,19 @@ class ShardedBatchSampler:
             raise ValueError(f"start batch {start} outside an epoch of {len(self)} batches")
         self.epoch, self.start = epoch, start
 
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+    def global_batches(self, epoch: int) -> torch.Tensor:
+        """Sample indices of every global batch of ``epoch``: ``(len(self), world_size, batch_size)``."""
+        g = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
         order = torch.randperm(self.num_samples, generator=g) if self.shuffle else torch.arange(self.num_samples)
+        return order[: len(self) * self.batch_size * self.world_size].view(len(self), self.world_size, -1)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        batches = self.global_batches(self.epoch)
         glob = self.batch_size * self.world_size
         for i in range(self.start, len(self)):
             lo = i * glob + self.rank * self.batch_size
-            yield [(int(order[p]), _sample_seed(self.seed, self.epoch, p)) for p in range(lo, lo + self.batch_size)]
+            yield [(int(index), sample_seed(self.seed, self.epoch, lo + j))
+                   for j, index in enumerate(batches[i, self.rank].tolist())]
 
 
 class EvalShardSampler:
@@ -63,5 +69,11 @@ class EvalShardSampler:
             yield self.indices[i: i + self.batch_size]
 
 
-def _sample_seed(seed: int, epoch: int, position: int) -> int:
-    return ((seed * 1_000_003 + epoch) * _MIX + position * 0xBF58476D1CE4E5B9) % (2**63 - 1)
+def epoch_seed(seed: int, epoch: int) -> int:
+    """Seed of everything drawn per epoch (the permutation, loader generators): one formula for every format."""
+    return seed * 1_000_003 + epoch
+
+
+def sample_seed(seed: int, epoch: int, position: int) -> int:
+    """Augmentation seed of one sample, from its place in the epoch (never from rank, worker or resume point)."""
+    return (epoch_seed(seed, epoch) * _MIX + position * 0xBF58476D1CE4E5B9) % (2**63 - 1)

@@ -50,6 +50,7 @@ from tqdm import tqdm
 
 from sigmanens_dist.data.idx import IdxImageDataset
 from sigmanens_dist.data.registry import SeededAugment
+from sigmanens_dist.data.sampler import epoch_seed, sample_seed
 
 __all__ = ["MANIFEST", "Manifest", "Shard", "ShardError", "WebDatasetLoader", "as_uint8_image", "image_transform",
            "iter_eval", "read_manifest", "read_source", "source_classes", "unwrap_source", "write_shards"]
@@ -58,7 +59,6 @@ MANIFEST = "manifest.json"
 _PARTIAL = "manifest.partial.json"
 _FORMAT = "sigmanens-webdataset/1"
 _JPEG_MAGIC = b"\xff\xd8\xff"
-_MIX = 0x9E3779B97F4A7C15
 _CHUNK = 256  # samples encoded per thread-pool round: bounds memory while keeping workers busy
 
 
@@ -362,10 +362,6 @@ def _shuffled(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[A
     yield from buf
 
 
-def _augment_seed(seed: int, epoch: int, index: int) -> int:
-    return ((seed * 1_000_003 + epoch) * _MIX + index * 0xBF58476D1CE4E5B9) % (2**63 - 1)
-
-
 def _decode(shard: Shard, key: str, parts: dict[str, bytes]) -> tuple[Image.Image, int]:
     ext = "jpg" if "jpg" in parts else "png" if "png" in parts else None
     if ext is None or "cls" not in parts:
@@ -394,7 +390,7 @@ class _RankStream(IterableDataset):
         stream = ((info.id if info is not None else 0) + self.start_batch) % ld.workers
         shards = ld.epoch_shards(self.epoch)[stream]
         skip = max(0, -(-(self.start_batch - stream) // ld.workers))  # batches of this stream before start_batch
-        rng = random.Random(_augment_seed(ld.seed, self.epoch, 1 + ld.rank * ld.workers + stream))
+        rng = random.Random(sample_seed(ld.seed, self.epoch, 1 + ld.rank * ld.workers + stream))
         records = ((shard, key, parts) for shard in shards for key, parts in _records(shard))
         if ld.shuffle_buffer > 1:
             records = _shuffled(records, ld.shuffle_buffer, rng)
@@ -413,7 +409,7 @@ class _RankStream(IterableDataset):
             image, label = _decode(shard, key, parts)
             with torch.random.fork_rng(devices=[]):
                 state = random.getstate()
-                aug_seed = _augment_seed(ld.seed, self.epoch, int(key) if key.isdigit() else zlib.crc32(key.encode()))
+                aug_seed = sample_seed(ld.seed, self.epoch, int(key) if key.isdigit() else zlib.crc32(key.encode()))
                 torch.default_generator.manual_seed(aug_seed)  # CPU only: torch.manual_seed also seeds CUDA, 3× slower
                 random.seed(aug_seed)  # timm's RandAugment draws from python's random
                 images.append(ld.transform(image))
@@ -465,7 +461,7 @@ class WebDatasetLoader:
 
     def epoch_shards(self, epoch: int) -> list[list[Shard]]:
         """This rank's shards per stream: the epoch's shard permutation dealt round-robin over ranks × workers."""
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        g = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
         order = torch.randperm(len(self.manifest.shards), generator=g).tolist()
         dealt = [self.manifest.shards[s] for j, s in enumerate(order) if j % self.world_size == self.rank]
         return [dealt[k::self.workers] for k in range(self.workers)]
