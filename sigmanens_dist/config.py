@@ -201,6 +201,16 @@ class DataConfig(_Section):
     # text: a local Hugging Face tokenizer folder (a pretrained backbone's own); None: train a WordPiece tokenizer
     # on the training sentences and keep it in <root>/tokenizer/
     tokenizer: Path | None = None
+    # an unreadable sample or out-of-range label: stop naming it, or skip it and count it (logged data/bad_samples)
+    on_bad_sample: Literal["error", "skip"] = "error"
+
+    @model_validator(mode="after")
+    def _ffcv_cannot_skip(self) -> DataConfig:
+        if self.format == "ffcv" and self.on_bad_sample == "skip":
+            raise _cross_field("on_bad_sample", "FFCV decodes whole batches in compiled code and cannot skip one "
+                                                "sample; check the .beton when writing it, or use raw/webdataset",
+                               self.on_bad_sample)
+        return self
 
 
 class StrategyConfig(_Section):

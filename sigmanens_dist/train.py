@@ -191,7 +191,11 @@ def run(cfg: Config) -> int:
                 dist.all_reduce(stats)
                 stats /= env.world_size
             loss_v, task_v, div_v = stats.tolist()
-            row = {"train/loss": loss_v, "train/task_loss": task_v, "train/div_loss": div_v,
+            bad = torch.tensor([data.bad.count], dtype=torch.float64, device=env.device)
+            if env.distributed:
+                dist.all_reduce(bad)
+            row = {"data/bad_samples": bad.item(), "train/loss": loss_v, "train/task_loss": task_v,
+                   "train/div_loss": div_v,
                    "train/lr": lr, "train/img_per_s": rate, "train/epoch": pos.epoch}
             tracker.log_metrics(row, pos.step)
             bar.set_postfix(loss=f"{row['train/loss']:.3f}", img_s=f"{rate:.0f}")

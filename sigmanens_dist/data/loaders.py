@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,6 +24,7 @@ import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import DataLoader, Dataset
 
+from sigmanens_dist.data.bad_samples import BadSamples, Checked, collate_present
 from sigmanens_dist.data.registry import build_datasets
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler, epoch_seed
 from sigmanens_dist.distributed import DistEnv
@@ -56,6 +57,7 @@ class Data:
     num_classes: int
     in_chans: int
     vocab_size: int | None = None  # text datasets: the tokenizer's vocabulary size
+    bad: BadSamples = field(default_factory=BadSamples)  # skipped-sample count (data.on_bad_sample=skip)
 
 
 class MapStyleStream:
@@ -74,21 +76,24 @@ class MapStyleStream:
         # Its own generator: creating a loader mid-epoch on resume must not consume the global RNG stream.
         generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
         yield from DataLoader(self.dataset, batch_sampler=self.sampler, num_workers=self.num_workers,
-                              pin_memory=self.pin, generator=generator)
+                              pin_memory=self.pin, generator=generator, collate_fn=collate_present)
 
 
 def build_data(cfg: Any, env: DistEnv) -> Data:
     """Train stream and eval pass for ``cfg.data`` (``cfg.train.batch_size`` per rank)."""
     d, batch = cfg.data, cfg.train.batch_size
+    bad = BadSamples(d.on_bad_sample)
     if d.format == "raw":
         bundle = build_datasets(d, cfg.data_root(), cfg.train.randaugment)
-        train = MapStyleStream(bundle.train, batch, env, cfg.seed, d.num_workers)
+        train = MapStyleStream(Checked(bundle.train, bundle.num_classes, bad, "train"), batch, env, cfg.seed,
+                               d.num_workers)
+        val_set = Checked(bundle.val, bundle.num_classes, bad, "val")
 
         def val() -> Iterable[Batch]:
-            sampler = EvalShardSampler(len(bundle.val), batch, env.rank, env.world_size)
-            return DataLoader(bundle.val, batch_sampler=sampler, num_workers=d.num_workers)
+            sampler = EvalShardSampler(len(val_set), batch, env.rank, env.world_size)
+            return DataLoader(val_set, batch_sampler=sampler, num_workers=d.num_workers, collate_fn=collate_present)
 
-        return Data(train, val, bundle.num_classes, bundle.in_chans, bundle.vocab_size)
+        return Data(train, val, bundle.num_classes, bundle.in_chans, bundle.vocab_size, bad)
 
     if d.dataset not in DATASET_STATS:
         raise ValueError(f"data.format={d.format!r} needs a converted image dataset, one of "
@@ -115,7 +120,7 @@ def build_data(cfg: Any, env: DistEnv) -> Data:
     from sigmanens_dist.data.webdataset_io import WebDatasetLoader, image_transform, iter_eval
 
     train = WebDatasetLoader(root / "train" / "manifest.json", batch, env.rank, env.world_size, d.num_workers,
-                             cfg.seed, image_transform(True, size, mean, std))
+                             cfg.seed, image_transform(True, size, mean, std), bad=bad)
     val_tf = image_transform(False, size, mean, std)
-    return Data(train, lambda: iter_eval(root / "val" / "manifest.json", env.rank, env.world_size, batch, val_tf),
-                num_classes, len(mean))
+    return Data(train, lambda: iter_eval(root / "val" / "manifest.json", env.rank, env.world_size, batch, val_tf,
+                                         bad), num_classes, len(mean), bad=bad)

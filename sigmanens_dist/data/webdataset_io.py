@@ -48,6 +48,7 @@ from torchvision import datasets
 from torchvision.transforms import v2
 from tqdm import tqdm
 
+from sigmanens_dist.data.bad_samples import BadSamples
 from sigmanens_dist.data.idx import IdxImageDataset
 from sigmanens_dist.data.registry import SeededAugment
 from sigmanens_dist.data.sampler import epoch_seed, sample_seed
@@ -377,6 +378,21 @@ def _decode(shard: Shard, key: str, parts: dict[str, bytes]) -> tuple[Image.Imag
     return (image if image.mode in ("L", "RGB") else image.convert("RGB")), label
 
 
+def _checked_decode(shard: Shard, key: str, parts: dict[str, bytes], num_classes: int, bad: BadSamples
+                    ) -> tuple[Image.Image, int] | None:
+    """Decoded sample with its label checked against the manifest, or None when ``bad`` skips it."""
+    try:
+        image, label = _decode(shard, key, parts)
+        if not 0 <= label < num_classes:
+            raise ShardError(f"shard {shard.path}, sample key {key!r}: label {label} outside 0..{num_classes - 1}")
+    except ShardError as err:  # already names shard and key
+        if not bad.skipping:
+            raise
+        bad.skip(f"shard {shard.path.name} sample {key!r}", err)
+        return None
+    return image, label
+
+
 class _RankStream(IterableDataset):
     """This rank's part of one epoch; DataLoader worker ``w`` runs stream ``(w + start_batch) mod workers``, so the
     DataLoader's round-robin over workers yields batches ``start_batch, start_batch + 1, ...`` in order."""
@@ -404,9 +420,13 @@ class _RankStream(IterableDataset):
 
     def _collate(self, batch: list[tuple[Shard, str, dict[str, bytes]]]) -> tuple[Any, ...]:
         ld = self.loader
-        images, labels = [], []
+        images, labels, keys = [], [], []
         for shard, key, parts in batch:
-            image, label = _decode(shard, key, parts)
+            decoded = _checked_decode(shard, key, parts, ld.num_classes, ld.bad)
+            if decoded is None:
+                continue
+            image, label = decoded
+            keys.append(key)
             with torch.random.fork_rng(devices=[]):
                 state = random.getstate()
                 aug_seed = sample_seed(ld.seed, self.epoch, int(key) if key.isdigit() else zlib.crc32(key.encode()))
@@ -415,8 +435,10 @@ class _RankStream(IterableDataset):
                 images.append(ld.transform(image))
                 random.setstate(state)
             labels.append(label)
+        if not images:
+            raise ShardError(f"all {len(batch)} samples of a batch were unreadable and skipped")
         out = (torch.stack(images), torch.tensor(labels, dtype=torch.int64))
-        return (*out, [key for _, key, _ in batch]) if ld.return_keys else out
+        return (*out, keys) if ld.return_keys else out
 
 
 class WebDatasetLoader:
@@ -429,7 +451,7 @@ class WebDatasetLoader:
 
     def __init__(self, manifest: Path | str, batch_size: int, rank: int, world_size: int, num_workers: int, seed: int,
                  transform: Callable[[Image.Image], torch.Tensor], shuffle_buffer: int = 1000,
-                 return_keys: bool = False) -> None:
+                 return_keys: bool = False, bad: BadSamples | None = None) -> None:
         if not 0 <= rank < world_size or batch_size < 1 or num_workers < 0:
             raise ValueError(f"need 0 ≤ rank < world_size, batch_size ≥ 1, num_workers ≥ 0; got rank={rank}, "
                              f"world_size={world_size}, batch_size={batch_size}, num_workers={num_workers}")
@@ -437,6 +459,7 @@ class WebDatasetLoader:
         self.batch_size, self.rank, self.world_size, self.seed = batch_size, rank, world_size, seed
         self.num_workers, self.workers = num_workers, max(1, num_workers)
         self.transform, self.shuffle_buffer, self.return_keys = transform, shuffle_buffer, return_keys
+        self.bad = bad or BadSamples("error")
         streams = world_size * self.workers
         shards = self.manifest.shards
         if len(shards) < streams:
@@ -484,19 +507,22 @@ class WebDatasetLoader:
 
 
 def iter_eval(manifest: Path | str, rank: int, world_size: int, batch_size: int,
-              transform: Callable[[Image.Image], torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+              transform: Callable[[Image.Image], torch.Tensor], bad: BadSamples | None = None
+              ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Evaluation pass: rank r decodes samples ``r, r + W, …`` of the manifest's order, so every sample is scored
     exactly once across ranks however few shards the split has (ranks read all shards but decode only their own;
     evaluation runs no collective per batch, so ranks may end with different batch counts)."""
     images: list[torch.Tensor] = []
     labels: list[int] = []
-    index = 0
-    for shard in read_manifest(manifest).shards:
+    index, bad = 0, bad or BadSamples("error")
+    man = read_manifest(manifest)
+    for shard in man.shards:
         for key, parts in _records(shard):
             mine, index = index % world_size == rank, index + 1
-            if not mine:
+            decoded = _checked_decode(shard, key, parts, man.num_classes, bad) if mine else None
+            if decoded is None:
                 continue
-            image, label = _decode(shard, key, parts)
+            image, label = decoded
             images.append(transform(image))
             labels.append(label)
             if len(images) == batch_size:
