@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -22,7 +22,8 @@ from sigmanens_dist.layers import (
 )
 from sigmanens_dist.regularizer import diversity_loss, members_on
 
-__all__ = ["SigmaEnsemble", "check_num_members", "convert_to_sigma_ensemble", "logits_of"]
+__all__ = ["SigmaEnsemble", "check_num_members", "convert_to_sigma_ensemble", "logits_of",
+           "map_tensors"]
 
 Inputs = torch.Tensor | Mapping[str, Any]
 
@@ -71,7 +72,7 @@ class SigmaEnsemble(nn.Module):
     # -- forward ---------------------------------------------------------------------------------------------
     def forward(self, x: Inputs) -> torch.Tensor:
         """Member logits ``(M, B, K)`` for a batch ``(B, …)`` seen by every member."""
-        return self.forward_members(_map_tensors(x, self._replicate))
+        return self.forward_members(map_tensors(x, self._replicate))
 
     def forward_members(self, x: Inputs) -> torch.Tensor:
         """Member logits ``(M, B, K)`` for a member-major batch ``(M·B, …)``."""
@@ -266,7 +267,8 @@ def _initialise(store: SigmaStore, layers: list[tuple[str, SigmaNorm, nn.Module]
 
 
 # -- inputs and outputs of arbitrary backbones -------------------------------------------------------------------
-def _map_tensors(x: Inputs, fn) -> Inputs:
+def map_tensors(x: Inputs, fn: Callable[[torch.Tensor], torch.Tensor]) -> Inputs:
+    """``fn`` applied to an input tensor, or to every tensor of a tokenizer-style mapping."""
     if isinstance(x, torch.Tensor):
         return fn(x)
     if isinstance(x, Mapping):

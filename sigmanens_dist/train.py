@@ -31,7 +31,7 @@ from sigmanens_dist.config import Config, flatten, load_config, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.distributed import DistEnv, all_gather_object, any_rank, init_distributed
 from sigmanens_dist.ema import EMA
-from sigmanens_dist.ensemble import SigmaEnsemble
+from sigmanens_dist.ensemble import SigmaEnsemble, map_tensors
 from sigmanens_dist.metrics import EnsembleMetrics, reliability_diagram
 from sigmanens_dist.models import build_model, param_groups
 from sigmanens_dist.strategies import build_strategy
@@ -154,7 +154,8 @@ def run(cfg: Config) -> int:
         stats = torch.zeros(3, device=env.device)
         for micro in range(micro_per_step):
             (x, y), pos.epoch, pos.batch = next(batches)
-            x, y = _to_device(x, env.device, non_blocking=True), y.to(env.device, non_blocking=True)
+            x = map_tensors(x, lambda t: t.to(env.device, non_blocking=True))  # images, or tokenizer tensors
+            y = y.to(env.device, non_blocking=True)
             if mixup is not None:
                 x, y = mixup(x, y)
             sync = contextlib.nullcontext() if micro == micro_per_step - 1 else strategy.no_sync(wrapped)
@@ -236,14 +237,6 @@ def _due(step: int, every: int | None, epoch_done: bool) -> bool:
     return step % every == 0 if every else epoch_done
 
 
-def _to_device(x: torch.Tensor | dict[str, torch.Tensor], device: torch.device, non_blocking: bool = False
-               ) -> torch.Tensor | dict[str, torch.Tensor]:
-    """Images are one tensor; text batches are a dict of tokenizer tensors (input_ids, attention_mask, …)."""
-    if isinstance(x, dict):
-        return {k: v.to(device, non_blocking=non_blocking) for k, v in x.items()}
-    return x.to(device, non_blocking=non_blocking)
-
-
 def _member_loss(logits: torch.Tensor, y: torch.Tensor, smoothing: float) -> torch.Tensor:
     """Mean over members of each member's task loss (hard labels, or soft labels from mixup)."""
     m = logits.shape[0]
@@ -269,7 +262,7 @@ def _evaluate(model: nn.Module, data: Data, cfg: Config, env: DistEnv, plot_dir:
     probs, targets = [], []
     with _autocast(cfg, env):
         for x, y in data.val():
-            x, y = _to_device(x, env.device), y.to(env.device)
+            x, y = map_tensors(x, lambda t: t.to(env.device)), y.to(env.device)
             logits = model(x).float()
             metrics.update(logits, y)
             if plot_dir is not None:

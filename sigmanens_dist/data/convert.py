@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sigmanens_dist.config import load_config
-from sigmanens_dist.data.loaders import CLASSES_FILE, DATASET_STATS
-from sigmanens_dist.data.registry import build_datasets
+from sigmanens_dist.data.loaders import CLASSES_FILE
+from sigmanens_dist.data.registry import DATASET_STATS, build_datasets
 from sigmanens_dist.data.webdataset_io import source_classes, unwrap_source
 
 __all__ = ["convert", "main"]

@@ -21,25 +21,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import DataLoader, Dataset
 
 from sigmanens_dist.data.bad_samples import BadSamples, Checked, collate_present
-from sigmanens_dist.data.registry import build_datasets
+from sigmanens_dist.data.registry import DATASET_STATS, build_datasets
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler, epoch_seed
 from sigmanens_dist.distributed import DistEnv
 
-__all__ = ["CLASSES_FILE", "DATASET_STATS", "Data", "MapStyleStream", "TrainStream", "build_data"]
+__all__ = ["CLASSES_FILE", "Data", "MapStyleStream", "TrainStream", "build_data"]
 
 CLASSES_FILE = "classes.json"
-# (mean, std, native image size) of each dataset, used by the converted formats' decoders.
-DATASET_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...], int]] = {
-    "fashion_mnist": ((0.2860,), (0.3530,), 28),
-    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 32),
-    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), 32),
-    "imagenet": (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, 224),
-    "imagefolder": (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, 224),
-}
 
 Batch = tuple[torch.Tensor | dict[str, torch.Tensor], torch.Tensor]  # images, or tokenizer tensors for text
 
