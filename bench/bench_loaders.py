@@ -5,10 +5,13 @@ is also given as a ratio against torchvision ``ImageFolder`` + ``DataLoader`` (P
     python bench/bench_loaders.py --images 5000 --workers 4 --epochs 3
 
 Transforms (the ffcv-imagenet train recipe): random-resized crop to ``--img``, horizontal flip, normalise to float.
-FFCV's "workers" are numba threads, the others' are DataLoader processes. FFCV is measured twice: with every image
-stored as JPEG (the same decode work as the others) and as ffcv-imagenet writes ImageNet (half raw, half JPEG).
+FFCV's "workers" are numba threads, the others' are DataLoader processes. FFCV is measured with every image stored
+as JPEG (the same decode work as the others) and as ffcv-imagenet writes ImageNet (half raw, half JPEG), each with
+FFCV's own decoder and with ``ffcv_decode.SeededCropDecoder`` (JPEGs decoded at the DCT downscale that keeps the
+crop at least the output size).
 An epoch is timed from the loader's first request to its last batch, so worker start-up counts; one untimed epoch
-first pays one-off costs (FFCV's JIT compilation, the OS page cache).
+first pays one-off costs (FFCV's JIT compilation, the OS page cache). The last line is a ceiling for any loader that
+decodes every JPEG whole: the rate of JPEG decoding alone, times the number of workers.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision import datasets
 
@@ -76,21 +80,31 @@ def main() -> None:
     except ImportError:
         print("FFCV not installed: skipped (pip install 'sigmanens-dist[ffcv]')")
     else:
-        for name, mode in (("FFCV, all JPEG", "jpg"), ("FFCV, ffcv-imagenet (50% raw)", "proportion")):
+        for storage, mode in (("all JPEG", "jpg"), ("ffcv-imagenet (50% raw)", "proportion")):
             beton = args.root / f"ffcv_{mode}_{args.images}_{args.size}.beton"
             if not beton.is_file():
                 write_beton(datasets.ImageFolder(str(tree / "train")), beton, max_resolution=None, jpeg_quality=90,
                             write_mode=mode, compress_probability=0.5, num_workers=args.workers)
-            loader = FFCVLoader(beton, args.batch, 0, 1, args.workers, seed=0, train=True, img_size=args.img,
-                                mean=MEAN, std=STD)
-            candidates[name] = loader.iter_epoch
+            for decoder, stock in (("FFCV decoder", True), ("seeded crop decoder", False)):
+                loader = FFCVLoader(beton, args.batch, 0, 1, args.workers, seed=0, train=True, img_size=args.img,
+                                    mean=MEAN, std=STD, stock_decoder=stock)
+                candidates[f"FFCV {storage}, {decoder}"] = loader.iter_epoch
+
+    files = [path for path, _ in folder.samples]
+    start = time.perf_counter()
+    for path in files:
+        Image.open(path).convert("RGB")
+    decode_rate = len(files) / (time.perf_counter() - start)
 
     print(f"\n{n} JPEGs of {args.size} px → random-resized crop {args.img} + flip + normalise; batch {args.batch}, "
           f"{args.workers} workers, median of {args.epochs} epochs")
     rates = {name: _epoch_rate(fn, args.epochs) for name, fn in candidates.items()}
     base = rates["ImageFolder + DataLoader (PIL)"]
     for name, rate in rates.items():
-        print(f"  {name:<32} {rate:8.0f} img/s   {rate / base:5.2f}× ImageFolder")
+        print(f"  {name:<48} {rate:8.0f} img/s   {rate / base:5.2f}× ImageFolder")
+    ceiling = decode_rate * args.workers
+    print(f"  {'ceiling: JPEG decode alone × workers':<48} {ceiling:8.0f} img/s   {ceiling / base:5.2f}× ImageFolder"
+          f"   (PIL/libjpeg-turbo, one process, scaled by {args.workers}; no crop, resize or normalise)")
 
 
 if __name__ == "__main__":

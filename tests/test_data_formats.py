@@ -327,7 +327,7 @@ def test_two_rank_torchrun_loaders(tmp_path: Path, train_set: datasets.ImageFold
             assert labels.tolist() == [train_set.targets[int(k)] for k in keys]
         assert w["resumed_keys"] == w["keys"][3:] and w["resumed_images_equal"]
 
-    # FFCV train: exactly ShardedBatchSampler's order, labels preserved, resume at batch 3.
+    # FFCV train: exactly ShardedBatchSampler's order, labels preserved, resume at batch 3 with the same pixels.
     ffcv = [r["ffcv"] for r in ranks]
     assert [f["len"] for f in ffcv] == [f["batches"] for f in ffcv] == [12, 12]
     assert ffcv[0]["shape"] == (4, 3, 24, 24) and ffcv[0]["dtypes"] == (torch.float32, torch.int64)
@@ -339,6 +339,7 @@ def test_two_rank_torchrun_loaders(tmp_path: Path, train_set: datasets.ImageFold
         assert torch.equal(f["labels"], targets[f["order"]])
         assert f["resumed_order"].tolist() == f["order"][12:].tolist()
         assert torch.equal(f["resumed_labels"], targets[f["resumed_order"]])
+        assert f["resumed_images_equal"]  # crop and flip replayed exactly, not only the order
     assert sorted(np.concatenate([f["order"] for f in ffcv]).tolist()) == list(range(96))
 
     # FFCV eval: contiguous halves, every sample once, pixels within JPEG tolerance of the source.

@@ -7,8 +7,9 @@ FFCV without changing which samples meet in a batch. We give FFCV that order our
 ``distributed=True``, whose ``DistributedSampler`` pads, interleaves (``perm[rank::W]``) and needs a process group.
 ``train=False`` follows ``EvalShardSampler``: contiguous, unpadded per-rank slices, every sample scored once.
 
-Not reproduced on resume: FFCV's own random crop and flip draw from numba's per-thread generators, which cannot be
-seeded per sample. The order is exact; the augmentation draws are not.
+Images decode through ``ffcv_decode.SeededCropDecoder``: each sample's crop and flip are a function of
+``(seed, epoch, sample index)``, so a resumed epoch replays the augmentation exactly too; JPEGs decode at the DCT
+scale that still covers the crop.
 
 Grayscale sources are stored as 3-channel RGB (the channel repeated): FFCV's ``RGBImageField`` holds only RGB.
 """
@@ -242,7 +243,10 @@ class _EpochOrder:
 class FFCVLoader:
     """Per-rank batches ``(images (B, C, H, W) float normalised, labels (B,) int64)`` from a ``.beton``.
 
-    CPU pipeline: decode+crop, flip, ``NormalizeImage`` (all numba-jitted) *then* ``ToTensor`` / ``ToTorchImage``:
+    ``stock_decoder=True`` uses FFCV's own crop decoders and flip instead of ``SeededCropDecoder`` (for benchmarks:
+    their draws are not reproducible on resume).
+
+    CPU pipeline: decode+crop+flip, ``NormalizeImage`` (all numba-jitted) *then* ``ToTensor`` / ``ToTorchImage``:
     FFCV 1.0.2 hangs generating code on CPU when a jitted op follows a torch one. GPU pipeline (``device`` cuda):
     uint8 decode+crop and flip on CPU, ``ToDevice`` early, channels-last ``ToTorchImage``, and the normalisation
     on the GPU in torch (FFCV's GPU ``NormalizeImage`` would need cupy).
@@ -252,12 +256,15 @@ class FFCVLoader:
 
     def __init__(self, path: Path | str, batch_size: int, rank: int, world_size: int, num_workers: int, seed: int,
                  train: bool, img_size: int, mean: Sequence[float], std: Sequence[float],
-                 device: torch.device | str = "cpu", crop_ratio: float = 0.875, batches_ahead: int = 3) -> None:
+                 device: torch.device | str = "cpu", crop_ratio: float = 0.875, batches_ahead: int = 3,
+                 stock_decoder: bool = False) -> None:
         _ffcv()
         from ffcv.fields.basics import IntDecoder
         from ffcv.fields.rgb_image import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
         from ffcv.loader import Loader
         from ffcv.transforms import NormalizeImage, RandomHorizontalFlip, Squeeze, ToDevice, ToTensor, ToTorchImage
+
+        from sigmanens_dist.data.ffcv_decode import SeededCropDecoder
 
         if not 0 <= rank < world_size or batch_size < 1:
             raise ValueError(f"need 0 ≤ rank < world_size and batch_size ≥ 1; got rank={rank}, "
@@ -271,9 +278,14 @@ class FFCVLoader:
         self.device = torch.device(device)
         self.start_batch = 0
         on_gpu = self.device.type == "cuda"
-        decoder = (RandomResizedCropRGBImageDecoder((img_size, img_size)) if train
-                   else CenterCropRGBImageDecoder((img_size, img_size), ratio=crop_ratio))
-        image = [decoder, *([RandomHorizontalFlip()] if train else [])]
+        self._decoder = None if stock_decoder else SeededCropDecoder((img_size, img_size), train, seed,
+                                                                      crop_ratio=crop_ratio)
+        if self._decoder is not None:
+            image: list[Any] = [self._decoder]
+        elif train:
+            image = [RandomResizedCropRGBImageDecoder((img_size, img_size)), RandomHorizontalFlip()]
+        else:
+            image = [CenterCropRGBImageDecoder((img_size, img_size), ratio=crop_ratio)]
         label = [IntDecoder(), ToTensor(), Squeeze()]
         if on_gpu:
             image += [ToTensor(), ToDevice(self.device, non_blocking=True), ToTorchImage(channels_last=True)]
@@ -310,7 +322,11 @@ class FFCVLoader:
             return
         self.start_batch = start_batch
         self._loader.next_epoch = epoch
+        if self._decoder is not None:
+            self._decoder.set_epoch(epoch)
         for images, labels in self._loader:
+            if self._decoder is not None:
+                self._decoder.check(self.path)
             if self.device.type == "cuda":
                 images = images.float().sub_(self._mean).div_(self._std)
             yield images, labels.long()

@@ -37,12 +37,14 @@ result["wds"] = {
 train = FFCVLoader(beton, B, env.rank, env.world_size, num_workers=1, seed=SEED, train=True, img_size=24, mean=MEAN,
                    std=STD)
 full = [(x.clone(), y.clone()) for x, y in train.iter_epoch(EPOCH)]
-resumed = [y.clone() for _, y in train.iter_epoch(EPOCH, RESUME_AT)]
+resumed = [(x.clone(), y.clone()) for x, y in train.iter_epoch(EPOCH, RESUME_AT)]
 result["ffcv"] = {
     "len": len(train), "batches": len(full), "order": train.rank_order(EPOCH).astype("int64"),
     "labels": torch.cat([y for _, y in full]), "shape": tuple(full[0][0].shape),
     "dtypes": (full[0][0].dtype, full[0][1].dtype), "finite": all(bool(x.isfinite().all()) for x, _ in full),
-    "resumed_labels": torch.cat(resumed), "resumed_order": train.rank_order(EPOCH, RESUME_AT).astype("int64"),
+    "resumed_labels": torch.cat([y for _, y in resumed]),
+    "resumed_order": train.rank_order(EPOCH, RESUME_AT).astype("int64"),
+    "resumed_images_equal": all(torch.equal(a[0], b[0]) for a, b in zip(full[RESUME_AT:], resumed, strict=True)),
 }
 
 # Eval: full-size centre crop of ratio 1 and mean 0 / std 1, so images compare with the source pixels directly.
