@@ -1,16 +1,20 @@
-"""OOD evaluation: the digits OOD set looks like Fashion-MNIST input, and entropy AUROC has the known answers."""
+"""OOD evaluation: the digits OOD set looks like Fashion-MNIST input, SVHN reads torchvision's .mat layout and looks
+like CIFAR input, and entropy AUROC has the known answers."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from sigmanens_dist.data.idx import FASHION_MNIST_MEAN, FASHION_MNIST_STD
-from sigmanens_dist.data.ood import DigitsOOD, ood_scores, predictive_entropy
+from sigmanens_dist.data.ood import SVHNOOD, DigitsOOD, ood_scores, predictive_entropy
+from sigmanens_dist.data.registry import DATASET_STATS
 from sigmanens_dist.ensemble import convert_to_sigma_ensemble
 
 
@@ -85,3 +89,35 @@ def test_sigma_ensemble_on_digits_ood() -> None:
     assert 0.0 <= scores["auroc_entropy"] <= 1.0
     assert (scores["num_in"], scores["num_out"]) == (40, 60)
     assert 0.0 < scores["entropy_in"] <= math.log(10) and 0.0 < scores["entropy_out"] <= math.log(10)
+
+
+def test_svhn_reads_the_mat_layout_and_uses_the_cifar_statistics(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small ``test_32x32.mat`` in SVHN's layout (X: 32×32×3×N, y: N×1 with 10 for the digit 0); torchvision's md5
+    is pointed at it, since a generated file cannot match the official one."""
+    import hashlib
+
+    from scipy.io import savemat
+    from torchvision import datasets
+
+    with pytest.raises(FileNotFoundError, match=r"test_32x32\.mat is missing or corrupt"):
+        SVHNOOD(tmp_path, "cifar10")
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (5, 32, 32, 3), dtype=np.uint8)
+    digits = np.array([10, 1, 2, 9, 10])
+    savemat(tmp_path / "test_32x32.mat", {"X": images.transpose(1, 2, 3, 0), "y": digits[:, None]})
+    md5 = hashlib.md5((tmp_path / "test_32x32.mat").read_bytes()).hexdigest()
+    monkeypatch.setitem(datasets.SVHN.split_list, "test", ["unused-url", "test_32x32.mat", md5])
+    for name in ("cifar10", "cifar100"):
+        ood = SVHNOOD(tmp_path, name)
+        mean, std, _ = DATASET_STATS[name]
+        assert len(ood) == 5
+        for i in range(5):
+            x, y = ood[i]
+            assert y == digits[i] % 10
+            expected = (torch.from_numpy(images[i]).permute(2, 0, 1).float() / 255 - torch.tensor(mean)[:, None, None])
+            torch.testing.assert_close(x, expected / torch.tensor(std)[:, None, None])
+    with pytest.raises(ValueError, match=r"in_dataset='fashion_mnist' is not one of cifar10, cifar100"):
+        SVHNOOD(tmp_path, "fashion_mnist")
+    with pytest.raises(ValueError, match=r"split='val' is not one of train, test, extra"):
+        SVHNOOD(tmp_path, "cifar10", split="val")

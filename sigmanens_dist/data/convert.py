@@ -2,7 +2,7 @@
 in the layout :func:`sigmanens_dist.data.loaders.build_data` reads (see that module's docstring).
 
     sigmanens data convert --dataset imagenet --root /data/imagenet --format ffcv --out /data/imagenet_ffcv \\
-        --max-resolution 256 --jpeg-quality 90 --compress-probability 0.5
+        --max-resolution 500 --jpeg-quality 90 --compress-probability 0.5
     sigmanens data convert --dataset fashion_mnist --format webdataset --out /data/fmnist_wds --max-count 5000
 """
 
@@ -23,7 +23,7 @@ __all__ = ["convert", "main"]
 
 
 def convert(dataset: str, root: Path | None, fmt: str, out: Path, *, max_count: int = 10_000,
-            jpeg_quality: int = 90, max_resolution: int | None = 256, compress_probability: float = 0.5,
+            jpeg_quality: int = 90, max_resolution: int | None = 500, compress_probability: float = 0.5,
             num_workers: int = 2, train_subset: int | None = None, val_subset: int | None = None) -> Path:
     """Convert both splits of ``dataset`` (read from ``root`` in its native format); returns ``out``."""
     if dataset not in DATASET_STATS:
@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--max-count", type=int, default=10_000, help="webdataset: samples per shard")
     ap.add_argument("--jpeg-quality", type=int, default=90)
-    ap.add_argument("--max-resolution", type=int, default=256, help="ffcv: cap on the longer image side")
+    ap.add_argument("--max-resolution", type=int, default=500, help="ffcv: cap on the longer image side")
     ap.add_argument("--compress-probability", type=float, default=0.5, help="ffcv: share stored as JPEG")
     ap.add_argument("--num-workers", type=int, default=2)
     ap.add_argument("--train-subset", type=int, help="only the first N training samples")

@@ -125,7 +125,7 @@ def _writer_class() -> type:
     return Writer
 
 
-def write_beton(dataset: Dataset, path: Path | str, *, max_resolution: int | None = 256, jpeg_quality: int = 90,
+def write_beton(dataset: Dataset, path: Path | str, *, max_resolution: int | None = 500, jpeg_quality: int = 90,
                 write_mode: Literal["proportion", "jpg", "raw", "smart"] = "proportion",
                 compress_probability: float = 0.5, num_workers: int = 2, chunksize: int = 100) -> Path:
     """Writes ``dataset`` to ``path`` as ffcv-imagenet does: ``image`` an ``RGBImageField`` (longer side capped at

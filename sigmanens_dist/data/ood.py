@@ -1,4 +1,5 @@
-"""Out-of-distribution evaluation: an OOD set for Fashion-MNIST models, and AUROC of predictive entropy.
+"""Out-of-distribution evaluation: OOD sets for Fashion-MNIST models (scikit-learn's digits) and CIFAR models
+(SVHN), and AUROC of predictive entropy.
 
 An ensemble's uncertainty is only useful if it is higher on inputs unlike the training data. ``ood_scores`` measures
 that: how well the ensemble's predictive entropy separates in-distribution samples from OOD ones (AUROC 1: perfectly,
@@ -8,6 +9,7 @@ that: how well the ensemble's predictive entropy separates in-distribution sampl
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,7 +20,7 @@ from torchmetrics.classification import BinaryAUROC
 
 from sigmanens_dist.data.idx import FASHION_MNIST_MEAN, FASHION_MNIST_STD
 
-__all__ = ["DigitsOOD", "ood_scores", "predictive_entropy"]
+__all__ = ["SVHNOOD", "DigitsOOD", "ood_scores", "predictive_entropy"]
 
 
 class DigitsOOD(Dataset):
@@ -40,6 +42,37 @@ class DigitsOOD(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.images[index], int(self.labels[index])
+
+
+class SVHNOOD(Dataset):
+    """SVHN's street-view digits (32×32 RGB), the usual OOD set for CIFAR models, from torchvision's local
+    ``{split}_32x32.mat`` files (md5-checked; nothing downloads). Normalised with ``in_dataset``'s statistics
+    (``cifar10`` or ``cifar100``), so inputs look like that model's. Items are ``(image (3, 32, 32), digit)``."""
+
+    def __init__(self, root: Path | str, in_dataset: str, split: str = "test") -> None:
+        from torchvision import datasets
+        from torchvision.transforms import v2
+
+        from sigmanens_dist.data.registry import DATASET_STATS
+
+        if in_dataset not in ("cifar10", "cifar100"):
+            raise ValueError(f"SVHNOOD: in_dataset={in_dataset!r} is not one of cifar10, cifar100")
+        if split not in datasets.SVHN.split_list:
+            raise ValueError(f"SVHNOOD: split={split!r} is not one of {', '.join(datasets.SVHN.split_list)}")
+        mean, std, _ = DATASET_STATS[in_dataset]
+        transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+        try:
+            self.svhn = datasets.SVHN(str(root), split=split, transform=transform, download=False)
+        except RuntimeError as err:
+            file = datasets.SVHN.split_list[split][1]
+            raise FileNotFoundError(f"SVHNOOD: {Path(root) / file} is missing or corrupt ({err}); expected the "
+                                    f"official {file} from ufldl.stanford.edu/housenumbers") from err
+
+    def __len__(self) -> int:
+        return len(self.svhn)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.svhn[index]
 
 
 def predictive_entropy(logits: torch.Tensor) -> torch.Tensor:
