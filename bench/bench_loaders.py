@@ -8,8 +8,7 @@ Transforms (the ffcv-imagenet train recipe): random-resized crop to ``--img``, h
 FFCV's "workers" are numba threads, the others' are DataLoader processes. FFCV is measured with every image stored
 as JPEG (the same decode work as the others) and as ffcv-imagenet writes ImageNet (50% JPEG for its ResNet-50
 recipe, 10% for ResNet-18, the rest raw pixels, which need no decoding), each with
-FFCV's own decoder and with ``ffcv_decode.SeededCropDecoder`` (JPEGs decoded at the DCT downscale that keeps the
-crop at least the output size).
+FFCV's own decoder and with ``ffcv_decode.SeededCropDecoder`` (the trainer's: reproducible crop and flip draws).
 An epoch is timed from the loader's first request to its last batch, so worker start-up counts; one untimed epoch
 first pays one-off costs (FFCV's JIT compilation, the OS page cache). The last line is a ceiling for any loader that
 decodes every JPEG whole: the rate of JPEG decoding alone, times the number of workers.

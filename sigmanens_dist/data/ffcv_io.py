@@ -8,8 +8,7 @@ FFCV without changing which samples meet in a batch. We give FFCV that order our
 ``train=False`` follows ``EvalShardSampler``: contiguous, unpadded per-rank slices, every sample scored once.
 
 Images decode through ``ffcv_decode.SeededCropDecoder``: each sample's crop and flip are a function of
-``(seed, epoch, sample index)``, so a resumed epoch replays the augmentation exactly too; JPEGs decode at the DCT
-scale that still covers the crop.
+``(seed, epoch, sample index)``, so a resumed epoch replays the augmentation exactly too.
 
 Grayscale sources are stored as 3-channel RGB (the channel repeated): FFCV's ``RGBImageField`` holds only RGB.
 """
