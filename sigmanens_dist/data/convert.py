@@ -4,6 +4,7 @@ in the layout :func:`sigmanens_dist.data.loaders.build_data` reads (see that mod
     sigmanens data convert --dataset imagenet --root /data/imagenet --format ffcv --out /data/imagenet_ffcv \\
         --max-resolution 500 --jpeg-quality 90 --compress-probability 0.5
     sigmanens data convert --dataset fashion_mnist --format webdataset --out /data/fmnist_wds --max-count 5000
+    sigmanens data convert --dataset sst2 --root /data/SST-2 --format webdataset --out /data/sst2_wds --max-count 8000
 """
 
 from __future__ import annotations
@@ -19,34 +20,52 @@ from sigmanens_dist.data.loaders import CLASSES_FILE
 from sigmanens_dist.data.registry import DATASET_STATS, build_datasets
 from sigmanens_dist.data.webdataset_io import source_classes, unwrap_source
 
-__all__ = ["convert", "main"]
+__all__ = ["CONVERTIBLE", "convert", "main"]
+
+CONVERTIBLE = (*DATASET_STATS, "sst2")
 
 
 def convert(dataset: str, root: Path | None, fmt: str, out: Path, *, max_count: int = 10_000,
             jpeg_quality: int = 90, max_resolution: int | None = 500, compress_probability: float = 0.5,
             num_workers: int = 2, train_subset: int | None = None, val_subset: int | None = None) -> Path:
-    """Convert both splits of ``dataset`` (read from ``root`` in its native format); returns ``out``."""
-    if dataset not in DATASET_STATS:
-        raise ValueError(f"--dataset {dataset!r}: convertible datasets are {', '.join(DATASET_STATS)}")
-    overrides = [f"data.dataset={dataset}", "data.format=raw", f"data.train_subset={train_subset or 'null'}",
-                 f"data.val_subset={val_subset or 'null'}"] + ([f"data.root={root}"] if root else [])
-    cfg = load_config(None, overrides)  # the same validation (and missing-path errors) as a training run
-    bundle = build_datasets(cfg.data, cfg.data_root())
-    out.mkdir(parents=True, exist_ok=True)
-    classes = source_classes(unwrap_source(bundle.train)) or [str(i) for i in range(bundle.num_classes)]
-    for split, ds in (("train", bundle.train), ("val", bundle.val)):
-        if fmt == "ffcv":
-            from sigmanens_dist.data.ffcv_io import write_beton
+    """Convert both splits of ``dataset`` (read from ``root`` in its native format); returns ``out``.
 
-            write_beton(ds, out / f"{split}.beton", max_resolution=max_resolution, jpeg_quality=jpeg_quality,
-                        compress_probability=compress_probability, num_workers=num_workers)
-        elif fmt == "webdataset":
+    SST-2 is stored as sentences, with the default tokenizer (``root``'s ``tokenizer/``, or one trained on its
+    ``train.tsv``) saved to ``out/tokenizer/`` so the converted folder trains on its own."""
+    if dataset not in CONVERTIBLE:
+        raise ValueError(f"--dataset {dataset!r}: convertible datasets are {', '.join(CONVERTIBLE)}")
+    if fmt not in ("ffcv", "webdataset"):
+        raise ValueError(f"--format {fmt!r}: choose ffcv or webdataset")
+    text = dataset == "sst2"
+    overrides = [f"data.dataset={dataset}", "data.format=raw", f"data.train_subset={train_subset or 'null'}",
+                 f"data.val_subset={val_subset or 'null'}", *(["model.source=hf", "model.name=bert"] if text else []),
+                 *([f"data.root={root}"] if root else [])]
+    cfg = load_config(None, overrides)  # the same validation (and missing-path errors) as a training run
+    out.mkdir(parents=True, exist_ok=True)
+    if text:
+        from sigmanens_dist.data.sst2 import read_sst2, save_default_tokenizer
+
+        train, val = read_sst2(cfg.data_root(), train_subset, val_subset)
+        save_default_tokenizer(cfg.data_root(), out)
+        num_classes = len(train.classes)
+    else:
+        bundle = build_datasets(cfg.data, cfg.data_root())
+        train, val, num_classes = bundle.train, bundle.val, bundle.num_classes
+    classes = source_classes(unwrap_source(train)) or [str(i) for i in range(num_classes)]
+    for split, ds in (("train", train), ("val", val)):
+        if fmt == "ffcv":
+            from sigmanens_dist.data.ffcv_io import write_beton, write_text_beton
+
+            if text:
+                write_text_beton(ds, out / f"{split}.beton", num_workers=num_workers)
+            else:
+                write_beton(ds, out / f"{split}.beton", max_resolution=max_resolution, jpeg_quality=jpeg_quality,
+                            compress_probability=compress_probability, num_workers=num_workers)
+        else:
             from sigmanens_dist.data.webdataset_io import write_shards
 
             write_shards(ds, out / split, split=split, max_count=max_count, jpeg_quality=jpeg_quality,
                          num_workers=num_workers, desc=f"{dataset} {split}")
-        else:
-            raise ValueError(f"--format {fmt!r}: choose ffcv or webdataset")
     tmp = out / f".{CLASSES_FILE}.tmp"
     tmp.write_text(json.dumps({"dataset": dataset, "classes": list(classes)}, indent=1))
     os.replace(tmp, out / CLASSES_FILE)
@@ -56,7 +75,7 @@ def convert(dataset: str, root: Path | None, fmt: str, out: Path, *, max_count: 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="sigmanens data convert", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset", required=True, choices=sorted(DATASET_STATS))
+    ap.add_argument("--dataset", required=True, choices=sorted(CONVERTIBLE))
     ap.add_argument("--root", type=Path, help="the dataset in its native format (default: the dataset's default)")
     ap.add_argument("--format", required=True, choices=["ffcv", "webdataset"])
     ap.add_argument("--out", type=Path, required=True)

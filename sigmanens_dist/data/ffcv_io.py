@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing import Process, Queue, SimpleQueue, Value
 from pathlib import Path
 from queue import Empty
@@ -29,9 +29,10 @@ from torch.utils.data import Dataset
 from tqdm import tqdm
 
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler
+from sigmanens_dist.data.sst2 import TextDataset
 from sigmanens_dist.data.webdataset_io import read_source, unwrap_source
 
-__all__ = ["FFCVLoader", "check_beton", "write_beton"]
+__all__ = ["FFCVLoader", "FFCVTextLoader", "check_beton", "write_beton", "write_text_beton"]
 
 
 def _ffcv() -> Any:
@@ -43,25 +44,39 @@ def _ffcv() -> Any:
     return ffcv
 
 
-class _Source(Dataset):
-    """``(HWC uint8 RGB, label)`` as FFCV's fields expect; a failing sample is reported to the parent process,
-    which would otherwise wait forever on a dead writer worker."""
+def _image_fields(dataset: Dataset, index: int) -> tuple[np.ndarray, int]:
+    """``(HWC uint8 RGB, label)``: grayscale repeated to three channels."""
+    pixels, label = read_source(dataset, index)
+    if pixels.ndim == 2:
+        pixels = np.repeat(pixels[..., None], 3, axis=2)
+    return pixels, label
 
-    def __init__(self, dataset: Dataset, errors: SimpleQueue) -> None:
-        self.dataset, self.errors = dataset, errors
+
+def _text_fields(dataset: Dataset, index: int) -> tuple[np.ndarray, int, int]:
+    """``(UTF-8 bytes, their length, label)``: FFCV's bytes decoder pads to the longest sample and keeps no length."""
+    text, label = dataset[index]
+    data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    if data.size == 0:
+        raise ValueError(f"sample {index} is an empty sentence")
+    return data, data.size, int(label)
+
+
+class _Source(Dataset):
+    """A sample's field values as FFCV's fields expect (``read``); a failing sample is reported to the parent
+    process, which would otherwise wait forever on a dead writer worker."""
+
+    def __init__(self, dataset: Dataset, errors: SimpleQueue, read: Callable[[Dataset, int], tuple[Any, ...]]) -> None:
+        self.dataset, self.errors, self.read = dataset, errors, read
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
         try:
-            pixels, label = read_source(self.dataset, index)
+            return self.read(self.dataset, index)
         except Exception as err:
             self.errors.put(f"sample {index}: {type(err).__name__}: {err}")
             raise
-        if pixels.ndim == 2:
-            pixels = np.repeat(pixels[..., None], 3, axis=2)
-        return pixels, label
 
 
 def _writer_class() -> type:
@@ -142,19 +157,34 @@ def write_beton(dataset: Dataset, path: Path | str, *, max_resolution: int | Non
     if not 0.0 <= compress_probability <= 1.0 or not 1 <= jpeg_quality <= 100:
         raise ValueError(f"need compress_probability in [0, 1] and jpeg_quality in 1..100; got "
                          f"{compress_probability}, {jpeg_quality}")
-    dataset = unwrap_source(dataset)
+    fields = {"image": RGBImageField(write_mode=write_mode, max_resolution=max_resolution, jpeg_quality=jpeg_quality,
+                                     compress_probability=compress_probability),
+              "label": IntField()}
+    return _write(unwrap_source(dataset), path, fields, _image_fields, num_workers, chunksize)
+
+
+def write_text_beton(dataset: TextDataset, path: Path | str, *, num_workers: int = 2, chunksize: int = 100) -> Path:
+    """Writes ``(sentence, label)`` samples to ``path``: ``text`` a ``BytesField`` (UTF-8), ``length`` and ``label``
+    ``IntField``s. Sentences, not token ids, so the tokenizer stays the training config's choice."""
+    _ffcv()
+    from ffcv.fields import BytesField, IntField
+
+    fields = {"text": BytesField(), "length": IntField(), "label": IntField()}
+    return _write(dataset, path, fields, _text_fields, num_workers, chunksize)
+
+
+def _write(dataset: Dataset, path: Path | str, fields: dict[str, Any],
+           read: Callable[[Dataset, int], tuple[Any, ...]], num_workers: int, chunksize: int) -> Path:
+    """``fields`` of every sample (``read(dataset, i)``) to ``path.tmp``, renamed to ``path`` once complete."""
     if len(dataset) == 0:
-        raise ValueError(f"write_beton({path}): the dataset is empty")
+        raise ValueError(f"writing {path}: the dataset is empty")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     errors: SimpleQueue = SimpleQueue()
-    fields = {"image": RGBImageField(write_mode=write_mode, max_resolution=max_resolution, jpeg_quality=jpeg_quality,
-                                     compress_probability=compress_probability),
-              "label": IntField()}
     writer = _writer_class()(path, fields, max(1, num_workers), errors)
     try:
-        writer.from_indexed_dataset(_Source(dataset, errors), chunksize=chunksize)
+        writer.from_indexed_dataset(_Source(dataset, errors, read), chunksize=chunksize)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -162,10 +192,17 @@ def write_beton(dataset: Dataset, path: Path | str, *, max_resolution: int | Non
     return path
 
 
-def check_beton(path: Path | str) -> int:
-    """Number of samples in a ``.beton`` with an ``image`` RGB field and a ``label`` int field, after checking that
-    its header, metadata and allocation table are whole and point inside the file (FFCV itself would read past a
-    truncated file's end, or crash in compiled code). JPEG payloads themselves carry no checksum."""
+# The fields of each kind of .beton (FFCV type ids: 1 IntField, 2 RGBImageField, 3 BytesField), and the field and
+# metadata column that point at each sample's payload.
+_KINDS = {"image": ({"image": 2, "label": 1}, "image", "data_ptr"),
+          "text": ({"text": 3, "length": 1, "label": 1}, "text", "ptr")}
+
+
+def check_beton(path: Path | str, kind: Literal["image", "text"] = "image") -> int:
+    """Number of samples in a ``.beton`` of ``kind`` (:func:`write_beton`'s image and label, or
+    :func:`write_text_beton`'s text, length and label), after checking that its header, metadata and allocation
+    table are whole and point inside the file (FFCV itself would read past a truncated file's end, or crash in
+    compiled code). Payloads themselves carry no checksum."""
     _ffcv()
     from ffcv.types import (
         ALLOC_TABLE_TYPE,
@@ -196,10 +233,10 @@ def check_beton(path: Path | str) -> int:
         raise bad(f"{n_fields} field descriptors do not fit in {size} bytes")
     desc = np.fromfile(path, dtype=FieldDescType, count=n_fields, offset=HeaderType.itemsize)
     names = [decode_null_terminated_string(d["name"]) for d in desc]
-    expected = {"image": 2, "label": 1}  # FFCV type ids of RGBImageField and IntField
+    expected, payload, pointer = _KINDS[kind]
     found = {name: int(d["type_id"]) for name, d in zip(names, desc, strict=True)}
     if any(found.get(k) != v for k, v in expected.items()):
-        raise bad(f"fields {found}; expected image (RGBImageField) and label (IntField)")
+        raise bad(f"fields {found} (FFCV type ids); expected {expected} for {kind} data")
     meta_type = get_metadata_type(get_handlers(desc))
     meta_end, alloc_ptr = meta_start + n * meta_type.itemsize, int(header["alloc_table_ptr"])
     if not meta_end <= alloc_ptr <= size or (size - alloc_ptr) % ALLOC_TABLE_TYPE.itemsize:
@@ -210,10 +247,9 @@ def check_beton(path: Path | str) -> int:
                        or (alloc["sample_id"] >= n).any()):
         raise bad("allocation table entries point outside the data region")
     meta = np.fromfile(path, dtype=meta_type, count=n, offset=meta_start)
-    image = meta[f"f{names.index('image')}"]
-    missing = ~np.isin(image["data_ptr"], alloc["ptr"])
+    missing = ~np.isin(meta[f"f{names.index(payload)}"][pointer], alloc["ptr"])
     if missing.any():
-        raise bad(f"sample {int(np.argmax(missing))} points at image data missing from the allocation table")
+        raise bad(f"sample {int(np.argmax(missing))} points at {payload} data missing from the allocation table")
     return n
 
 
@@ -223,12 +259,12 @@ class _EpochOrder:
     as a TraversalOrder subclass instance that returns itself when called."""
 
     @staticmethod
-    def create(loader: FFCVLoader) -> Any:
+    def create(stream: _BetonStream) -> Any:
         from ffcv.traversal_order.base import TraversalOrder
 
         class Order(TraversalOrder):
             def __init__(self) -> None:  # TraversalOrder.__init__ wants the Loader, which does not exist yet
-                self.plan = loader
+                self.plan = stream
 
             def __call__(self, _ffcv_loader: Any) -> Order:
                 return self
@@ -239,8 +275,60 @@ class _EpochOrder:
         return Order()
 
 
-class FFCVLoader:
-    """Per-rank batches ``(images (B, C, H, W) float normalised, labels (B,) int64)`` from a ``.beton``.
+class _BetonStream:
+    """The sample order and epoch bookkeeping shared by the image and text loaders: the samplers' order (see the
+    module docstring), ``len()`` batches, and ``_batches(epoch, start_batch)`` over FFCV's raw outputs."""
+
+    def __init__(self, path: Path | str, kind: Literal["image", "text"], batch_size: int, rank: int,
+                 world_size: int, num_workers: int, seed: int, train: bool) -> None:
+        _ffcv()
+        if not 0 <= rank < world_size or batch_size < 1:
+            raise ValueError(f"need 0 ≤ rank < world_size and batch_size ≥ 1; got rank={rank}, "
+                             f"world_size={world_size}, batch_size={batch_size}")
+        self.path = Path(path)
+        self.num_samples = check_beton(self.path, kind)
+        if train and self.num_samples < batch_size * world_size:
+            raise ValueError(f"{self.path} has {self.num_samples} samples, fewer than one global batch "
+                             f"({batch_size} per rank × {world_size} ranks)")
+        self.batch_size, self.rank, self.world_size, self.seed, self.train = batch_size, rank, world_size, seed, train
+        self.num_workers = max(1, num_workers)
+        self.start_batch = 0
+
+    def _make_loader(self, pipelines: dict[str, list[Any]], batches_ahead: int) -> Any:
+        from ffcv.loader import Loader
+
+        return Loader(str(self.path), batch_size=self.batch_size, num_workers=self.num_workers,
+                      order=_EpochOrder.create(self), drop_last=self.train, seed=self.seed, os_cache=True,
+                      pipelines=pipelines, batches_ahead=batches_ahead)
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (train: the same on every rank; eval: the last may be partial)."""
+        if self.train:
+            return self.num_samples // (self.batch_size * self.world_size)
+        return len(EvalShardSampler(self.num_samples, self.batch_size, self.rank, self.world_size))
+
+    def rank_order(self, epoch: int, start_batch: int = 0) -> np.ndarray:
+        """Sample indices this rank reads in ``epoch`` from ``start_batch`` on, batch after batch: exactly the
+        samplers' order (``EvalShardSampler`` for eval, ``ShardedBatchSampler`` for training)."""
+        if not self.train:
+            mine = EvalShardSampler(self.num_samples, self.batch_size, self.rank, self.world_size).indices
+            return np.asarray(mine[start_batch * self.batch_size:], dtype=np.uint64)
+        sampler = ShardedBatchSampler(self.num_samples, self.batch_size, self.rank, self.world_size, self.seed)
+        return sampler.global_batches(epoch)[start_batch:, self.rank].reshape(-1).numpy().astype(np.uint64)
+
+    def _batches(self, loader: Any, epoch: int, start_batch: int) -> Iterator[tuple[Any, ...]]:
+        if not 0 <= start_batch <= len(self):
+            raise ValueError(f"start batch {start_batch} outside an epoch of {len(self)} batches")
+        if start_batch == len(self):
+            return
+        self.start_batch = start_batch
+        loader.next_epoch = epoch
+        yield from loader
+
+
+class FFCVLoader(_BetonStream):
+    """Per-rank batches ``(images (B, C, H, W) float normalised, labels (B,) int64)`` from a :func:`write_beton`
+    ``.beton``.
 
     ``stock_decoder=True`` uses FFCV's own crop decoders and flip instead of ``SeededCropDecoder`` (for benchmarks:
     their draws are not reproducible on resume).
@@ -257,25 +345,14 @@ class FFCVLoader:
                  train: bool, img_size: int, mean: Sequence[float], std: Sequence[float],
                  device: torch.device | str = "cpu", crop_ratio: float = 0.875, batches_ahead: int = 3,
                  stock_decoder: bool = False) -> None:
-        _ffcv()
+        super().__init__(path, "image", batch_size, rank, world_size, num_workers, seed, train)
         from ffcv.fields.basics import IntDecoder
         from ffcv.fields.rgb_image import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
-        from ffcv.loader import Loader
         from ffcv.transforms import NormalizeImage, RandomHorizontalFlip, Squeeze, ToDevice, ToTensor, ToTorchImage
 
         from sigmanens_dist.data.ffcv_decode import SeededCropDecoder
 
-        if not 0 <= rank < world_size or batch_size < 1:
-            raise ValueError(f"need 0 ≤ rank < world_size and batch_size ≥ 1; got rank={rank}, "
-                             f"world_size={world_size}, batch_size={batch_size}")
-        self.path = Path(path)
-        self.num_samples = check_beton(self.path)
-        if train and self.num_samples < batch_size * world_size:
-            raise ValueError(f"{self.path} has {self.num_samples} samples, fewer than one global batch "
-                             f"({batch_size} per rank × {world_size} ranks)")
-        self.batch_size, self.rank, self.world_size, self.seed, self.train = batch_size, rank, world_size, seed, train
         self.device = torch.device(device)
-        self.start_batch = 0
         on_gpu = self.device.type == "cuda"
         self._decoder = None if stock_decoder else SeededCropDecoder((img_size, img_size), train, seed,
                                                                       crop_ratio=crop_ratio)
@@ -294,38 +371,39 @@ class FFCVLoader:
         else:
             image += [NormalizeImage(np.array(mean) * 255, np.array(std) * 255, np.float32), ToTensor(),
                       ToTorchImage(channels_last=False)]
-        self._loader = Loader(str(self.path), batch_size=batch_size, num_workers=max(1, num_workers),
-                              order=_EpochOrder.create(self), drop_last=train, seed=seed, os_cache=True,
-                              pipelines={"image": image, "label": label}, batches_ahead=batches_ahead)
-
-    def __len__(self) -> int:
-        """Batches per epoch on this rank (train: the same on every rank; eval: the last may be partial)."""
-        if self.train:
-            return self.num_samples // (self.batch_size * self.world_size)
-        return len(EvalShardSampler(self.num_samples, self.batch_size, self.rank, self.world_size))
-
-    def rank_order(self, epoch: int, start_batch: int = 0) -> np.ndarray:
-        """Sample indices this rank reads in ``epoch`` from ``start_batch`` on, batch after batch: exactly the
-        samplers' order (``EvalShardSampler`` for eval, ``ShardedBatchSampler`` for training)."""
-        if not self.train:
-            mine = EvalShardSampler(self.num_samples, self.batch_size, self.rank, self.world_size).indices
-            return np.asarray(mine[start_batch * self.batch_size:], dtype=np.uint64)
-        sampler = ShardedBatchSampler(self.num_samples, self.batch_size, self.rank, self.world_size, self.seed)
-        return sampler.global_batches(epoch)[start_batch:, self.rank].reshape(-1).numpy().astype(np.uint64)
+        self._loader = self._make_loader({"image": image, "label": label}, batches_ahead)
 
     def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Batches ``start_batch .. len() - 1`` of ``epoch``, the same samples in the same order as a full pass."""
-        if not 0 <= start_batch <= len(self):
-            raise ValueError(f"start batch {start_batch} outside an epoch of {len(self)} batches")
-        if start_batch == len(self):
-            return
-        self.start_batch = start_batch
-        self._loader.next_epoch = epoch
         if self._decoder is not None:
             self._decoder.set_epoch(epoch)
-        for images, labels in self._loader:
+        for images, labels in self._batches(self._loader, epoch, start_batch):
             if self._decoder is not None:
                 self._decoder.check(self.path)
             if self.device.type == "cuda":
                 images = images.float().sub_(self._mean).div_(self._std)
-            yield images, labels.long()
+            yield images, labels.long().view(-1)
+
+
+class FFCVTextLoader(_BetonStream):
+    """Per-rank batches ``(batcher(sentences), labels (B,) int64)`` from a :func:`write_text_beton` ``.beton``;
+    ``batcher`` is a ``TextBatcher`` (sentences → token ids and attention mask), run on the loop's thread. Unlike
+    the image loader's, these batches are fresh tensors, not views of FFCV's reused buffers."""
+
+    def __init__(self, path: Path | str, batch_size: int, rank: int, world_size: int, num_workers: int, seed: int,
+                 train: bool, batcher: Callable[[list[str]], Any], batches_ahead: int = 3) -> None:
+        super().__init__(path, "text", batch_size, rank, world_size, num_workers, seed, train)
+        from ffcv.fields.basics import IntDecoder
+        from ffcv.fields.bytes import BytesDecoder
+
+        self.batcher = batcher
+        self._loader = self._make_loader({"text": [BytesDecoder()], "length": [IntDecoder()], "label": [IntDecoder()]},
+                                         batches_ahead)
+
+    def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[Any, torch.Tensor]]:
+        """Batches ``start_batch .. len() - 1`` of ``epoch``, the same samples in the same order as a full pass."""
+        for text, length, label in self._batches(self._loader, epoch, start_batch):
+            n = len(label)  # FFCV's bytes decoder returns its whole buffer, even for a short last batch
+            sentences = [bytes(text[i, :int(length[i, 0])]).decode("utf-8") for i in range(n)]
+            # Copies: FFCV's buffers are reused a few batches later.
+            yield self.batcher(sentences), torch.tensor(label[:n, 0], dtype=torch.int64)

@@ -10,6 +10,9 @@ On-disk layout of the converted formats (written by ``sigmanens data convert``):
     <root>/train.beton, <root>/val.beton        ffcv
     <root>/train/manifest.json + shards,        webdataset
     <root>/val/manifest.json + shards
+    <root>/tokenizer/                           sst2: the default tokenizer (``data.tokenizer`` overrides it)
+
+Converted SST-2 holds sentences, tokenised per batch by the same ``TextBatcher`` as the raw reader.
 """
 
 from __future__ import annotations
@@ -86,17 +89,19 @@ def build_data(cfg: Any, env: DistEnv) -> Data:
 
         return Data(train, val, bundle.num_classes, bundle.in_chans, bundle.vocab_size, bad)
 
-    if d.dataset not in DATASET_STATS:
-        raise ValueError(f"data.format={d.format!r} needs a converted image dataset, one of "
-                         f"{', '.join(DATASET_STATS)}; got data.dataset={d.dataset!r}")
+    if d.dataset not in (*DATASET_STATS, "sst2"):
+        raise ValueError(f"data.format={d.format!r} needs a converted dataset, one of "
+                         f"{', '.join((*DATASET_STATS, 'sst2'))}; got data.dataset={d.dataset!r}")
     root = Path(cfg.data_root())
-    mean, std, native = DATASET_STATS[d.dataset]
-    size = d.img_size or native
     classes_file = root / CLASSES_FILE
     if not classes_file.is_file():
         raise FileNotFoundError(f"{classes_file} is missing: write {d.format} data with `sigmanens data convert "
                                 f"--format {d.format} --out {root} …`")
     num_classes = len(json.loads(classes_file.read_text())["classes"])
+    if d.dataset == "sst2":
+        return _converted_text(cfg, env, root, num_classes, bad)
+    mean, std, native = DATASET_STATS[d.dataset]
+    size = d.img_size or native
     if d.format == "ffcv":
         from sigmanens_dist.data.ffcv_io import FFCVLoader
 
@@ -115,3 +120,30 @@ def build_data(cfg: Any, env: DistEnv) -> Data:
     val_tf = image_transform(False, size, mean, std)
     return Data(train, lambda: iter_eval(root / "val" / "manifest.json", env.rank, env.world_size, batch, val_tf,
                                          bad), num_classes, len(mean), bad=bad)
+
+
+def _converted_text(cfg: Any, env: DistEnv, root: Path, num_classes: int, bad: BadSamples) -> Data:
+    """Sentences from converted data, tokenised per batch by the same ``TextBatcher`` as the raw reader."""
+    from sigmanens_dist.data.sst2 import TOKENIZER_DIR, TextBatcher, load_tokenizer
+
+    d, batch = cfg.data, cfg.train.batch_size
+    if d.tokenizer is None and not (root / TOKENIZER_DIR / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{root / TOKENIZER_DIR} is missing: `sigmanens data convert --dataset sst2` writes "
+                                f"it there; or set data.tokenizer to the backbone's tokenizer folder")
+    tokenizer = load_tokenizer(d.tokenizer, root)
+    batcher = TextBatcher(tokenizer, d.max_length)
+    if d.format == "ffcv":
+        from sigmanens_dist.data.ffcv_io import FFCVTextLoader
+
+        common = dict(batch_size=batch, rank=env.rank, world_size=env.world_size, num_workers=max(1, d.num_workers),
+                      seed=cfg.seed, batcher=batcher)
+        train = FFCVTextLoader(root / "train.beton", train=True, **common)
+        val_loader = FFCVTextLoader(root / "val.beton", train=False, **common)
+        return Data(train, lambda: val_loader.iter_epoch(0), num_classes, 0, len(tokenizer))
+
+    from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, iter_eval
+
+    train = WebDatasetLoader(root / "train" / MANIFEST, batch, env.rank, env.world_size, d.num_workers, cfg.seed,
+                             None, bad=bad, collate=batcher)
+    return Data(train, lambda: iter_eval(root / "val" / MANIFEST, env.rank, env.world_size, batch, None, bad,
+                                         collate=batcher), num_classes, 0, len(tokenizer), bad=bad)

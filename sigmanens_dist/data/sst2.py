@@ -25,10 +25,15 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-__all__ = ["SPECIAL_TOKENS", "Sst2Dataset", "load_tokenizer", "read_sst2_tsv", "train_wordpiece"]
+__all__ = ["SPECIAL_TOKENS", "SST2_CLASSES", "Sst2Dataset", "TextBatcher", "TextDataset", "load_tokenizer",
+           "read_sst2", "read_sst2_tsv", "save_default_tokenizer", "train_wordpiece"]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+SST2_CLASSES = ("negative", "positive")
 TOKENIZER_DIR = "tokenizer"
+# Tokenizers run in DataLoader workers, forked from a parent that may already have used the tokenizers library's
+# thread pool; that library then disables itself with a warning per worker. Its parallelism buys nothing here.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def read_sst2_tsv(path: Path) -> tuple[list[str], list[int]]:
@@ -121,6 +126,59 @@ def load_tokenizer(tokenizer_dir: Path | None, root: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(target))
 
 
+def save_default_tokenizer(root: Path, out: Path) -> Path:
+    """Saves the tokenizer a run on ``root`` uses when ``data.tokenizer`` is unset (``root/tokenizer/``, or one
+    trained on ``root/train.tsv``, as :func:`load_tokenizer` would, without writing into ``root``) to
+    ``out/tokenizer/``, replacing it atomically; returns that folder."""
+    from transformers import AutoTokenizer
+
+    existing = Path(root) / TOKENIZER_DIR
+    if (existing / "tokenizer.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(str(existing))
+    else:
+        tokenizer = train_wordpiece(read_sst2_tsv(Path(root) / "train.tsv")[0])
+    target = Path(out) / TOKENIZER_DIR
+    tmp = Path(tempfile.mkdtemp(dir=out, prefix=f".{TOKENIZER_DIR}."))
+    try:
+        tokenizer.save_pretrained(str(tmp))
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+class TextBatcher:
+    """Sentences → ``{"input_ids": (B, L), "attention_mask": (B, L)}`` with ``L = max_length`` (padded and
+    truncated): the one tokenisation every text reader uses, so raw, FFCV and webdataset data give the same ids."""
+
+    def __init__(self, tokenizer: Any, max_length: int) -> None:
+        self.tokenizer, self.max_length = tokenizer, max_length
+
+    def __call__(self, sentences: list[str]) -> dict[str, torch.Tensor]:
+        enc = self.tokenizer(list(sentences), padding="max_length", truncation=True, max_length=self.max_length,
+                             return_tensors="pt")
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+
+class TextDataset(Dataset):
+    """``(sentence, label)`` items: the untokenised source the converters store, so converted data does not depend
+    on the tokenizer (which the training config may change)."""
+
+    classes = SST2_CLASSES
+
+    def __init__(self, sentences: list[str], labels: list[int]) -> None:
+        if len(sentences) != len(labels):
+            raise ValueError(f"{len(sentences)} sentences but {len(labels)} labels")
+        self.sentences, self.labels = sentences, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[str, int]:
+        return self.sentences[index], self.labels[index]
+
+
 class Sst2Dataset(Dataset):
     """``({"input_ids": (L,), "attention_mask": (L,)}, label)`` with ``L = max_length``: padded and truncated up
     front so the default collate stacks a batch, and tokenisation runs once, not every epoch."""
@@ -128,8 +186,7 @@ class Sst2Dataset(Dataset):
     def __init__(self, sentences: list[str], labels: list[int], tokenizer: Any, max_length: int) -> None:
         if len(sentences) != len(labels):
             raise ValueError(f"{len(sentences)} sentences but {len(labels)} labels")
-        enc = tokenizer(sentences, padding="max_length", truncation=True, max_length=max_length,
-                        return_tensors="pt")
+        enc = TextBatcher(tokenizer, max_length)(sentences)
         self.input_ids, self.attention_mask = enc["input_ids"], enc["attention_mask"]
         self.labels = torch.tensor(labels, dtype=torch.long)
 
@@ -141,13 +198,21 @@ class Sst2Dataset(Dataset):
             self.labels[index])
 
 
+def read_sst2(root: Path, train_subset: int | None = None, val_subset: int | None = None
+              ) -> tuple[TextDataset, TextDataset]:
+    """``root``'s train.tsv and dev.tsv as sentences (the first ``train_subset`` / ``val_subset`` samples)."""
+    splits = []
+    for name, subset in (("train.tsv", train_subset), ("dev.tsv", val_subset)):
+        sentences, labels = read_sst2_tsv(Path(root) / name)
+        splits.append(TextDataset(sentences[:subset], labels[:subset]))
+    return splits[0], splits[1]
+
+
 def build_sst2(data_cfg: Any, root: Path) -> tuple[Sst2Dataset, Sst2Dataset, int]:
     """Train and dev sets (first ``train_subset`` / ``val_subset`` samples) and the tokenizer's vocabulary size,
     which a from-scratch backbone's embedding table must match."""
     root = Path(root)
     tokenizer = load_tokenizer(data_cfg.tokenizer, root)
-    splits = []
-    for name, subset in (("train.tsv", data_cfg.train_subset), ("dev.tsv", data_cfg.val_subset)):
-        sentences, labels = read_sst2_tsv(root / name)
-        splits.append(Sst2Dataset(sentences[:subset], labels[:subset], tokenizer, data_cfg.max_length))
-    return splits[0], splits[1], len(tokenizer)
+    train, val = read_sst2(root, data_cfg.train_subset, data_cfg.val_subset)
+    return (Sst2Dataset(train.sentences, train.labels, tokenizer, data_cfg.max_length),
+            Sst2Dataset(val.sentences, val.labels, tokenizer, data_cfg.max_length), len(tokenizer))

@@ -1,8 +1,9 @@
 """WebDataset tar shards: a resumable converter and a streaming loader with the training loop's batch contract.
 
 Shards are written with webdataset's ``ShardWriter`` (``{split}-%06d.tar``; each sample ``__key__``, ``jpg`` or
-``png``, ``cls``) and described by ``manifest.json`` (counts and sha256 per shard), so a loader can size its epoch
-without reading a tar, and a truncated or replaced shard is caught before training starts.
+``png`` for images or ``txt`` (UTF-8) for sentences, ``cls``) and described by ``manifest.json`` (counts and sha256
+per shard), so a loader can size its epoch without reading a tar, and a truncated or replaced shard is caught before
+training starts.
 
 Streaming cannot use ``ShardedBatchSampler``'s global permutation (no random access), so the loader keeps the parts
 of its contract that matter to DDP instead:
@@ -52,6 +53,7 @@ from sigmanens_dist.data.bad_samples import BadSamples
 from sigmanens_dist.data.idx import IdxImageDataset
 from sigmanens_dist.data.registry import SeededAugment
 from sigmanens_dist.data.sampler import epoch_seed, sample_seed
+from sigmanens_dist.data.sst2 import TextDataset
 
 __all__ = ["MANIFEST", "Manifest", "Shard", "ShardError", "WebDatasetLoader", "as_uint8_image", "image_transform",
            "iter_eval", "read_manifest", "read_source", "source_classes", "unwrap_source", "write_shards"]
@@ -128,8 +130,11 @@ def _source_file(dataset: Dataset, index: int) -> tuple[Path, int] | None:
 
 
 def _encode(dataset: Dataset, index: int, quality: int) -> tuple[str, bytes, int]:
-    """``(extension, bytes, label)``: source JPEG files as they are; RGB as JPEG (4:4:4); grayscale as lossless
-    PNG."""
+    """``(extension, bytes, label)``: sentences as UTF-8 text; source JPEG files as they are; RGB as JPEG (4:4:4);
+    grayscale as lossless PNG."""
+    if isinstance(dataset, TextDataset):
+        text, label = dataset[index]
+        return "txt", text.encode("utf-8"), label
     source = _source_file(dataset, index)
     if source is not None:
         return "jpg", source[0].read_bytes(), source[1]
@@ -363,15 +368,17 @@ def _shuffled(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[A
     yield from buf
 
 
-def _decode(shard: Shard, key: str, parts: dict[str, bytes]) -> tuple[Image.Image, int]:
-    ext = "jpg" if "jpg" in parts else "png" if "png" in parts else None
+def _decode(shard: Shard, key: str, parts: dict[str, bytes]) -> tuple[Image.Image | str, int]:
+    ext = next((e for e in ("jpg", "png", "txt") if e in parts), None)
     if ext is None or "cls" not in parts:
         raise ShardError(f"shard {shard.path}, sample key {key!r}: has members {sorted(parts)}; "
-                         f"expected jpg or png, and cls")
+                         f"expected jpg, png or txt, and cls")
     try:
+        label = int(parts["cls"])
+        if ext == "txt":
+            return parts["txt"].decode("utf-8"), label
         image = Image.open(io.BytesIO(parts[ext]))
         image.load()
-        label = int(parts["cls"])
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
         raise ShardError(f"shard {shard.path}, sample key {key!r}: cannot decode {ext}/cls "
                          f"({type(err).__name__}: {err})") from err
@@ -379,7 +386,7 @@ def _decode(shard: Shard, key: str, parts: dict[str, bytes]) -> tuple[Image.Imag
 
 
 def _checked_decode(shard: Shard, key: str, parts: dict[str, bytes], num_classes: int, bad: BadSamples
-                    ) -> tuple[Image.Image, int] | None:
+                    ) -> tuple[Image.Image | str, int] | None:
     """Decoded sample with its label checked against the manifest, or None when ``bad`` skips it."""
     try:
         image, label = _decode(shard, key, parts)
@@ -427,6 +434,10 @@ class _RankStream(IterableDataset):
                 continue
             image, label = decoded
             keys.append(key)
+            labels.append(label)
+            if ld.transform is None:
+                images.append(image)
+                continue
             with torch.random.fork_rng(devices=[]):
                 state = random.getstate()
                 aug_seed = sample_seed(ld.seed, self.epoch, int(key) if key.isdigit() else zlib.crc32(key.encode()))
@@ -434,10 +445,9 @@ class _RankStream(IterableDataset):
                 random.seed(aug_seed)  # timm's RandAugment draws from python's random
                 images.append(ld.transform(image))
                 random.setstate(state)
-            labels.append(label)
         if not images:
             raise ShardError(f"all {len(batch)} samples of a batch were unreadable and skipped")
-        out = (torch.stack(images), torch.tensor(labels, dtype=torch.int64))
+        out = (ld.collate(images), torch.tensor(labels, dtype=torch.int64))
         return (*out, keys) if ld.return_keys else out
 
 
@@ -446,12 +456,15 @@ class WebDatasetLoader:
     :func:`write_shards` manifest; see the module docstring for the equal-steps and resume guarantees.
 
     ``transform`` maps a PIL image to a normalised ``(C, H, W)`` float tensor (:func:`image_transform` gives the
-    standard ones); it runs under a per-sample seed, so augmentation also replays on resume.
+    standard ones); it runs under a per-sample seed, so augmentation also replays on resume. ``collate`` makes the
+    batch from the transformed samples. Text: ``transform=None`` and ``collate`` a ``TextBatcher`` (sentences →
+    token-id tensors), run in the DataLoader workers.
     """
 
     def __init__(self, manifest: Path | str, batch_size: int, rank: int, world_size: int, num_workers: int, seed: int,
-                 transform: Callable[[Image.Image], torch.Tensor], shuffle_buffer: int = 1000,
-                 return_keys: bool = False, bad: BadSamples | None = None) -> None:
+                 transform: Callable[[Image.Image], torch.Tensor] | None, shuffle_buffer: int = 1000,
+                 return_keys: bool = False, bad: BadSamples | None = None,
+                 collate: Callable[[list[Any]], Any] = torch.stack) -> None:
         if not 0 <= rank < world_size or batch_size < 1 or num_workers < 0:
             raise ValueError(f"need 0 ≤ rank < world_size, batch_size ≥ 1, num_workers ≥ 0; got rank={rank}, "
                              f"world_size={world_size}, batch_size={batch_size}, num_workers={num_workers}")
@@ -459,6 +472,7 @@ class WebDatasetLoader:
         self.batch_size, self.rank, self.world_size, self.seed = batch_size, rank, world_size, seed
         self.num_workers, self.workers = num_workers, max(1, num_workers)
         self.transform, self.shuffle_buffer, self.return_keys = transform, shuffle_buffer, return_keys
+        self.collate = collate
         self.bad = bad or BadSamples("error")
         streams = world_size * self.workers
         shards = self.manifest.shards
@@ -507,11 +521,12 @@ class WebDatasetLoader:
 
 
 def iter_eval(manifest: Path | str, rank: int, world_size: int, batch_size: int,
-              transform: Callable[[Image.Image], torch.Tensor], bad: BadSamples | None = None
-              ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+              transform: Callable[[Image.Image], torch.Tensor] | None, bad: BadSamples | None = None,
+              collate: Callable[[list[Any]], Any] = torch.stack) -> Iterator[tuple[Any, torch.Tensor]]:
     """Evaluation pass: rank r decodes samples ``r, r + W, …`` of the manifest's order, so every sample is scored
     exactly once across ranks however few shards the split has (ranks read all shards but decode only their own;
-    evaluation runs no collective per batch, so ranks may end with different batch counts)."""
+    evaluation runs no collective per batch, so ranks may end with different batch counts). ``transform`` and
+    ``collate`` as for :class:`WebDatasetLoader`."""
     images: list[torch.Tensor] = []
     labels: list[int] = []
     index, bad = 0, bad or BadSamples("error")
@@ -523,10 +538,10 @@ def iter_eval(manifest: Path | str, rank: int, world_size: int, batch_size: int,
             if decoded is None:
                 continue
             image, label = decoded
-            images.append(transform(image))
+            images.append(transform(image) if transform is not None else image)
             labels.append(label)
             if len(images) == batch_size:
-                yield torch.stack(images), torch.tensor(labels, dtype=torch.int64)
+                yield collate(images), torch.tensor(labels, dtype=torch.int64)
                 images, labels = [], []
     if images:
-        yield torch.stack(images), torch.tensor(labels, dtype=torch.int64)
+        yield collate(images), torch.tensor(labels, dtype=torch.int64)

@@ -1,0 +1,107 @@
+"""SST-2 converted to FFCV and webdataset: the converted folder trains on its own, every sentence comes back once
+per epoch with the raw reader's token ids and label, resume is exact, and a text backbone trains on it under
+2-process torchrun."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from sigmanens_dist.config import load_config
+from sigmanens_dist.data.loaders import build_data
+from sigmanens_dist.data.sst2 import Sst2Dataset, load_tokenizer, read_sst2, train_wordpiece
+from sigmanens_dist.distributed import DistEnv
+from tests.helpers import losses, run_train
+from tests.test_sst2 import TINY_BERT, write_sst2
+
+pytest.importorskip("transformers")
+FORMATS = ["ffcv", "webdataset"]
+N_TRAIN, N_DEV, MAX_LENGTH = 96, 20, 16
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_sst2(tmp_path_factory.mktemp("sst2"), n_train=N_TRAIN, n_dev=N_DEV)
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory, source: Path) -> Path:
+    from sigmanens_dist.data.convert import convert
+
+    out = tmp_path_factory.mktemp("converted")
+    for fmt in FORMATS:
+        pytest.importorskip(fmt)
+        convert("sst2", source, fmt, out / fmt, max_count=24, num_workers=1)  # 4 training shards of 24
+    return out
+
+
+def _cfg(root: Path, fmt: str, *extra: str) -> object:
+    return load_config(None, [*TINY_BERT, "data.dataset=sst2", f"data.format={fmt}", f"data.root={root}",
+                              f"data.max_length={MAX_LENGTH}", "train.batch_size=8", "data.num_workers=2", *extra])
+
+
+def _rows(ids: torch.Tensor, labels: torch.Tensor) -> list[tuple[tuple[int, ...], int]]:
+    return [(tuple(row.tolist()), int(y)) for row, y in zip(ids, labels, strict=True)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_converted_folder_is_self_contained(converted: Path, source: Path, fmt: str) -> None:
+    out = converted / fmt
+    assert json.loads((out / "classes.json").read_text()) == {"dataset": "sst2", "classes": ["negative", "positive"]}
+    sentences = read_sst2(source)[0].sentences
+    # The default tokenizer a raw run would train, written beside the data, and nothing written into the source.
+    assert load_tokenizer(None, out).get_vocab() == train_wordpiece(sentences).get_vocab()
+    assert not (source / "tokenizer").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_sentence_once_with_the_raw_ids_and_exact_resume(converted: Path, source: Path, fmt: str) -> None:
+    env = DistEnv(0, 1, 0, torch.device("cpu"))
+    data = build_data(_cfg(converted / fmt, fmt), env)
+    tokenizer = load_tokenizer(None, converted / fmt)
+    train_text, dev_text = read_sst2(source)
+    raw_train = Sst2Dataset(train_text.sentences, train_text.labels, tokenizer, MAX_LENGTH)
+    raw_dev = Sst2Dataset(dev_text.sentences, dev_text.labels, tokenizer, MAX_LENGTH)
+    assert data.vocab_size == len(tokenizer) and data.in_chans == 0
+
+    assert len(data.train) == N_TRAIN // 8
+    batches = [(x["input_ids"].clone(), x["attention_mask"].clone(), y.clone()) for x, y in data.train.iter_epoch(1)]
+    assert len(batches) == len(data.train)
+    seen = Counter(r for ids, _, y in batches for r in _rows(ids, y))
+    assert seen == Counter(_rows(raw_train.input_ids, raw_train.labels))  # every sentence once, with its label
+    for ids, mask, _ in batches:
+        assert torch.equal(mask, (ids != tokenizer.pad_token_id).long())
+    resumed = list(data.train.iter_epoch(1, 5))
+    assert all(torch.equal(a[0], b[0]["input_ids"]) and torch.equal(a[2], b[1])
+               for a, b in zip(batches[5:], resumed, strict=True))
+    other = [x["input_ids"] for x, _ in data.train.iter_epoch(2)]
+    assert not all(torch.equal(a[0], b) for a, b in zip(batches, other, strict=True))  # reshuffled per epoch
+
+    dev = Counter(r for x, y in data.val() for r in _rows(x["input_ids"], y))
+    assert dev == Counter(_rows(raw_dev.input_ids, raw_dev.labels))
+
+
+def test_converted_text_without_a_tokenizer_says_where_it_comes_from(converted: Path, tmp_path: Path) -> None:
+    import shutil
+
+    root = tmp_path / "copy"
+    shutil.copytree(converted / "webdataset", root, ignore=shutil.ignore_patterns("tokenizer"))
+    with pytest.raises(FileNotFoundError, match=r"copy/tokenizer is missing: `sigmanens data convert --dataset sst2`"):
+        build_data(_cfg(root, "webdataset"), DistEnv(0, 1, 0, torch.device("cpu")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_two_rank_text_training_on_converted_format(converted: Path, tmp_path: Path, fmt: str) -> None:
+    run = tmp_path / fmt
+    run_train(run, *TINY_BERT, "data.dataset=sst2", f"data.format={fmt}", f"data.root={converted / fmt}",
+              f"data.max_length={MAX_LENGTH}", "data.num_workers=1", "model.num_members=2", "train.batch_size=8",
+              "train.max_steps=6", "train.log_every_steps=1", nproc=2)
+    assert sorted(losses(run)) == list(range(1, 7))
+    metrics = json.loads((run / "final_metrics.json").read_text())
+    assert 0.0 <= metrics["acc"] <= 1.0 and metrics["nll"] > 0
