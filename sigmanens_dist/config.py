@@ -283,7 +283,8 @@ _DATA_HINTS = {
     "imagenet": "point data.root at the ILSVRC-2012 folder with train/ and val/ class folders (format: raw) or at "
                 "the FFCV .beton files (format: ffcv)",
     "imagefolder": "point data.root at a folder with train/ and val/ sub-folders, one folder per class",
-    "sst2": "point data.root at the GLUE SST-2 folder (train.tsv, dev.tsv)",
+    "sst2": "point data.root at the GLUE SST-2 folder (train.tsv, dev.tsv; format: raw) or at what `sigmanens data "
+            "convert --dataset sst2` wrote (format: ffcv or webdataset)",
 }
 # Set by an override, one of these pairs replaces the other even when the recipe sets it: `train.max_steps=50` on an
 # epochs recipe means "50 steps instead", not a both-set error.

@@ -1,4 +1,5 @@
-"""FFCV ``.beton`` files: the ffcv-imagenet writer recipe, and a loader with the training loop's batch contract.
+"""FFCV ``.beton`` files: the ffcv-imagenet writer recipe for images, sentences for text, and loaders with the
+training loop's batch contract (``FFCVLoader`` for images, ``FFCVTextLoader`` for sentences, tokenised per batch).
 
 The loader keeps ``ShardedBatchSampler``'s order exactly (for ``train=True``): each epoch one global permutation
 from ``(seed, epoch)``, rank r taking its B-slice of every global batch, ``len()`` = N // (B·W) on every rank, and
