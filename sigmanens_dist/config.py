@@ -198,8 +198,8 @@ class DataConfig(_Section):
     train_subset: int | None = Field(None, ge=1)  # only the first N train samples
     val_subset: int | None = Field(None, ge=1)
     max_length: int = Field(64, ge=8)  # text: tokens per sample, padded or truncated to it
-    # text: a local Hugging Face tokenizer folder (a pretrained backbone's own); None: train a WordPiece tokenizer
-    # on the training sentences and keep it in <root>/tokenizer/
+    # text: a local Hugging Face tokenizer folder (a pretrained backbone's own); None: <root>/tokenizer/, which a raw
+    # run trains (WordPiece, on the training sentences) when absent and `sigmanens data convert` writes
     tokenizer: Path | None = None
     # an unreadable sample or out-of-range label: stop naming it, or skip it and count it (logged data/bad_samples)
     on_bad_sample: Literal["error", "skip"] = "error"

@@ -76,11 +76,15 @@ def _reference(image: np.ndarray, index: int, epoch: int) -> torch.Tensor:
     return torch.from_numpy(out.copy()).permute(2, 0, 1).float()
 
 
-def test_center_crop_is_ffcvs() -> None:
-    from ffcv.fields.rgb_image import get_center_crop
-
-    for h, w in ((100, 60), (61, 200), (33, 33)):
-        assert center_crop(h, w, 0.875) == (*get_center_crop(h, w, None, 0.875), False)
+def test_crop_positions_reach_both_edges() -> None:
+    """A fixed crop size (one area, square): every top and left offset from 0 to the far edge occurs."""
+    height, width = 40, 50
+    crops = np.array([random_resized_crop(height, width, 0.25, 0.25, 0.0, 0.0, 1, 0, i) for i in range(600)])
+    side = round(math.sqrt(0.25 * height * width))
+    assert (crops[:, 2] == side).all() and (crops[:, 3] == side).all()
+    assert set(crops[:, 0].tolist()) == set(range(height - side + 1))
+    assert set(crops[:, 1].tolist()) == set(range(width - side + 1))
+    assert center_crop(100, 60, 0.875) == (24, 4, 52, 52, False)
 
 
 def test_random_resized_crop_follows_torchvision() -> None:
@@ -144,6 +148,17 @@ def test_draws_do_not_depend_on_threads_batch_position_or_rank(betons: dict[str,
     resumed, _ = _epoch(betons["jpg"], train=True, epoch=2, start=2)
     assert torch.equal(resumed, one[8:])
     assert not torch.equal(_epoch(betons["jpg"], train=True, epoch=3)[0], one)
+
+
+@pytest.mark.slow
+def test_one_loader_moves_between_epochs_like_fresh_ones(betons: dict[str, Path]) -> None:
+    """The training loop keeps one loader for the whole run: the epoch must reach the compiled code every time,
+    not only when it is compiled."""
+    loader = FFCVLoader(betons["jpg"], 4, 0, 1, 2, seed=SEED, train=True, img_size=OUT, mean=(0.0,) * 3,
+                        std=(1 / 255,) * 3)
+    for epoch, start in ((2, 0), (3, 0), (2, 2), (0, 1)):
+        images = torch.cat([x.clone() for x, _ in loader.iter_epoch(epoch, start)])
+        assert torch.equal(images, _epoch(betons["jpg"], train=True, epoch=epoch, workers=2, start=start)[0])
 
 
 @pytest.mark.slow

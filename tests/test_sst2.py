@@ -22,7 +22,7 @@ transformers = pytest.importorskip("transformers")
 POSITIVE = ["good", "great", "wonderful", "delightful", "brilliant"]
 NEGATIVE = ["bad", "awful", "terrible", "boring", "dreadful"]
 FILLER = ["the", "movie", "film", "plot", "acting", "was", "really", "quite", "a", "story", "and", "it", "felt",
-          "so", "cast", "ending", "this", "very", "overall", "script"]
+          "so", "cast", "ending", "this", "very", "overall", "script", "naïve"]  # real SST-2 has accented words
 TINY_BERT = ["model.source=hf", "model.name=bert", "model.kwargs.hidden_size=32", "model.kwargs.num_hidden_layers=1",
              "model.kwargs.num_attention_heads=2", "model.kwargs.intermediate_size=64",
              "model.kwargs.max_position_embeddings=32"]
@@ -63,6 +63,7 @@ def test_reads_glue_tsv(tmp_path: Path) -> None:
     ("a fine film\tyes", "train.tsv:3: label 'yes' is not 0 or 1"),
     ("a fine film", "train.tsv:3: 1 tab-separated fields, the header has 2"),
     ("a fine\tfilm\t1", "train.tsv:3: 3 tab-separated fields, the header has 2"),
+    ("  \t1", "train.tsv:3: empty sentence"),
 ])
 def test_bad_lines_name_file_and_line(tmp_path: Path, line: str, needle: str) -> None:
     path = tmp_path / "train.tsv"

@@ -86,6 +86,28 @@ def test_every_sentence_once_with_the_raw_ids_and_exact_resume(converted: Path, 
     assert dev == Counter(_rows(raw_dev.input_ids, raw_dev.labels))
 
 
+def test_text_dataset_refuses_empty_sentences() -> None:
+    from sigmanens_dist.data.sst2 import TextDataset
+
+    with pytest.raises(ValueError, match="sentence 1 is empty"):
+        TextDataset(["fine", " "], [0, 1])  # every format would store it, but differently
+
+
+def test_damaged_or_other_kind_of_beton_is_named(converted: Path, tmp_path: Path) -> None:
+    pytest.importorskip("ffcv")
+    from sigmanens_dist.data.ffcv_io import check_beton
+
+    good = converted / "ffcv" / "train.beton"
+    assert check_beton(good, "text") == N_TRAIN
+    cut = tmp_path / "cut.beton"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size * 2 // 3])
+    with pytest.raises(ValueError, match=r"cut\.beton: corrupt or truncated \.beton \(allocation table .*"
+                                         r"re-run write_text_beton\(\)"):
+        check_beton(cut, "text")
+    with pytest.raises(ValueError, match=r"expected \{'image': 2, 'label': 1\} for image data"):
+        check_beton(good, "image")
+
+
 def test_converted_text_without_a_tokenizer_says_where_it_comes_from(converted: Path, tmp_path: Path) -> None:
     import shutil
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numba
 import numpy as np
-from ffcv.fields.rgb_image import IMAGE_MODES, SimpleRGBImageDecoder
+from ffcv.fields.rgb_image import IMAGE_MODES, SimpleRGBImageDecoder, get_center_crop
 from ffcv.libffcv import imdecode, lib, resize_crop
 from ffcv.pipeline.allocation_query import AllocationQuery
 from ffcv.pipeline.compiler import Compiler
@@ -76,12 +76,14 @@ def random_resized_crop(height: int, width: int, scale_lo: float, scale_hi: floa
     return (height - h) // 2, (width - w) // 2, h, w, flip
 
 
-@numba.njit(cache=True)
+_ffcv_center_crop = numba.njit(get_center_crop)
+
+
+@numba.njit
 def center_crop(height: int, width: int, ratio: float) -> tuple[int, int, int, int, bool]:
-    """``(top, left, c, c, False)``: the centred square of side ``ratio`` × the shorter side, as FFCV's
-    ``CenterCropRGBImageDecoder`` takes it."""
-    c = int(ratio * min(height, width))
-    return (height - c) // 2, (width - c) // 2, c, c, False
+    """``(top, left, c, c, False)``: FFCV's own centre crop (``CenterCropRGBImageDecoder``), with no flip."""
+    top, left, h, w = _ffcv_center_crop(height, width, None, ratio)
+    return top, left, h, w, False
 
 
 def _copy_by_address() -> Callable[[int, int, int], None]:

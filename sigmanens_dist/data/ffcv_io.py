@@ -57,8 +57,6 @@ def _text_fields(dataset: Dataset, index: int) -> tuple[np.ndarray, int, int]:
     """``(UTF-8 bytes, their length, label)``: FFCV's bytes decoder pads to the longest sample and keeps no length."""
     text, label = dataset[index]
     data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-    if data.size == 0:
-        raise ValueError(f"sample {index} is an empty sentence")
     return data, data.size, int(label)
 
 
@@ -217,11 +215,14 @@ def check_beton(path: Path | str, kind: Literal["image", "text"] = "image") -> i
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such .beton file; write one with write_beton()")
+        raise FileNotFoundError(f"{path}: no such .beton file; write one with "
+                                f"{'write_beton()' if kind == 'image' else 'write_text_beton()'}")
     size = path.stat().st_size
 
+    writer = "write_beton()" if kind == "image" else "write_text_beton() (sigmanens data convert --dataset sst2)"
+
     def bad(why: str) -> ValueError:
-        return ValueError(f"{path}: corrupt or truncated .beton ({why}); re-run write_beton()")
+        return ValueError(f"{path}: corrupt or truncated .beton ({why}); re-run {writer}")
 
     if size < HeaderType.itemsize:
         raise bad(f"{size} bytes, shorter than the {HeaderType.itemsize}-byte header")
@@ -404,7 +405,8 @@ class FFCVTextLoader(_BetonStream):
     def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[Any, torch.Tensor]]:
         """Batches ``start_batch .. len() - 1`` of ``epoch``, the same samples in the same order as a full pass."""
         for text, length, label in self._batches(self._loader, epoch, start_batch):
-            n = len(label)  # FFCV's bytes decoder returns its whole buffer, even for a short last batch
+            # Rows of ``text`` are padded to the longest sentence in the file; ``length`` says where each one ends.
+            n = len(label)
             sentences = [bytes(text[i, :int(length[i, 0])]).decode("utf-8") for i in range(n)]
             # Copies: FFCV's buffers are reused a few batches later.
             yield self.batcher(sentences), torch.tensor(label[:n, 0], dtype=torch.int64)

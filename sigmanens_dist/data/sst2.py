@@ -31,9 +31,6 @@ __all__ = ["SPECIAL_TOKENS", "SST2_CLASSES", "Sst2Dataset", "TextBatcher", "Text
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 SST2_CLASSES = ("negative", "positive")
 TOKENIZER_DIR = "tokenizer"
-# Tokenizers run in DataLoader workers, forked from a parent that may already have used the tokenizers library's
-# thread pool; that library then disables itself with a warning per worker. Its parallelism buys nothing here.
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def read_sst2_tsv(path: Path) -> tuple[list[str], list[int]]:
@@ -61,6 +58,8 @@ def read_sst2_tsv(path: Path) -> tuple[list[str], list[int]]:
         label = fields[l_col].strip()
         if label not in ("0", "1"):
             raise ValueError(f"{path}:{number}: label {label!r} is not 0 or 1")
+        if not fields[s_col].strip():
+            raise ValueError(f"{path}:{number}: empty sentence")
         sentences.append(fields[s_col])
         labels.append(int(label))
     if not sentences:
@@ -129,7 +128,8 @@ def load_tokenizer(tokenizer_dir: Path | None, root: Path) -> Any:
 def save_default_tokenizer(root: Path, out: Path) -> Path:
     """Saves the tokenizer a run on ``root`` uses when ``data.tokenizer`` is unset (``root/tokenizer/``, or one
     trained on ``root/train.tsv``, as :func:`load_tokenizer` would, without writing into ``root``) to
-    ``out/tokenizer/``, replacing it atomically; returns that folder."""
+    ``out/tokenizer/``; returns that folder. A complete tokenizer is always at that path, except between two
+    renames when one is replaced."""
     from transformers import AutoTokenizer
 
     existing = Path(root) / TOKENIZER_DIR
@@ -139,12 +139,15 @@ def save_default_tokenizer(root: Path, out: Path) -> Path:
         tokenizer = train_wordpiece(read_sst2_tsv(Path(root) / "train.tsv")[0])
     target = Path(out) / TOKENIZER_DIR
     tmp = Path(tempfile.mkdtemp(dir=out, prefix=f".{TOKENIZER_DIR}."))
+    old = tmp.with_name(tmp.name + ".old")
     try:
         tokenizer.save_pretrained(str(tmp))
-        shutil.rmtree(target, ignore_errors=True)
+        if target.exists():
+            os.rename(target, old)  # a folder cannot be renamed over a non-empty one: set the old one aside first
         os.rename(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
     return target
 
 
@@ -153,6 +156,10 @@ class TextBatcher:
     truncated): the one tokenisation every text reader uses, so raw, FFCV and webdataset data give the same ids."""
 
     def __init__(self, tokenizer: Any, max_length: int) -> None:
+        # Batchers run in DataLoader workers, forked from a parent that may already have used the tokenizers
+        # library's thread pool; it then disables itself in each worker with a warning. Its threads buy nothing on
+        # one batch of short sentences, so they stay off in any process that tokenises text for training.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.tokenizer, self.max_length = tokenizer, max_length
 
     def __call__(self, sentences: list[str]) -> dict[str, torch.Tensor]:
@@ -170,6 +177,9 @@ class TextDataset(Dataset):
     def __init__(self, sentences: list[str], labels: list[int]) -> None:
         if len(sentences) != len(labels):
             raise ValueError(f"{len(sentences)} sentences but {len(labels)} labels")
+        empty = next((i for i, s in enumerate(sentences) if not s.strip()), None)
+        if empty is not None:
+            raise ValueError(f"sentence {empty} is empty")
         self.sentences, self.labels = sentences, labels
 
     def __len__(self) -> int:
