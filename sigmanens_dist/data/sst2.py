@@ -111,17 +111,7 @@ def load_tokenizer(tokenizer_dir: Path | None, root: Path) -> Any:
         return AutoTokenizer.from_pretrained(str(tokenizer_dir))
     target = Path(root) / TOKENIZER_DIR
     if not (target / "tokenizer.json").is_file():
-        sentences, _ = read_sst2_tsv(Path(root) / "train.tsv")
-        tokenizer = train_wordpiece(sentences)
-        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{TOKENIZER_DIR}."))
-        try:
-            tokenizer.save_pretrained(str(tmp))
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "tokenizer.json").is_file():  # not a lost race: a real failure (read-only root, …)
-                raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        _save_into_place(train_wordpiece(read_sst2_tsv(Path(root) / "train.tsv")[0]), target, replace=False)
     return AutoTokenizer.from_pretrained(str(target))
 
 
@@ -133,22 +123,31 @@ def save_default_tokenizer(root: Path, out: Path) -> Path:
     from transformers import AutoTokenizer
 
     existing = Path(root) / TOKENIZER_DIR
-    if (existing / "tokenizer.json").is_file():
-        tokenizer = AutoTokenizer.from_pretrained(str(existing))
-    else:
-        tokenizer = train_wordpiece(read_sst2_tsv(Path(root) / "train.tsv")[0])
+    tokenizer = (AutoTokenizer.from_pretrained(str(existing)) if (existing / "tokenizer.json").is_file()
+                 else train_wordpiece(read_sst2_tsv(Path(root) / "train.tsv")[0]))
     target = Path(out) / TOKENIZER_DIR
-    tmp = Path(tempfile.mkdtemp(dir=out, prefix=f".{TOKENIZER_DIR}."))
+    _save_into_place(tokenizer, target, replace=True)
+    return target
+
+
+def _save_into_place(tokenizer: Any, target: Path, replace: bool) -> None:
+    """Saves to a temporary folder beside ``target`` and renames it into place, so ``target`` never holds a
+    half-written tokenizer. ``replace=False`` keeps a ``target`` that appeared meanwhile (ranks racing to write the
+    same tokenizer); ``replace=True`` sets the old one aside first (a folder cannot be renamed over a non-empty
+    one) and deletes it once the new one is in place."""
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
     old = tmp.with_name(tmp.name + ".old")
     try:
         tokenizer.save_pretrained(str(tmp))
-        if target.exists():
-            os.rename(target, old)  # a folder cannot be renamed over a non-empty one: set the old one aside first
+        if replace and target.exists():
+            os.rename(target, old)
         os.rename(tmp, target)
+    except OSError:
+        if replace or not (target / "tokenizer.json").is_file():  # not a lost race: a real failure (read-only, …)
+            raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
-    return target
 
 
 class TextBatcher:
