@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -26,7 +27,15 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from sigmanens_dist.checkpoint import EXIT_PREEMPTED, CheckpointManager, PreemptionFlag, capture_rng, restore_rng
+from sigmanens_dist.checkpoint import (
+    EXIT_PREEMPTED,
+    CheckpointManager,
+    PreemptionFlag,
+    capture_rng,
+    clear_preempted_marker,
+    restore_rng,
+    write_preempted_marker,
+)
 from sigmanens_dist.config import Config, flatten, load_config, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.distributed import DistEnv, all_gather_object, any_rank, init_distributed
@@ -52,9 +61,12 @@ class Position:
 
 
 def run(cfg: Config) -> int:
+    preempt = PreemptionFlag()  # first: a signal during set-up must not kill the process
     env = init_distributed(cfg.strategy.backend)
     _setup_logging(env)
     run_dir = Path(cfg.run_dir)
+    if env.is_main:
+        clear_preempted_marker(run_dir)
     ckpt = CheckpointManager(run_dir, cfg.checkpoint.keep_last)
     if cfg.checkpoint.resume == "none" and ckpt.checkpoints():
         raise FileExistsError(f"run_dir={run_dir} already holds checkpoints of an earlier run; continue it with "
@@ -141,7 +153,6 @@ def run(cfg: Config) -> int:
         return metrics
 
     # -- the loop ------------------------------------------------------------------------------------------------
-    preempt = PreemptionFlag()
     batches = _micro_batches(data.train, pos)
     autocast = _autocast(cfg, env)
     bar = tqdm(total=total_steps, initial=pos.step, disable=not env.is_main, desc="train", dynamic_ncols=True,
@@ -210,12 +221,16 @@ def run(cfg: Config) -> int:
             if _due(pos.step, cfg.checkpoint.every_steps, epoch_done):
                 save(nll)
         if any_rank(preempt.raised, env):
+            t_save = time.perf_counter()
+            signums = [s for s in all_gather_object(preempt.signum, env) if s is not None]  # any rank's signal
             save()
             bar.close()
             tracker.finish("KILLED")
             if env.is_main:
-                log.warning("checkpointed at step %d after a signal; exiting with status %d", pos.step,
-                            EXIT_PREEMPTED)
+                seconds = time.perf_counter() - t_save
+                write_preempted_marker(run_dir, pos.step, min(signums, key=lambda s: s != signal.SIGTERM), seconds)
+                log.warning("checkpointed at step %d after a signal (checkpoint and MLflow flush took %.1f s); "
+                            "exiting with status %d", pos.step, seconds, EXIT_PREEMPTED)
             return EXIT_PREEMPTED
 
     bar.close()
@@ -343,6 +358,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = load_config(args.config, overrides)
     try:
         return run(cfg)
+    except Exception:
+        mlflow = sys.modules.get("mlflow")  # rank 0's run, if one was started: a crash leaves it FAILED, not RUNNING
+        if mlflow is not None and mlflow.active_run() is not None:
+            mlflow.end_run("FAILED")
+        raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

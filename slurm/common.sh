@@ -1,0 +1,156 @@
+# shellcheck shell=bash
+# Shared by the batch scripts in slurm/ (sourced, not run): launch one torchrun agent per node, turn Slurm's warning
+# signal into a checkpoint and a requeue, retry crashes a bounded number of times. See docs/slurm.md.
+#
+# The batch script must, as its first command, install the flag-only traps
+#     trap 'SIGMANENS_GOT_USR1=1' USR1; trap 'SIGMANENS_GOT_TERM=1' TERM
+# (on a requeued run the warning can arrive at once), then source this file and call
+#     sigmanens_slurm_main CONFIG [key=value overrides...]
+#
+# Environment variables (all optional):
+#   SIGMANENS_ROOT            repository checkout on the shared file system (default: the sbatch submit directory)
+#   SIGMANENS_PYTHON          python with sigmanens_dist installed (default: python on PATH)
+#   SIGMANENS_CONFIG          recipe, overriding the script's default
+#   SIGMANENS_RUN_NAME        run name (default: the recipe's file name without .yaml)
+#   SIGMANENS_RUNS_ROOT       where run directories go (default: $SIGMANENS_ROOT/runs); must be shared by all nodes
+#   SIGMANENS_RUN_DIR         the exact run directory (default: $SIGMANENS_RUNS_ROOT/<name>-<job id>, array
+#                             elements <name>-<array job id>_<task id>): a requeued job finds its checkpoints here
+#   SIGMANENS_NPROC_PER_NODE  processes per node (default: $SLURM_GPUS_ON_NODE, else 1)
+#   SIGMANENS_RDZV_PORT       rendezvous port (default: 20000 + job id mod 20000, so jobs sharing a host differ)
+#   SIGMANENS_SHUTDOWN_TIMEOUT seconds torchrun waits for workers after forwarding a signal before SIGKILL
+#                             (default 300; must exceed the checkpoint time the trainer logs)
+#   SIGMANENS_MAX_RETRIES     requeues after failures that made no checkpoint progress (default 3)
+#   MLFLOW_TRACKING_URI       tracking server (default: sqlite beside the run directories; use a server for arrays)
+#   OMP_NUM_THREADS           default: cpus per task / processes per node
+
+SIGMANENS_SIGNALS="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+SIGMANENS_EXIT_PREEMPTED=75
+
+_sm_log() { echo "[sigmanens-slurm $(date +%H:%M:%S) job ${SLURM_JOB_ID:-?} restart ${SLURM_RESTART_COUNT:-0}] $*"; }
+
+# Newest checkpoint step in $1 (0 when there is none).
+_sm_ckpt_step() {
+  local newest
+  newest="$(find "$1/checkpoints" -maxdepth 1 -name 'step_*.pt' 2>/dev/null | sort | tail -n 1)"
+  [ -n "$newest" ] || { echo 0; return; }
+  newest="${newest##*/step_}"
+  echo "$((10#${newest%.pt}))"
+}
+
+# How many of the latest attempts in the attempts log $1 failed without checkpoint progress, back to the last one
+# that progressed.
+_sm_failures_without_progress() {
+  [ -s "$1" ] || { echo 0; return; }
+  awk '{ if ($5 != "preempted" && $5 != "finished" && $3 == $4) n++; else n = 0 } END { print n + 0 }' "$1"
+}
+
+# Requeue after a failure unless more than $2 attempts in a row made no checkpoint progress; then exit $3.
+_sm_retry_or_stop() {
+  local stuck
+  stuck="$(_sm_failures_without_progress "$1")"
+  if [ "$stuck" -gt "$2" ]; then
+    _sm_log "$4; $stuck attempts in a row without checkpoint progress (SIGMANENS_MAX_RETRIES=$2): giving up"
+    exit "$3"
+  fi
+  _sm_requeue "$4 (attempt $stuck without progress; at most $(($2 + 1)))"
+}
+
+# Address of the first node of the allocation: node names need not resolve, NodeAddr is what slurmd listens on.
+_sm_head_addr() {
+  local first addr
+  first="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+  addr="$(scontrol show node "$first" | grep -o 'NodeAddr=[^ ]*' | head -n 1 | cut -d= -f2)"
+  echo "${addr:-$first}"
+}
+
+_sm_requeue() {
+  _sm_log "requeueing: $*"
+  if scontrol requeue "$SLURM_JOB_ID"; then
+    exit 0
+  fi
+  _sm_log "scontrol requeue $SLURM_JOB_ID failed (was the job submitted with --requeue?); exiting"
+  exit "$SIGMANENS_EXIT_PREEMPTED"
+}
+
+sigmanens_slurm_main() {
+  local config="${SIGMANENS_CONFIG:-$1}"
+  shift
+  : "${SLURM_JOB_ID:?run this through sbatch (SLURM_JOB_ID is not set)}"
+  local root="${SIGMANENS_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}"
+  local python="${SIGMANENS_PYTHON:-python}"
+  [ "${config#/}" != "$config" ] || config="$root/$config"
+  [ -f "$config" ] || { _sm_log "SIGMANENS_CONFIG=$config: no such file"; exit 2; }
+  local name="${SIGMANENS_RUN_NAME:-$(basename "$config" .yaml)}"
+  local key="$SLURM_JOB_ID"
+  [ -z "${SLURM_ARRAY_JOB_ID:-}" ] || key="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+  local run_dir="${SIGMANENS_RUN_DIR:-${SIGMANENS_RUNS_ROOT:-$root/runs}/$name-$key}"
+  local marker="$run_dir/preempted.json" attempts="$run_dir/slurm_attempts.log"
+  local max_retries="${SIGMANENS_MAX_RETRIES:-3}"
+  mkdir -p "$run_dir"
+
+  local nproc="${SIGMANENS_NPROC_PER_NODE:-${SLURM_GPUS_ON_NODE:-0}}"
+  [ "$nproc" -ge 1 ] 2>/dev/null || nproc=1
+  local nnodes="${SLURM_NNODES:-1}" cpus="${SLURM_CPUS_PER_TASK:-1}"
+  export SRUN_CPUS_PER_TASK="$cpus"  # 22.05's srun does not inherit the job's --cpus-per-task
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$((cpus / nproc > 0 ? cpus / nproc : 1))}"
+  export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"  # a dead peer ends the job
+  export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+  export PYTHONUNBUFFERED=1
+  local head port
+  head="$(_sm_head_addr)"
+  port="${SIGMANENS_RDZV_PORT:-$((20000 + SLURM_JOB_ID % 20000))}"
+  local start_step
+  start_step="$(_sm_ckpt_step "$run_dir")"
+  _sm_log "run_dir=$run_dir nodes=$nnodes nproc_per_node=$nproc head=$head:$port resume_from_step=$start_step"
+
+  if [ -n "${SIGMANENS_GOT_USR1:-}" ]; then  # the warning came before training started: no time left to train
+    echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_ID $start_step $start_step signalled-before-start" >> "$attempts"
+    _sm_retry_or_stop "$attempts" "$max_retries" "$SIGMANENS_EXIT_PREEMPTED" "SIGUSR1 arrived before training started"
+  fi
+  rm -f "$marker"  # only this attempt's trainer may write it
+
+  # srun in its own session: a signal to the batch step's process group must not reach it, so each signal reaches
+  # torchrun exactly once (a second one makes torchrun abandon workers that are still checkpointing).
+  setsid srun --ntasks="$nnodes" --ntasks-per-node=1 --kill-on-bad-exit=0 \
+    "$python" -m torch.distributed.run --nnodes="$nnodes" --nproc-per-node="$nproc" \
+    --rdzv-backend=c10d --rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID" --max-restarts=0 \
+    --signals-to-handle="$SIGMANENS_SIGNALS" --shutdown-timeout="${SIGMANENS_SHUTDOWN_TIMEOUT:-300}" \
+    -m sigmanens_dist.train --config "$config" --resume auto "run_dir=$run_dir" "$@" &
+  local srun_pid=$! forwarded="" rc
+  # bash runs a trap only between commands, and `wait` returns early (status > 128) when one fires: loop.
+  while :; do
+    if [ -n "${SIGMANENS_GOT_USR1:-}" ] && [ -z "$forwarded" ]; then
+      _sm_log "SIGUSR1: asking the trainer to checkpoint and stop"
+      kill -USR1 "$srun_pid" 2>/dev/null || true  # srun forwards it to torchrun on every node
+      forwarded=1
+    fi
+    wait "$srun_pid"
+    rc=$?
+    kill -0 "$srun_pid" 2>/dev/null || break
+  done
+  local end_step
+  end_step="$(_sm_ckpt_step "$run_dir")"
+  _sm_log "srun exited with status $rc; checkpoint step $start_step -> $end_step"
+
+  if [ -s "$marker" ]; then
+    _sm_log "trainer checkpointed after a signal: $(cat "$marker")"
+    echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_ID $start_step $end_step preempted" >> "$attempts"
+    if [ -n "${SIGMANENS_GOT_TERM:-}" ] || ! grep -q '"SIGUSR1"' "$marker"; then
+      # SIGTERM: a user's scancel (no requeue) or Slurm's own preemption (Slurm requeues by itself).
+      _sm_log "stopped by SIGTERM: not requeueing"
+      exit "$SIGMANENS_EXIT_PREEMPTED"
+    fi
+    _sm_requeue "the time-limit/preemption warning (SIGUSR1) was answered with a checkpoint at step $end_step"
+  fi
+  if [ "$rc" = 0 ] || [ -s "$run_dir/final_metrics.json" ]; then
+    echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_ID $start_step $end_step finished" >> "$attempts"
+    _sm_log "training finished"
+    exit 0
+  fi
+  echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_ID $start_step $end_step failed" >> "$attempts"
+  if [ -n "${SIGMANENS_GOT_TERM:-}" ]; then
+    _sm_log "failed after SIGTERM: not requeueing"
+    exit "$rc"
+  fi
+  _sm_retry_or_stop "$attempts" "$max_retries" "$rc" "training failed with status $rc"
+}
