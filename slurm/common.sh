@@ -101,7 +101,7 @@ sigmanens_slurm_main() {
   port="${SIGMANENS_RDZV_PORT:-$((20000 + SLURM_JOB_ID % 20000))}"
   local start_step
   start_step="$(_sm_ckpt_step "$run_dir")"
-  _sm_log "run_dir=$run_dir nodes=$nnodes nproc_per_node=$nproc head=$head:$port resume_from_step=$start_step"
+  _sm_log "run_dir=$run_dir nodes=$nnodes (${SLURM_JOB_NODELIST:-?}) nproc_per_node=$nproc head=$head:$port resume_from_step=$start_step"
 
   if [ -n "${SIGMANENS_GOT_USR1:-}" ]; then  # the warning came before training started: no time left to train
     echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_ID $start_step $start_step signalled-before-start" >> "$attempts"

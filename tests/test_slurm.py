@@ -1,0 +1,141 @@
+"""slurm/*.sh end to end on a real two-node Slurm cluster (launch/slurm_local.sh): preemption → checkpoint → requeue →
+exact resume, a user's scancel, bounded retries of a crashing job. CPU and gloo; the scripts run unchanged, only their
+GPU and CPU directives are overridden at submission. The test cluster uses proctrack/pgid."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, SYNTHETIC, TINY_VIT, env, losses, torchrun
+from tests.slurm_cluster import SlurmCluster, bring_up, can_run
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(can_run() is not None, reason=str(can_run()))]
+
+STEPS = 48
+# A tiny ViT on generated data, on CPU; checkpoints every 2 steps so a signal lands between checkpoints mid-run.
+OVERRIDES = [*TINY_VIT, *SYNTHETIC, "data.format=raw", f"train.max_steps={STEPS}", "train.batch_size=16",
+             "train.log_every_steps=1", "checkpoint.every_steps=2", "train.amp=none", "strategy.backend=gloo",
+             "train.ema_decay=null", "train.mixup_alpha=0", "train.cutmix_alpha=0", "train.randaugment=null",
+             "train.label_smoothing=0", "schedule.warmup_steps=2"]
+NO_GPUS = ["--gpus-per-node=0", "--cpus-per-task=1", "--time=15"]  # the test nodes have no GPUs and few CPUs
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    yield from bring_up(tmp_path_factory.mktemp("slurm"))
+
+
+def _wait_for(done: Callable[[], bool], job: int, cluster: SlurmCluster, timeout: float = 300) -> None:
+    """Poll ``done`` (fast: the signal must land mid-run) while the job is alive."""
+    deadline = time.time() + timeout
+    while not done():
+        state = cluster.job(job)["JobState"]
+        assert state in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING"), f"job {job} ended ({state}) too early"
+        assert time.time() < deadline, f"nothing happened within {timeout} s"
+        time.sleep(0.05)
+
+
+def _attempts(run_dir: Path) -> list[list[str]]:
+    """``slurm_attempts.log``: restart count, job id, start step, end step, outcome."""
+    return [line.split() for line in (run_dir / "slurm_attempts.log").read_text().splitlines()]
+
+
+def _mlflow_runs(runs_root: Path) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{runs_root / 'mlflow.db'}")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    return [(r, client) for r in client.search_runs(experiments)]
+
+
+def test_preempted_twice_requeues_and_resumes_exactly(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Two torchrun agents (n1, n2) train together; the time-limit warning through the batch shell (what
+    --signal=B:USR1 does) and then through the steps (--signal=USR1 without B:, or cgroup clusters) each give a
+    checkpoint and a requeue; the run ends with the losses of an uninterrupted run and one MLflow run."""
+    runs = tmp_path / "runs"
+    config = "configs/imagenet_vit.yaml"
+    # The uninterrupted reference, alongside: same recipe, same world size, plain torchrun.
+    with (tmp_path / "straight.log").open("w") as log:
+        straight = subprocess.Popen([*torchrun(2), "-m", "sigmanens_dist.train", "--config", config,
+                                     f"run_dir={tmp_path / 'straight'}", "tracking.enabled=false", *OVERRIDES],
+                                    cwd=REPO, env=env(), stdout=log, stderr=subprocess.STDOUT)
+    job_env = slurm.env(SIGMANENS_RUNS_ROOT=str(runs))
+    job = slurm.sbatch(tmp_path, "--nodes=2", *NO_GPUS, str(REPO / "slurm/imagenet_vit.sh"), *OVERRIDES, env=job_env)
+    run = runs / f"imagenet_vit-{job}"
+    out = tmp_path / f"slurm-sigmanens-imagenet-vit-{job}.out"
+
+    _wait_for(lambda: (run / "checkpoints" / "step_00000004.pt").exists(), job, slurm)
+    slurm.run("scancel", "--batch", "--signal=USR1", str(job))
+    _wait_for(lambda: (run / "slurm_attempts.log").exists(), job, slurm)  # attempt 1 answered; the requeue follows
+    again = (int(_attempts(run)[0][3]) // 2 + 3) * 2  # a checkpoint the resumed attempt writes a few steps later
+    _wait_for(lambda: (run / "checkpoints" / f"step_{again:08d}.pt").exists(), job, slurm)
+    slurm.run("scancel", "--signal=USR1", str(job))
+    info = slurm.wait_done(job, timeout=400)
+    log = out.read_text()
+
+    assert info["JobState"] == "COMPLETED", log[-4000:]
+    assert info["Restarts"] == "2", log[-4000:]
+    assert info["NodeList"] == "n[1-2]"
+    assert straight.wait(timeout=300) == 0, (tmp_path / "straight.log").read_text()[-3000:]
+    attempts = _attempts(run)
+    assert [a[4] for a in attempts] == ["preempted", "preempted", "finished"], attempts
+    markers = [json.loads(line.split("after a signal: ")[1]) for line in log.splitlines() if "after a signal: " in line]
+    assert [(m["step"], m["signal"]) for m in markers] == [(int(a[3]), "SIGUSR1") for a in attempts[:2]], log[-4000:]
+    # Each attempt resumed exactly where the previous one checkpointed, and the preemptions came mid-run.
+    assert attempts[1][2] == attempts[0][3] and attempts[2][2] == attempts[1][3], attempts
+    assert 0 < int(attempts[0][3]) < int(attempts[1][3]) < STEPS, attempts
+    assert not (run / "preempted.json").exists(), "the resumed trainer must clear the old marker"
+    assert losses(run) == losses(tmp_path / "straight")
+    assert sorted(losses(run)) == list(range(1, STEPS + 1))
+
+    [(mlrun, client)] = _mlflow_runs(runs)
+    assert mlrun.info.status == "FINISHED"
+    assert mlrun.data.tags["world_size"] == "2"
+    steps = [m.step for m in client.get_metric_history(mlrun.info.run_id, "train/loss")]
+    assert sorted(steps) == list(range(1, STEPS + 1)), "one MLflow run with every step exactly once"
+
+
+def test_user_scancel_is_not_requeued(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """scancel (SIGTERM to the batch shell and the steps): the trainer checkpoints, the MLflow run is KILLED, and the
+    script does not requeue. Uses the one-node script."""
+    runs = tmp_path / "runs"
+    job = slurm.sbatch(tmp_path, *NO_GPUS, str(REPO / "slurm/cifar100_wrn.sh"), *OVERRIDES,
+                       env=slurm.env(SIGMANENS_RUNS_ROOT=str(runs)))
+    run = runs / f"cifar100_wrn-{job}"
+    _wait_for(lambda: (run / "checkpoints" / "step_00000004.pt").exists(), job, slurm)
+    slurm.run("scancel", str(job))
+    deadline = time.time() + 120
+    while not (run / "slurm_attempts.log").exists():  # the batch script's decision, after srun returned
+        assert time.time() < deadline, "the batch script never recorded the attempt"
+        time.sleep(0.5)
+    info = slurm.wait_done(job, timeout=120)
+    log = (tmp_path / f"slurm-sigmanens-cifar100-wrn-{job}.out").read_text()
+    assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", log[-4000:]
+    assert [a[4] for a in _attempts(run)] == ["preempted"]
+    assert json.loads((run / "preempted.json").read_text())["signal"] == "SIGTERM"
+    assert "not requeueing" in log
+    [(mlrun, _)] = _mlflow_runs(runs)
+    assert mlrun.info.status == "KILLED"
+
+
+def test_crashing_job_is_retried_a_bounded_number_of_times(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """A model that rejects the data's image size fails at its first forward pass (after set-up, not at config
+    time): one retry (SIGMANENS_MAX_RETRIES=1), then the job fails, and every MLflow run it started is FAILED."""
+    runs = tmp_path / "runs"
+    job = slurm.sbatch(tmp_path, *NO_GPUS, str(REPO / "slurm/cifar100_wrn.sh"), *OVERRIDES,
+                       "model.kwargs.img_size=32", env=slurm.env(SIGMANENS_RUNS_ROOT=str(runs),
+                                                                  SIGMANENS_MAX_RETRIES="1"))
+    info = slurm.wait_done(job, timeout=400)
+    log = (tmp_path / f"slurm-sigmanens-cifar100-wrn-{job}.out").read_text()
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "1", log[-4000:]
+    run = runs / f"cifar100_wrn-{job}"
+    assert [a[4] for a in _attempts(run)] == ["failed", "failed"]
+    assert "giving up" in log
+    mlruns = _mlflow_runs(runs)
+    assert len(mlruns) == 2 and {r.info.status for r, _ in mlruns} == {"FAILED"}
