@@ -31,6 +31,16 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     yield from bring_up(tmp_path_factory.mktemp("slurm"))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def crashing_job(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
+    """Submitted before the first test so that its attempts overlap the others: a model that rejects the data's image
+    size fails at its first forward pass (after set-up, not at config time), with one retry allowed."""
+    tmp = tmp_path_factory.mktemp("crash")
+    job = slurm.sbatch(tmp, *NO_GPUS, str(REPO / "slurm/cifar100_wrn.sh"), *OVERRIDES, "model.kwargs.img_size=32",
+                       env=slurm.env(SIGMANENS_RUNS_ROOT=str(tmp / "runs"), SIGMANENS_MAX_RETRIES="1"))
+    return job, tmp
+
+
 def _wait_for(done: Callable[[], bool], job: int, cluster: SlurmCluster, timeout: float = 300) -> None:
     """Poll ``done`` (fast: the signal must land mid-run) while the job is alive."""
     deadline = time.time() + timeout
@@ -52,6 +62,29 @@ def _mlflow_runs(runs_root: Path) -> list:
     client = MlflowClient(f"sqlite:///{runs_root / 'mlflow.db'}")
     experiments = [e.experiment_id for e in client.search_experiments()]
     return [(r, client) for r in client.search_runs(experiments)]
+
+
+def test_user_scancel_is_not_requeued(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """scancel (SIGTERM to the batch shell and the steps): the trainer checkpoints, the MLflow run is KILLED, and the
+    script does not requeue. Uses the one-node script."""
+    runs = tmp_path / "runs"
+    job = slurm.sbatch(tmp_path, *NO_GPUS, str(REPO / "slurm/cifar100_wrn.sh"), *OVERRIDES,
+                       env=slurm.env(SIGMANENS_RUNS_ROOT=str(runs)))
+    run = runs / f"cifar100_wrn-{job}"
+    _wait_for(lambda: (run / "checkpoints" / "step_00000004.pt").exists(), job, slurm)
+    slurm.run("scancel", str(job))
+    deadline = time.time() + 120
+    while not (run / "slurm_attempts.log").exists():  # the batch script's decision, after srun returned
+        assert time.time() < deadline, "the batch script never recorded the attempt"
+        time.sleep(0.5)
+    info = slurm.wait_done(job, timeout=120)
+    log = (tmp_path / f"slurm-sigmanens-cifar100-wrn-{job}.out").read_text()
+    assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", log[-4000:]
+    assert [a[4] for a in _attempts(run)] == ["preempted"]
+    assert json.loads((run / "preempted.json").read_text())["signal"] == "SIGTERM"
+    assert "not requeueing" in log
+    [(mlrun, _)] = _mlflow_runs(runs)
+    assert mlrun.info.status == "KILLED"
 
 
 def test_preempted_twice_requeues_and_resumes_exactly(slurm: SlurmCluster, tmp_path: Path) -> None:
@@ -101,41 +134,14 @@ def test_preempted_twice_requeues_and_resumes_exactly(slurm: SlurmCluster, tmp_p
     assert sorted(steps) == list(range(1, STEPS + 1)), "one MLflow run with every step exactly once"
 
 
-def test_user_scancel_is_not_requeued(slurm: SlurmCluster, tmp_path: Path) -> None:
-    """scancel (SIGTERM to the batch shell and the steps): the trainer checkpoints, the MLflow run is KILLED, and the
-    script does not requeue. Uses the one-node script."""
-    runs = tmp_path / "runs"
-    job = slurm.sbatch(tmp_path, *NO_GPUS, str(REPO / "slurm/cifar100_wrn.sh"), *OVERRIDES,
-                       env=slurm.env(SIGMANENS_RUNS_ROOT=str(runs)))
-    run = runs / f"cifar100_wrn-{job}"
-    _wait_for(lambda: (run / "checkpoints" / "step_00000004.pt").exists(), job, slurm)
-    slurm.run("scancel", str(job))
-    deadline = time.time() + 120
-    while not (run / "slurm_attempts.log").exists():  # the batch script's decision, after srun returned
-        assert time.time() < deadline, "the batch script never recorded the attempt"
-        time.sleep(0.5)
-    info = slurm.wait_done(job, timeout=120)
-    log = (tmp_path / f"slurm-sigmanens-cifar100-wrn-{job}.out").read_text()
-    assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", log[-4000:]
-    assert [a[4] for a in _attempts(run)] == ["preempted"]
-    assert json.loads((run / "preempted.json").read_text())["signal"] == "SIGTERM"
-    assert "not requeueing" in log
-    [(mlrun, _)] = _mlflow_runs(runs)
-    assert mlrun.info.status == "KILLED"
-
-
-def test_crashing_job_is_retried_a_bounded_number_of_times(slurm: SlurmCluster, tmp_path: Path) -> None:
-    """A model that rejects the data's image size fails at its first forward pass (after set-up, not at config
-    time): one retry (SIGMANENS_MAX_RETRIES=1), then the job fails, and every MLflow run it started is FAILED."""
-    runs = tmp_path / "runs"
-    job = slurm.sbatch(tmp_path, *NO_GPUS, str(REPO / "slurm/cifar100_wrn.sh"), *OVERRIDES,
-                       "model.kwargs.img_size=32", env=slurm.env(SIGMANENS_RUNS_ROOT=str(runs),
-                                                                  SIGMANENS_MAX_RETRIES="1"))
+def test_crashing_job_is_retried_a_bounded_number_of_times(slurm: SlurmCluster, crashing_job: tuple[int, Path]
+                                                           ) -> None:
+    """SIGMANENS_MAX_RETRIES=1: one requeue after the crash, then the job fails; every MLflow run it started FAILED."""
+    job, tmp = crashing_job
     info = slurm.wait_done(job, timeout=400)
-    log = (tmp_path / f"slurm-sigmanens-cifar100-wrn-{job}.out").read_text()
+    log = (tmp / f"slurm-sigmanens-cifar100-wrn-{job}.out").read_text()
     assert info["JobState"] == "FAILED" and info["Restarts"] == "1", log[-4000:]
-    run = runs / f"cifar100_wrn-{job}"
-    assert [a[4] for a in _attempts(run)] == ["failed", "failed"]
-    assert "giving up" in log
-    mlruns = _mlflow_runs(runs)
+    assert [a[4] for a in _attempts(tmp / "runs" / f"cifar100_wrn-{job}")] == ["failed", "failed"]
+    assert "AssertionError" in log and "giving up" in log
+    mlruns = _mlflow_runs(tmp / "runs")
     assert len(mlruns) == 2 and {r.info.status for r, _ in mlruns} == {"FAILED"}
