@@ -8,12 +8,10 @@ same way.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 import shutil
-import signal
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +19,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["EXIT_PREEMPTED", "PREEMPTED_MARKER", "CheckpointManager", "PreemptionFlag", "capture_rng",
-           "clear_preempted_marker", "restore_rng", "write_preempted_marker"]
+__all__ = ["CheckpointManager", "capture_rng", "restore_rng"]
 
 log = logging.getLogger(__name__)
 
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "checkpointed after a signal, requeue me", for a batch script to test
-PREEMPTED_MARKER = "preempted.json"  # in the run dir, written once the preemption checkpoint is complete
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
 
@@ -133,42 +128,3 @@ def _atomic_torch_save(obj: Any, path: Path) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-class PreemptionFlag:
-    """Set by SIGUSR1/SIGTERM (Slurm's ``--signal`` and preemption); the loop checks it after each step.
-
-    The handler only records the signal, so a SIGTERM that torchrun sends while a checkpoint is being written cannot
-    interrupt it; the first signal is the one reported."""
-
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGUSR1, signal.SIGTERM)) -> None:
-        self.signum: int | None = None
-        for sig in signals:
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        if self.signum is not None:
-            return
-        self.signum = signum
-        log.warning("received %s: will checkpoint after the current step and exit with status %d",
-                    signal.Signals(signum).name, EXIT_PREEMPTED)
-
-    @property
-    def raised(self) -> bool:
-        return self.signum is not None
-
-
-def write_preempted_marker(run_dir: Path, step: int, signum: int | None, checkpoint_seconds: float) -> Path:
-    """Atomically write ``<run_dir>/preempted.json``: the batch script requeues only when it exists (torchrun's own
-    exit status is 1 after a forwarded signal, so it cannot tell a preemption checkpoint from a crash)."""
-    path = Path(run_dir) / PREEMPTED_MARKER
-    name = signal.Signals(signum).name if signum is not None else None
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"step": step, "signal": name, "checkpoint_seconds": round(checkpoint_seconds, 3)}))
-    os.replace(tmp, path)
-    return path
-
-
-def clear_preempted_marker(run_dir: Path) -> None:
-    """A marker left by an earlier attempt must not make this one look preempted."""
-    (Path(run_dir) / PREEMPTED_MARKER).unlink(missing_ok=True)
