@@ -135,12 +135,12 @@ sigmanens_slurm_main() {
   if [ -s "$marker" ]; then
     _sm_log "trainer checkpointed after a signal: $(cat "$marker")"
     echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_ID $start_step $end_step preempted" >> "$attempts"
-    if [ -n "${SIGMANENS_GOT_TERM:-}" ] || ! grep -q '"SIGUSR1"' "$marker"; then
+    if [ -n "${SIGMANENS_GOT_TERM:-}" ] || grep -q '"SIGTERM"' "$marker"; then
       # SIGTERM: a user's scancel (no requeue) or Slurm's own preemption (Slurm requeues by itself).
       _sm_log "stopped by SIGTERM: not requeueing"
       exit "$SIGMANENS_EXIT_PREEMPTED"
     fi
-    _sm_requeue "the time-limit/preemption warning (SIGUSR1) was answered with a checkpoint at step $end_step"
+    _sm_requeue "the time-limit/preemption warning was answered with a checkpoint at step $end_step"
   fi
   if [ "$rc" = 0 ] || [ -s "$run_dir/final_metrics.json" ]; then
     echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_ID $start_step $end_step finished" >> "$attempts"
