@@ -72,18 +72,22 @@ _sm_requeue() {
   exit "$SIGMANENS_EXIT_PREEMPTED"
 }
 
+_sm_root() { echo "${SIGMANENS_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}"; }
+_sm_runs_root() { echo "${SIGMANENS_RUNS_ROOT:-$(_sm_root)/runs}"; }
+
 sigmanens_slurm_main() {
   local config="${SIGMANENS_CONFIG:-$1}"
   shift
   : "${SLURM_JOB_ID:?run this through sbatch (SLURM_JOB_ID is not set)}"
-  local root="${SIGMANENS_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}"
+  local root
+  root="$(_sm_root)"
   local python="${SIGMANENS_PYTHON:-python}"
   [ "${config#/}" != "$config" ] || config="$root/$config"
   [ -f "$config" ] || { _sm_log "SIGMANENS_CONFIG=$config: no such file"; exit 2; }
   local name="${SIGMANENS_RUN_NAME:-$(basename "$config" .yaml)}"
   local key="$SLURM_JOB_ID"
   [ -z "${SLURM_ARRAY_JOB_ID:-}" ] || key="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
-  local run_dir="${SIGMANENS_RUN_DIR:-${SIGMANENS_RUNS_ROOT:-$root/runs}/$name-$key}"
+  local run_dir="${SIGMANENS_RUN_DIR:-$(_sm_runs_root)/$name-$key}"
   local marker="$run_dir/preempted.json" attempts="$run_dir/slurm_attempts.log"
   local max_retries="${SIGMANENS_MAX_RETRIES:-3}"
   mkdir -p "$run_dir"

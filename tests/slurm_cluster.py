@@ -59,12 +59,13 @@ class SlurmCluster:
         assert out.returncode == 0, f"sbatch {' '.join(args)}: {out.stderr}"
         return int(out.stdout.strip().split(";")[0])
 
-    def job(self, job_id: int) -> dict[str, str]:
-        """``scontrol show job`` as a dict (JobState, Restarts, ExitCode, NodeList, …)."""
+    def job(self, job_id: int | str) -> dict[str, str]:
+        """``scontrol show job`` as a dict (JobState, Restarts, ExitCode, NodeList, …); ``<id>_<task>`` for an array
+        element."""
         text = self.run("scontrol", "show", "job", str(job_id))
         return dict(re.findall(r"(\w+)=(\S*)", text))
 
-    def wait_done(self, job_id: int, timeout: float) -> dict[str, str]:
+    def wait_done(self, job_id: int | str, timeout: float) -> dict[str, str]:
         deadline = time.time() + timeout
         while (info := self.job(job_id))["JobState"] not in FINAL_STATES:
             assert time.time() < deadline, f"job {job_id} still {info['JobState']} after {timeout} s"

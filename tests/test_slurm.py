@@ -41,6 +41,19 @@ def crashing_job(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) 
     return job, tmp
 
 
+@pytest.fixture(scope="module", autouse=True)
+def m_scaling_array(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
+    """slurm/m_scaling.sh over M = 1, 2 (array elements 0-1), submitted early so that it overlaps the other tests."""
+    tmp = tmp_path_factory.mktemp("m_scaling")
+    # Submit mode (bash, not sbatch): the MLflow store and experiment are created once, then the array is submitted.
+    proc = subprocess.run(["bash", str(REPO / "slurm/m_scaling.sh"), *NO_GPUS, "--", *OVERRIDES, "train.max_steps=6",
+                           "model.kwargs.depth=1"], cwd=tmp, capture_output=True, text=True, timeout=300, check=False,
+                          env=slurm.env(SIGMANENS_RUNS_ROOT=str(tmp / "runs"), SIGMANENS_MEMBERS="1 2"))
+    assert proc.returncode == 0, proc.stderr
+    job = int(proc.stdout.strip())
+    return job, tmp
+
+
 def _wait_for(done: Callable[[], bool], job: int, cluster: SlurmCluster, timeout: float = 300) -> None:
     """Poll ``done`` (fast: the signal must land mid-run) while the job is alive."""
     deadline = time.time() + timeout
@@ -145,3 +158,18 @@ def test_crashing_job_is_retried_a_bounded_number_of_times(slurm: SlurmCluster, 
     assert "AssertionError" in log and "giving up" in log
     mlruns = _mlflow_runs(tmp / "runs")
     assert len(mlruns) == 2 and {r.info.status for r, _ in mlruns} == {"FAILED"}
+
+
+def test_m_scaling_array_trains_each_m(slurm: SlurmCluster, m_scaling_array: tuple[int, Path]) -> None:
+    """Element i trains M = the i-th of SIGMANENS_MEMBERS into its own run directory and MLflow run."""
+    job, tmp = m_scaling_array
+    for task, m in enumerate((1, 2)):
+        info = slurm.wait_done(f"{job}_{task}", timeout=400)
+        log = (tmp / f"slurm-sigmanens-m-scaling-{job}_{task}.out").read_text()
+        assert info["JobState"] == "COMPLETED", log[-4000:]
+        assert "MLflow writes to a sqlite file" in log
+        assert (tmp / "runs" / f"m_scaling-M{m}-{job}_{task}" / "final_metrics.json").exists()
+    by_name = {r.info.run_name: r for r, _ in _mlflow_runs(tmp / "runs")}
+    assert sorted(by_name) == ["m_scaling-M1", "m_scaling-M2"]
+    assert {n: r.data.tags["num_members"] for n, r in by_name.items()} == {"m_scaling-M1": "1", "m_scaling-M2": "2"}
+    assert {r.info.status for r in by_name.values()} == {"FINISHED"}
