@@ -91,6 +91,9 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         model = build_model(cfg, self.data.num_classes, self.data.in_chans, self.data.vocab_size)
         torch.manual_seed(cfg.seed + env.rank)
+        if cfg.train.compile:
+            model.compile(backend=cfg.train.compile_backend)  # in place: the module, its keys and hooks stay
+            log.info("model compiled with torch.compile(backend=%r)", cfg.train.compile_backend)
         self.strategy = build_strategy(cfg.strategy.name, env, amp=cfg.train.amp)
         self.wrapped = self.strategy.wrap(model)
         self.model = self.strategy.model
