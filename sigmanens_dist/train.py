@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
@@ -31,7 +30,8 @@ from sigmanens_dist.config import Config, flatten, load_config, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.distributed import DistEnv, all_gather_object, any_rank, init_distributed
 from sigmanens_dist.ema import EMA
-from sigmanens_dist.ensemble import SigmaEnsemble, map_tensors
+from sigmanens_dist.ensemble import map_tensors
+from sigmanens_dist.methods import member_major, member_train_stream, task_loss
 from sigmanens_dist.metrics import EnsembleMetrics, reliability_diagram
 from sigmanens_dist.models import build_model, param_groups
 from sigmanens_dist.strategies import build_strategy
@@ -73,6 +73,8 @@ def run(cfg: Config) -> int:
     # -- model, strategy, optimiser (model init is identical on every rank; later randomness is per rank) ---------
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, data.num_classes, data.in_chans, data.vocab_size)
+    data = member_train_stream(cfg, env, data, model)  # member-major batches when members read their own data
+    independent = member_major(cfg, model)
     torch.manual_seed(cfg.seed + env.rank)
     strategy = build_strategy(cfg.strategy.name, env)
     wrapped = strategy.wrap(model)
@@ -117,7 +119,7 @@ def run(cfg: Config) -> int:
         tags = {"git_commit": git_commit(), "num_members": str(model.num_members), "tau": str(cfg.reg.tau),
                 "strategy": cfg.strategy.name, "world_size": str(env.world_size), "params": str(n_params),
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "model": cfg.model.name,
-                "ensemble": str(cfg.model.ensemble)}
+                "method": cfg.model.method}
         run_id = tracker.start(cfg.tracking.run_name or run_dir.name, run_id, flatten(cfg), tags)
         tracker.log_artifact(run_dir / "config.yaml")
     run_id = all_gather_object(run_id, env)[0]
@@ -135,8 +137,7 @@ def run(cfg: Config) -> int:
     def evaluate(final: bool = False) -> dict[str, float]:
         scored = ema.module if ema is not None else model
         metrics = _evaluate(scored, data, cfg, env, run_dir if final else None)
-        if isinstance(scored, SigmaEnsemble):
-            metrics["sharing/members_on"] = scored.sharing()["all"]
+        metrics.update(scored.extra_metrics())
         tracker.log_metrics({f"val/{k}": v for k, v in metrics.items()}, pos.step)
         return metrics
 
@@ -161,10 +162,10 @@ def run(cfg: Config) -> int:
             sync = contextlib.nullcontext() if micro == micro_per_step - 1 else strategy.no_sync(wrapped)
             with sync:
                 with autocast:
-                    logits = wrapped(x)  # (M, B, K)
-                    task = _member_loss(logits, y, cfg.train.label_smoothing)
-                    div = model.diversity_loss(cfg.reg.tau)
-                    loss = task + cfg.reg.lam * div
+                    logits = wrapped(x, member_major=independent)  # (M, B, K)
+                    task = task_loss(model, logits, y, cfg.train.label_smoothing)
+                    div = model.aux_loss(cfg.reg)  # σN-Ens: λ·L_div; other methods: 0
+                    loss = task + div
                 scaler.scale(loss / micro_per_step).backward()
             stats += torch.stack([loss.detach(), task.detach(), div.detach()]).float() / micro_per_step
             seen += y.shape[0] * env.world_size
@@ -235,15 +236,6 @@ def run(cfg: Config) -> int:
 def _due(step: int, every: int | None, epoch_done: bool) -> bool:
     """Every ``every`` steps, or at each epoch end when ``every`` is None."""
     return step % every == 0 if every else epoch_done
-
-
-def _member_loss(logits: torch.Tensor, y: torch.Tensor, smoothing: float) -> torch.Tensor:
-    """Mean over members of each member's task loss (hard labels, or soft labels from mixup)."""
-    m = logits.shape[0]
-    flat = logits.float().flatten(0, 1)
-    if y.ndim == 2:  # soft targets
-        return torch.sum(-y.repeat(m, 1) * F.log_softmax(flat, dim=-1), dim=-1).mean()
-    return F.cross_entropy(flat, y.repeat(m), label_smoothing=smoothing)
 
 
 def _micro_batches(stream: TrainStream, pos: Position) -> Iterator[tuple[Any, int, int]]:
