@@ -25,8 +25,15 @@ from sigmanens_dist.layers import (
 from sigmanens_dist.methods.base import EnsembleMethod, Inputs, logits_of, map_tensors
 from sigmanens_dist.regularizer import diversity_loss, members_on
 
-__all__ = ["ConversionSummary", "SigmaEnsemble", "check_num_members", "convert_to_sigma_ensemble", "logits_of",
-           "map_tensors"]
+__all__ = [
+    "ConversionSummary",
+    "SigmaEnsemble",
+    "check_num_members",
+    "convert_to_sigma_ensemble",
+    "count_params",
+    "logits_of",
+    "map_tensors",
+]
 
 
 @dataclass
@@ -50,6 +57,11 @@ class ConversionSummary:
         return (f"{len(self.converted)} norm layers converted, {len(self.shared)} left shared"
                 f"{': ' + shared + more if self.shared else ''}; parameters {self.params:,} = "
                 f"{self.param_ratio:.4f}x the source model's {self.source_params:,}")
+
+def count_params(model: nn.Module) -> int:
+    """Parameter count; lazy parameters not yet materialised (``nn.LazyLinear`` before its first call) count 0."""
+    return sum(p.numel() for p in model.parameters() if not nn.parameter.is_lazy(p))
+
 
 def check_num_members(num_members: int) -> int:
     if isinstance(num_members, bool) or not isinstance(num_members, int) or num_members < 1:
@@ -75,7 +87,7 @@ class SigmaEnsemble(EnsembleMethod):
         self.rebind()
         self.summary = summary
         if summary is not None:
-            summary.params = sum(p.numel() for p in self.parameters())
+            summary.params = count_params(self)
 
     @property
     def num_members(self) -> int:
@@ -180,7 +192,7 @@ def convert_to_sigma_ensemble(
     if any(isinstance(m, SigmaNorm) for m in model.modules()):
         raise ValueError("model already contains σ layers: it was converted before")
     backbone = model if inplace else copy.deepcopy(model)
-    source_params = sum(p.numel() for p in model.parameters())
+    source_params = count_params(model)
     targets, shared = _find_norms(backbone, layers)
     if not targets:
         raise ValueError(f"no normalization layer to convert in {type(model).__name__}; supported types: "
