@@ -112,11 +112,16 @@ class MemberStream:
 
 def member_train_stream(cfg: Any, env: Any, data: Any, model: EnsembleMethod) -> Any:
     """``data`` with a member-major train stream when members get their own batches (``member_major``), else
-    ``data`` unchanged. Member 0 reuses ``data.train``; the others are built with seeds ``cfg.seed + k``."""
+    ``data`` unchanged. Member 0 reuses ``data.train``; member k reads the stream of seed ``cfg.seed + k`` (a raw
+    dataset is shared by all members; a converted format gets one loader per member)."""
     if not member_major(cfg, model):
         return data
-    from sigmanens_dist.data.loaders import build_data
+    from sigmanens_dist.data.loaders import MapStyleStream, build_data
 
-    streams = [data.train] + [build_data(cfg.model_copy(update={"seed": cfg.seed + k}), env).train
-                              for k in range(1, model.num_members)]
+    def stream(seed: int) -> Any:
+        if isinstance(data.train, MapStyleStream):
+            return MapStyleStream(data.train.dataset, cfg.train.batch_size, env, seed, data.train.num_workers)
+        return build_data(cfg.model_copy(update={"seed": seed}), env).train
+
+    streams = [data.train] + [stream(cfg.seed + k) for k in range(1, model.num_members)]
     return replace(data, train=MemberStream(streams))
