@@ -160,7 +160,9 @@ def test_batch_ensemble_parameters_init_and_weight_decay() -> None:
     r = torch.cat([layer.r.flatten() for _, layer in be.be_layers()])
     assert abs(r.mean().item() - 1) < 0.05 and abs(r.std().item() - 0.5) < 0.05 and (r < 0).any()
     no_decay = {id(p) for p in param_groups(be, 1e-4)[1]["params"]}
-    assert all(id(p) in no_decay for p in be.no_weight_decay())
+    names = dict(be.named_parameters())
+    assert len(be.no_weight_decay()) == 2 * len(layers) + sum(layer.bias is not None for layer in layers)
+    assert all(id(names[n]) in no_decay for n in be.no_weight_decay())
     assert id(be.be_layers()[0][1].base.weight) not in no_decay
 
 

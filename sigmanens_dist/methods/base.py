@@ -59,9 +59,10 @@ class EnsembleMethod(nn.Module):
         raise TypeError(f"model.method={self.name!r} has no per-member plain model: its members share layers that "
                         "are not of the source architecture")
 
-    def no_weight_decay(self) -> list[nn.Parameter]:
-        """Parameters the optimiser must not decay beyond the defaults (norm layers and 1-d tensors)."""
-        return []
+    def no_weight_decay(self) -> set[str]:
+        """Names (relative to this module, timm's convention) of parameters the optimiser must not decay, beyond
+        the defaults (norm layers, 1-d tensors, and what submodules such as a timm ViT name themselves)."""
+        return set()
 
     def extra_metrics(self) -> dict[str, float]:
         """Method-specific numbers logged with every evaluation (σN-Ens: the measured sharing)."""

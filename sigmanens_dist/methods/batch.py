@@ -114,11 +114,11 @@ class BatchEnsemble(EnsembleMethod):
         memo: dict[int, Any] = {id(layer): layer.plain_member(index) for _, layer in self.be_layers()}
         return copy.deepcopy(self.backbone, memo)
 
-    def no_weight_decay(self) -> list[nn.Parameter]:
-        out = []
-        for _, layer in self.be_layers():
-            out += [layer.r, layer.s] + ([] if layer.bias is None else [layer.bias])
-        return out
+    def no_weight_decay(self) -> set[str]:
+        """Fast weights and member biases: decaying ``r``, ``s`` would pull every member towards zero, not towards
+        the shared weight (uncertainty-baselines and torch-uncertainty exempt them too)."""
+        return {f"backbone.{name}.{p}" for name, layer in self.be_layers()
+                for p in ("r", "s", "bias") if getattr(layer, p) is not None}
 
 
 def convert_to_batch_ensemble(model: nn.Module, num_members: int, init_std: float = 0.5,
