@@ -154,6 +154,7 @@ def test_batch_ensemble_parameters_init_and_weight_decay() -> None:
     m = 4
     fast = sum(m * (layer.weight.shape[1] * (layer.groups if isinstance(layer, nn.Conv2d) else 1)
                     + layer.weight.shape[0]) for layer in layers)
+    biased = sum(layer.bias is not None for layer in layers)
     bias = sum((m - 1) * layer.bias.numel() for layer in layers if layer.bias is not None)
     be = convert_to_batch_ensemble(src, m, init_std=0.5, seed=0)
     assert sum(p.numel() for p in be.parameters()) == base + fast + bias  # W shared, r/s/bias per member
@@ -161,7 +162,7 @@ def test_batch_ensemble_parameters_init_and_weight_decay() -> None:
     assert abs(r.mean().item() - 1) < 0.05 and abs(r.std().item() - 0.5) < 0.05 and (r < 0).any()
     no_decay = {id(p) for p in param_groups(be, 1e-4)[1]["params"]}
     names = dict(be.named_parameters())
-    assert len(be.no_weight_decay()) == 2 * len(layers) + sum(layer.bias is not None for layer in layers)
+    assert len(be.no_weight_decay()) == 2 * len(layers) + biased
     assert all(id(names[n]) in no_decay for n in be.no_weight_decay())
     assert id(be.be_layers()[0][1].base.weight) not in no_decay
 
