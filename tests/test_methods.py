@@ -292,3 +292,29 @@ def test_deprecated_ensemble_flag_maps_to_method() -> None:
         warnings.simplefilter("ignore", DeprecationWarning)
         assert load_config(None, ["model.ensemble=false"]).model.method == "single"
         assert load_config(None, ["model.ensemble=true"]).model.method == "sigma"
+
+
+# -- independent member batches ------------------------------------------------------------------------------------
+def test_member_stream_gives_member_k_the_single_run_of_seed_k_and_replays_from_any_batch() -> None:
+    from sigmanens_dist.data.loaders import build_data
+    from sigmanens_dist.distributed import DistEnv
+    from sigmanens_dist.methods import member_major, member_train_stream
+
+    cfg = load_config(None, ["model.method=deep", "model.num_members=2", "seed=3", "data.dataset=synthetic",
+                             "data.img_size=8", "data.train_subset=64", "data.num_workers=0", "train.batch_size=8"])
+    env = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    deep = DeepEnsemble([nn.Linear(1, 1) for _ in range(2)])
+    assert member_major(cfg, deep)
+    data = member_train_stream(cfg, env, build_data(cfg, env), deep)
+    singles = [build_data(cfg.model_copy(update={"seed": 3 + k}), env).train for k in range(2)]
+    batches = list(data.train.iter_epoch(1))
+    assert len(batches) == len(data.train) == 8
+    for (x, y), *parts in zip(batches, *(s.iter_epoch(1) for s in singles), strict=True):
+        assert x.shape[0] == 16
+        for k, (xk, yk) in enumerate(parts):
+            assert torch.equal(x[8 * k:8 * k + 8], xk) and torch.equal(y[8 * k:8 * k + 8], yk)
+    assert not torch.equal(batches[0][1][:8], batches[0][1][8:])  # the members' orders differ
+    for (x, y), (x2, y2) in zip(batches[3:], data.train.iter_epoch(1, 3), strict=True):
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+    shared = cfg.model_copy(update={"model": cfg.model.model_copy(update={"member_batches": "shared"})})
+    assert not member_major(shared, deep)
