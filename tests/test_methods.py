@@ -305,8 +305,8 @@ def test_member_stream_gives_member_k_the_single_run_of_seed_k_and_replays_from_
     env = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     deep = DeepEnsemble([nn.Linear(1, 1) for _ in range(2)])
     assert member_major(cfg, deep)
-    data = member_train_stream(cfg, env, build_data(cfg, env), deep)
-    singles = [build_data(cfg.model_copy(update={"seed": 3 + k}), env).train for k in range(2)]
+    data = member_train_stream(cfg, env, build_data(cfg.data, 8, 3, env), deep)
+    singles = [build_data(cfg.data, 8, 3 + k, env).train for k in range(2)]
     batches = list(data.train.iter_epoch(1))
     assert len(batches) == len(data.train) == 8
     for (x, y), *parts in zip(batches, *(s.iter_epoch(1) for s in singles), strict=True):

@@ -121,7 +121,7 @@ def member_train_stream(cfg: Any, env: Any, data: Any, model: EnsembleMethod) ->
     def stream(seed: int) -> Any:
         if isinstance(data.train, MapStyleStream):
             return MapStyleStream(data.train.dataset, cfg.train.batch_size, env, seed, data.train.num_workers)
-        return build_data(cfg.model_copy(update={"seed": seed}), env).train
+        return build_data(cfg.data, cfg.train.batch_size, seed, env, cfg.train.randaugment).train
 
     streams = [data.train] + [stream(cfg.seed + k) for k in range(1, model.num_members)]
     return replace(data, train=MemberStream(streams))
