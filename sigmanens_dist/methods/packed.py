@@ -90,13 +90,15 @@ class PackedEnsemble(EnsembleMethod):
         self.backbone = backbone
         self._num_members = num_members
         self.alpha, self.gamma = alpha, gamma
+        # In a tuple: an attribute holding the module itself would register it a second time (state-dict keys).
+        self._first = (next(m for m in backbone.modules() if isinstance(m, PackedFirstConv)),)
 
     @property
     def num_members(self) -> int:
         return self._num_members
 
     def forward(self, x: Inputs, *, member_major: bool = False) -> torch.Tensor:
-        first = next(m for m in self.backbone.modules() if isinstance(m, PackedFirstConv))
+        first = self._first[0]
         first.member_major = member_major
         try:
             out = call_backbone(self.backbone, x)
