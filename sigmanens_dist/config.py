@@ -218,6 +218,9 @@ class TrainConfig(_Section):
     mixup_alpha: float = Field(0.0, ge=0, allow_inf_nan=False)
     cutmix_alpha: float = Field(0.0, ge=0, allow_inf_nan=False)
     randaugment: str | None = None  # a timm auto-augment string, e.g. "rand-m9-mstd0.5-inc1"
+    # torch.compile the model (not the DDP/FSDP wrapper); state-dict keys stay the same, so checkpoints are too
+    compile: bool = False
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"  # aot_eager: tracing without codegen
 
     @model_validator(mode="before")
     @classmethod

@@ -93,6 +93,9 @@ class Trainer:
         self.data = member_train_stream(cfg, env, self.data, model)  # member-major when members read their own data
         self.member_major = member_major(cfg, model)
         torch.manual_seed(cfg.seed + env.rank)
+        if cfg.train.compile:
+            model.compile(backend=cfg.train.compile_backend)  # in place: the module, its keys and hooks stay
+            log.info("model compiled with torch.compile(backend=%r)", cfg.train.compile_backend)
         self.strategy = build_strategy(cfg.strategy.name, env, amp=cfg.train.amp)
         self.wrapped = self.strategy.wrap(model)
         self.model = self.strategy.model
