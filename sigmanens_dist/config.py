@@ -23,8 +23,8 @@ from pydantic_core import PydanticCustomError
 
 from sigmanens_dist.data.idx import FASHION_MNIST_ROOT
 
-__all__ = ["CheckpointConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig", "RegConfig",
-           "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig", "check_paths", "flatten",
+__all__ = ["CheckpointConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig",
+           "RegConfig", "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig", "check_paths", "flatten",
            "load_config", "save_config"]
 
 
@@ -280,6 +280,7 @@ class EvalConfig(_Section):
     ood: str | None = None  # an OOD set name (eval.ood_sets), e.g. digits for Fashion-MNIST, svhn for CIFAR
     ood_root: Path | None = None  # where the OOD set's files are (svhn)
     members: int | None = Field(None, ge=1)  # score the first K members (default: all)
+    imagenet_c: Path | None = None  # a pre-generated ImageNet-C folder: <dir>/<corruption>/<severity>/<class>/<img>
     batch_size: int | None = Field(None, ge=1)  # None: train.batch_size
 
     @field_validator("corruptions")

@@ -40,8 +40,8 @@ def convert(dataset: str, root: Path | None, fmt: str, out: Path, *, max_count: 
     overrides = [f"data.dataset={dataset}", "data.format=raw", f"data.train_subset={train_subset or 'null'}",
                  f"data.val_subset={val_subset or 'null'}",
                  # every training sample goes into train, the test set into val (converted data's only eval split)
-                 "data.val_split=0", "data.val_from_test=true", *(["model.source=hf", "model.name=bert"] if text else []),
-                 *([f"data.root={root}"] if root else [])]
+                 "data.val_split=0", "data.val_from_test=true",
+                 *(["model.source=hf", "model.name=bert"] if text else []), *([f"data.root={root}"] if root else [])]
     cfg = load_config(None, overrides)  # the same validation (and missing-path errors) as a training run
     out.mkdir(parents=True, exist_ok=True)
     if text:
