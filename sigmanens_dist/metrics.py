@@ -58,7 +58,8 @@ def mutual_information(member_logits: Tensor) -> Tensor:
 def calibration_error(confidence: Tensor, correct: Tensor, n_bins: int = 15) -> float:
     """ECE with ``n_bins`` equal-width bins (torchmetrics' l1 definition): the same number as
     ``multiclass_calibration_error(probs, target)``, from the top-1 confidence and its correctness alone."""
-    return float(binary_calibration_error(confidence.float(), correct.long(), n_bins=n_bins, norm="l1"))
+    return float(binary_calibration_error(confidence.float().contiguous(), correct.long().contiguous(), n_bins=n_bins,
+                                          norm="l1"))
 
 
 def adaptive_calibration_error(confidence: Tensor, correct: Tensor, n_bins: int = 15) -> float:

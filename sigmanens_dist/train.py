@@ -227,6 +227,10 @@ def run(cfg: Config) -> int:
         (run_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
         tracker.log_artifact(run_dir / "reliability.png")
         _print_summary(metrics, model.num_members)
+        if cfg.eval.at_end:  # hook: the test-set evaluation of sigmanens eval, on rank 0 (docs/eval.md)
+            from sigmanens_dist.eval import run_eval
+            run_eval(cfg, model, None if ema is None else ema.module, out_dir=run_dir / "eval", run_id=run_id,
+                     step=pos.step)
     tracker.finish("FINISHED")
     return 0
 
