@@ -350,7 +350,8 @@ class SampleMetrics(Metric):
 
     def scores(self) -> dict[str, Tensor]:
         """Per-sample OOD scores, higher meaning more likely OOD (``msp`` is minus the max softmax), and the
-        ensemble's confidence and correctness."""
-        conf, correct = self._cat("conf")[:, 0], self._cat("correct")[:, 0]
-        return {"msp": -conf, "entropy": self._cat("entropy"), "mutual_information": self._cat("mutual_information"),
-                "confidence": conf, "correct": correct}
+        ensemble's confidence and correctness; gathered from every rank like :meth:`compute`."""
+        with self.sync_context(should_sync=self.sync_on_compute):
+            conf, correct = self._cat("conf")[:, 0], self._cat("correct")[:, 0]
+            return {"msp": -conf, "entropy": self._cat("entropy"),
+                    "mutual_information": self._cat("mutual_information"), "confidence": conf, "correct": correct}

@@ -174,12 +174,14 @@ needs_fmnist = pytest.mark.skipif(not FASHION_MNIST_ROOT.is_dir(),
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-member σN-Ens with EMA, trained briefly through the CLI, evaluated at the end, tracked in sqlite."""
+    """A 2-member σN-Ens with EMA, trained briefly through the CLI, evaluated at the end, tracked in sqlite.
+    CPU training is deterministic: this recipe's entropy AUROC against digits measured 0.957 (docs/eval.md); shorter
+    runs measured between 0.72 and 0.92, too close to chance-level models to test "near 1"."""
     run = tmp_path_factory.mktemp("eval") / "run"
-    run_train(run, "data.dataset=fashion_mnist", "data.train_subset=2000", "data.val_split=200",
+    run_train(run, "data.dataset=fashion_mnist", "data.train_subset=3000", "data.val_split=300",
               "data.test_subset=300", "data.num_workers=0", "model.name=test_resnet", "model.num_members=2",
-              "train.max_steps=50", "train.batch_size=32", "optim.lr=0.05", "train.ema_decay=0.9",
-              "eval.at_end=true", "eval.members=1", "tracking.enabled=true",
+              "train.max_steps=60", "train.batch_size=32", "optim.lr=0.05", "train.eval_every_steps=30",
+              "train.ema_decay=0.9", "eval.at_end=true", "eval.members=1", "tracking.enabled=true",
               f"tracking.uri=sqlite:///{run.parent / 'mlflow.db'}")
     return run
 

@@ -269,7 +269,8 @@ def _shift(cfg: Config, options: EvalConfig, names: list[str], model: nn.Module,
     if options.imagenet_c is not None:
         for name, severity, dataset in _imagenet_c_sets(cfg, Path(options.imagenet_c), names, options.severities):
             loader = DataLoader(dataset, batch_size=batch, num_workers=cfg.data.num_workers)
-            metrics, _ = score_pass(model, loader, num_classes, device, f"{variant} {name} s{severity}", sync=sync)
+            # not sharded: every rank scores the whole folder, so nothing is synced (or counted twice)
+            metrics, _ = score_pass(model, loader, num_classes, device, f"{variant} {name} s{severity}")
             out.setdefault(name, {})[str(severity)] = _pick(metrics.compute(), SHIFT_KEYS)
     else:
         mean, std, _ = DATASET_STATS[cfg.data.dataset]
