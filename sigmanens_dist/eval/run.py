@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from sigmanens_dist.config import Config, EvalConfig
 from sigmanens_dist.data.corruptions import CORRUPTIONS, corrupt
-from sigmanens_dist.data.registry import DATASET_STATS
+from sigmanens_dist.datasets import DATASETS
 from sigmanens_dist.distributed import DistEnv
 from sigmanens_dist.ensemble import SigmaEnsemble, map_tensors
 from sigmanens_dist.eval.load import method_of
@@ -158,10 +158,10 @@ def check_options(cfg: Config, model: nn.Module, options: EvalConfig) -> list[st
     bad_sev = [s for s in options.severities if s not in (1, 2, 3, 4, 5)]
     if bad_sev:
         problems.append(f"severities {bad_sev} are not in 1..5")
-    image = cfg.data.dataset in DATASET_STATS
-    if names and not image:
-        problems.append(f"corruptions need an image dataset with known pixel statistics ({', '.join(DATASET_STATS)}"
-                        f"); data.dataset={cfg.data.dataset!r}")
+    images = [name for name, spec in DATASETS.items() if spec.kind == "image"]
+    if names and cfg.data.dataset not in images:
+        problems.append(f"corruptions need an image dataset with known pixel statistics ({', '.join(images)}); "
+                        f"data.dataset={cfg.data.dataset!r}")
     if options.ood is not None:
         allowed = [k for k, ds in OOD_SETS.items() if cfg.data.dataset in ds]
         if options.ood not in allowed:
@@ -205,8 +205,7 @@ def run_eval(cfg: Config, model: nn.Module, ema: nn.Module | None = None, option
     names = check_options(cfg, model, options)
     k_max = options.members or model.num_members
     batch = options.batch_size or cfg.train.batch_size
-    data_cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"batch_size": batch})})
-    data = build_data(data_cfg, env)
+    data = build_data(cfg.data, batch, cfg.seed, env)
     eval_set = data.test if options.split == "test" else data.val
     ood_batches = _ood_batches(cfg, options, batch) if options.ood else None
     sync = env.world_size > 1
@@ -273,7 +272,7 @@ def _shift(cfg: Config, options: EvalConfig, names: list[str], model: nn.Module,
             metrics, _ = score_pass(model, loader, num_classes, device, f"{variant} {name} s{severity}")
             out.setdefault(name, {})[str(severity)] = _pick(metrics.compute(), SHIFT_KEYS)
     else:
-        mean, std, _ = DATASET_STATS[cfg.data.dataset]
+        mean, std = DATASETS[cfg.data.dataset].mean, DATASETS[cfg.data.dataset].std
         for name in names:
             for severity in options.severities:
                 transform = _corruption(name, severity, mean, std, cfg.seed)
@@ -297,8 +296,8 @@ def _imagenet_c_sets(cfg: Config, root: Path, names: list[str], severities: list
     from torchvision import datasets
     from torchvision.transforms import v2
 
-    mean, std, native = DATASET_STATS[cfg.data.dataset]
-    size = cfg.data.img_size or native
+    spec = DATASETS[cfg.data.dataset]
+    mean, std, size = spec.mean, spec.std, cfg.data.img_size or spec.size
     classes = sorted(p.name for p in (Path(cfg.data_root()) / "train").iterdir() if p.is_dir())
     transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Resize(size, antialias=True),
                             v2.CenterCrop(size), v2.Normalize(mean, std)])
