@@ -321,6 +321,14 @@ class Config(_Section):
     seed: int = Field(0, ge=0)
 
     @model_validator(mode="after")
+    def _eval_members_exist(self) -> Config:
+        """Checked here so that eval.at_end cannot fail only after the whole training run."""
+        if self.eval.members is not None and self.eval.members > self.model.num_members:
+            raise _cross_field("eval.members", f"the model has only model.num_members={self.model.num_members} "
+                                               "members", self.eval.members)
+        return self
+
+    @model_validator(mode="after")
     def _text_needs_text_model(self) -> Config:
         """A text batch is a dict of token ids: image augmentations or a timm model would fail on it mid-start."""
         text = self.data.dataset == "sst2"

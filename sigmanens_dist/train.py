@@ -90,6 +90,9 @@ class Trainer:
         # -- model, strategy, optimiser (model init is identical on every rank; later randomness is per rank) -------
         torch.manual_seed(cfg.seed)
         model = build_model(cfg, self.data.num_classes, self.data.in_chans, self.data.vocab_size)
+        if cfg.eval.at_end:  # hook: refuse bad eval options now, not after training (sigmanens_dist/eval)
+            from sigmanens_dist.eval.run import check_options
+            check_options(cfg, model, cfg.eval)
         torch.manual_seed(cfg.seed + env.rank)
         self.strategy = build_strategy(cfg.strategy.name, env, amp=cfg.train.amp)
         self.wrapped = self.strategy.wrap(model)

@@ -268,3 +268,15 @@ def test_missing_or_mismatched_checkpoint(trained: Path, tmp_path: Path, capsys:
     assert eval_main(["--checkpoint", str(tmp_path / "odd.pt")]) == 2
     assert "the weights are a σN-Ens model (σ store present), but the checkpoint's config says method 'single'" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    (["eval.members=5"], r"eval.members: the model has only model.num_members=4 members \(got 5\)"),
+    (["eval.corruptions=[fog]"], r"eval.corruptions: unknown corruption\(s\) 'fog'; allowed: all, gaussian_noise"),
+    (["eval.severities=[0, 6]"], r"eval.severities: severities must be a non-empty list of 1..5"),
+])
+def test_eval_config_errors(overrides: list[str], match: str) -> None:
+    from sigmanens_dist.config import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, overrides, check_data=False)

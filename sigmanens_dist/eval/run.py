@@ -38,7 +38,8 @@ from sigmanens_dist.eval.load import method_of
 from sigmanens_dist.layers import SigmaStore
 from sigmanens_dist.metrics import SampleMetrics, ood_detection
 
-__all__ = ["OOD_SETS", "check_options", "layer_importances", "run_eval", "score_pass", "sub_ensemble"]
+__all__ = ["OOD_SETS", "check_options", "flat_metrics", "layer_importances", "markdown", "run_eval", "score_pass",
+           "sub_ensemble"]
 
 log = logging.getLogger("sigmanens")
 
@@ -107,14 +108,13 @@ Transform = Callable[[torch.Tensor, int], torch.Tensor]  # (normalised batch, ba
 
 @torch.no_grad()
 def score_pass(model: nn.Module, batches: Iterable[Any], num_classes: int, device: torch.device, desc: str,
-               transform: Transform | None = None, sync: bool = False, total: int | None = None
-               ) -> tuple[SampleMetrics, float]:
+               transform: Transform | None = None, sync: bool = False) -> tuple[SampleMetrics, float]:
     """Run ``model`` over ``batches`` of ``(x, y)``; returns the filled :class:`SampleMetrics` and the seconds spent
     in the model's forward passes alone (data loading and corruption excluded)."""
     model.eval()
     metrics = SampleMetrics(num_classes, model.num_members, sync_on_compute=sync).to(device)
     seconds = 0.0
-    for i, (x, y) in enumerate(tqdm(batches, desc=desc, total=total, unit="batch", leave=False, dynamic_ncols=True)):
+    for i, (x, y) in enumerate(tqdm(batches, desc=desc, unit="batch", leave=False, dynamic_ncols=True)):
         x, y = map_tensors(x, lambda t: t.to(device)), y.to(device)
         if transform is not None:
             x = transform(x, i)
@@ -151,13 +151,8 @@ def check_options(cfg: Config, model: nn.Module, options: EvalConfig) -> list[st
     m = model.num_members
     if options.members is not None and options.members > m:
         problems.append(f"--members {options.members}: the model has only M={m} members (choose 1..{m})")
+    # corruption names and severities are already checked by EvalConfig
     names = list(CORRUPTIONS) if "all" in options.corruptions else list(options.corruptions)
-    bad = [n for n in names if n not in CORRUPTIONS]
-    if bad:
-        problems.append(f"unknown corruption(s) {', '.join(bad)}; allowed: all, {', '.join(CORRUPTIONS)}")
-    bad_sev = [s for s in options.severities if s not in (1, 2, 3, 4, 5)]
-    if bad_sev:
-        problems.append(f"severities {bad_sev} are not in 1..5")
     images = [name for name, spec in DATASETS.items() if spec.kind == "image"]
     if names and cfg.data.dataset not in images:
         problems.append(f"corruptions need an image dataset with known pixel statistics ({', '.join(images)}); "
