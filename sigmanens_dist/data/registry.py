@@ -135,7 +135,8 @@ def _parts(data_cfg: Any, root: Path | None, randaugment: str | None) -> _Parts:
         return _Parts(train, train, test, v2.RandomHorizontalFlip(), train.num_classes, train.in_chans)
     if name == "fashion_mnist":
         train = IdxImageDataset(root, "train", subset=data_cfg.train_subset)
-        test = IdxImageDataset(root, "test")
+        # subset here, not by a Subset wrapper: converters read IdxImageDataset's stored uint8 pixels
+        test = IdxImageDataset(root, "test", subset=data_cfg.test_subset)
         size = data_cfg.img_size or 28
         black = -train.mean / train.std  # images are already normalised: pad with the value of a black pixel
         aug = [v2.RandomCrop(28, padding=2, fill=black), v2.RandomHorizontalFlip()]
