@@ -134,6 +134,18 @@ def test_sub_ensemble_runs_only_the_chosen_members() -> None:
             sub_ensemble(ens, bad)
 
 
+def test_sub_ensemble_of_film_stays_ungated() -> None:
+    from sigmanens_dist.methods.film import FiLMEnsemble, convert_to_film_ensemble
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    film = convert_to_film_ensemble(net, 3, init_std=0.5).eval()
+    x = torch.randn(4, 1, 8, 8)
+    sub = sub_ensemble(film, [1])
+    assert isinstance(sub, FiLMEnsemble) and not sub.sigma.gated
+    torch.testing.assert_close(sub(x), film(x)[[1]])
+
+
 # -- ImageNet-C folders --------------------------------------------------------------------------------------------
 def _images(folder: Path, classes: list[str], n: int, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
@@ -263,10 +275,10 @@ def test_missing_or_mismatched_checkpoint(trained: Path, tmp_path: Path, capsys:
     assert eval_main(["--checkpoint", str(tmp_path / "nope.pt")]) == 2
     assert f"--checkpoint {tmp_path / 'nope.pt'}: no such file" in capsys.readouterr().err
     state = torch.load(trained / "checkpoints" / "best.pt", map_location="cpu", weights_only=False)
-    state["config"]["model"]["ensemble"] = False  # the file's weights are σN-Ens, its config now says single
+    state["config"]["model"]["method"] = "single"  # the file's weights are σN-Ens, its config now says single
     torch.save(state, tmp_path / "odd.pt")
     assert eval_main(["--checkpoint", str(tmp_path / "odd.pt")]) == 2
-    assert "the weights are a σN-Ens model (σ store present), but the checkpoint's config says method 'single'" in \
+    assert "the 'model' weights are not those of a model.method='single' model as the checkpoint's config says" in \
         capsys.readouterr().err
 
 

@@ -33,8 +33,8 @@ class EvalCheckpoint(NamedTuple):
 
 
 def method_of(cfg: Config) -> str:
-    """The training method a config names (``model.method`` once baselines land; today σN-Ens or single)."""
-    return getattr(cfg.model, "method", None) or ("sigma" if cfg.model.ensemble else "single")
+    """The training method a config names (``model.method``)."""
+    return cfg.model.method
 
 
 def load_for_eval(path: Path | str, overrides: Sequence[str] = ()) -> EvalCheckpoint:
@@ -48,12 +48,6 @@ def load_for_eval(path: Path | str, overrides: Sequence[str] = ()) -> EvalCheckp
     if not isinstance(state.get("config"), dict):
         raise ValueError(f"{path} holds no resolved config (key 'config'); it was not written by sigmanens train")
     cfg = _config(state["config"], overrides, path)
-    method = method_of(cfg)
-    has_sigma = any(k.startswith("sigma.") for k in state["model"])
-    if has_sigma != (method == "sigma"):
-        what = "a σN-Ens model (σ store present)" if has_sigma else "a model without a σ store"
-        raise ValueError(f"{path}: the weights are {what}, but the checkpoint's config says method {method!r} "
-                         f"(model.ensemble={cfg.model.ensemble}); the file and its config disagree")
     num_classes, in_chans, vocab_size = model_dims(cfg)
     model = _build(cfg, num_classes, in_chans, vocab_size, state["model"], path, "model")
     ema = None
@@ -105,5 +99,8 @@ def _build(cfg: Config, num_classes: int, in_chans: int, vocab_size: int | None,
     try:
         model.load_state_dict(weights)
     except RuntimeError as err:
-        raise RuntimeError(f"{path}: the {key!r} weights do not fit the model its config describes ({err})") from err
+        first = str(err).strip().splitlines()
+        raise ValueError(f"{path}: the {key!r} weights are not those of a model.method={method_of(cfg)!r} model as "
+                         f"the checkpoint's config says; the file and its config disagree "
+                         f"({' '.join(first[:3])[:400]})") from err
     return model.eval()

@@ -76,6 +76,7 @@ def sub_ensemble(model: nn.Module, members: Sequence[int]) -> nn.Module:
             offset, num_stats = num_stats, num_stats + 2 * k * slot.num_features
         slots.append(dataclasses.replace(slot, stats=offset))
     store = SigmaStore(k, slots, old.flat.shape[1], num_stats).to(device=old.flat.device, dtype=old.flat.dtype)
+    store.gated = old.gated  # FiLM's store is ungated
     rows = torch.tensor(members, device=old.flat.device)
     with torch.no_grad():
         store.flat.copy_(old.flat.index_select(0, rows))
@@ -89,12 +90,21 @@ def sub_ensemble(model: nn.Module, members: Sequence[int]) -> nn.Module:
         layer = backbone.get_submodule(slot.name)
         layer.num_members = k
         layer.bind(store, slot)
-    return SigmaEnsemble(backbone, store).eval()
+    return type(model)(backbone, store).eval()  # the same class: σN-Ens or FiLM
+
+
+def _has_sharing(model: nn.Module) -> bool:
+    """σN-Ens proper: a σ store whose gates are used (FiLM's store is ungated, its γ meaningless)."""
+    return isinstance(model, SigmaEnsemble) and model.sigma.gated
+
+
+def supports_sub_ensembles(model: nn.Module) -> bool:
+    return isinstance(model, SigmaEnsemble) or hasattr(model, "sub_ensemble") or model.num_members == 1
 
 
 def layer_importances(model: nn.Module) -> tuple[list[str], torch.Tensor] | None:
-    """Mean importance σ(γ) per member and σ layer, ``(M, L)``, with the layer names; None without a σ store."""
-    if not isinstance(model, SigmaEnsemble):
+    """Mean importance σ(γ) per member and σ layer, ``(M, L)``, with the layer names; None without σ gates."""
+    if not _has_sharing(model):
         return None
     with torch.no_grad():
         imp = model.importances(regularized_only=False).float().cpu()
@@ -151,6 +161,9 @@ def check_options(cfg: Config, model: nn.Module, options: EvalConfig) -> list[st
     m = model.num_members
     if options.members is not None and options.members > m:
         problems.append(f"--members {options.members}: the model has only M={m} members (choose 1..{m})")
+    elif options.members not in (None, m) and not supports_sub_ensembles(model):
+        problems.append(f"--members {options.members}: model.method={method_of(cfg)!r} cannot run a sub-ensemble "
+                        f"(no sub_ensemble(members)); score all {m} members")
     # corruption names and severities are already checked by EvalConfig
     names = list(CORRUPTIONS) if "all" in options.corruptions else list(options.corruptions)
     images = [name for name, spec in DATASETS.items() if spec.kind == "image"]
@@ -216,7 +229,8 @@ def run_eval(cfg: Config, model: nn.Module, ema: nn.Module | None = None, option
     for variant, weights in variants.items():
         part: dict[str, Any] = {"sub_ensembles": []}
         scored = None
-        for k in range(1, k_max + 1):
+        # methods that cannot run k of their members are scored with all of them only
+        for k in range(1, k_max + 1) if supports_sub_ensembles(weights) else [k_max]:
             sub = sub_ensemble(weights, range(k))
             metrics, seconds = score_pass(sub, eval_set(), data.num_classes, device,
                                           f"{variant} {options.split} k={k}", sync=sync)
@@ -233,7 +247,7 @@ def run_eval(cfg: Config, model: nn.Module, ema: nn.Module | None = None, option
         if ood_batches is not None:
             part["ood"] = _ood(sub_ensemble(weights, range(k_max)), scores, ood_batches, data.num_classes, device,
                                variant, options.ood)
-        sharing = weights.sharing() if isinstance(weights, SigmaEnsemble) else None
+        sharing = weights.sharing() if _has_sharing(weights) else None
         if sharing is not None:
             part["sharing"] = sharing
         report["weights"][variant] = part
