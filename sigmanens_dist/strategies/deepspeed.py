@@ -24,6 +24,7 @@ conversion.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 from collections.abc import Iterator
@@ -102,6 +103,7 @@ class DeepSpeedStrategy(Strategy):
 
     def __init__(self, env: DistEnv, *, amp: str = "none", zero_stage: int = 2, config_file: Path | None = None,
                  per_rank_batch: int = 1, grad_accum: int = 1, clip_grad: float | None = None) -> None:
+        os.environ.setdefault("DS_ACCELERATOR", "cuda" if env.device.type == "cuda" else "cpu")
         try:
             import deepspeed  # noqa: F401
         except ImportError as err:
@@ -133,7 +135,10 @@ class DeepSpeedStrategy(Strategy):
     def build_optimizer(self, groups: list[dict[str, Any]], factory: OptimizerFactory) -> torch.optim.Optimizer:
         import deepspeed
 
-        os.environ.setdefault("DS_ACCELERATOR", "cuda" if self.env.device.type == "cuda" else "cpu")
+        if self.env.device.type == "cpu":
+            # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (minutes of C++ build) that only its
+            # inference all-reduce uses; training collectives go through the torch process group (gloo) anyway.
+            importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
         optimizer = factory(groups)
         # A process group already exists (torchrun + init_distributed): the engine joins it.
         self.engine, _, _, _ = deepspeed.initialize(model=self.model, optimizer=optimizer, config=self.config,

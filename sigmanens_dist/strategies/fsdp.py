@@ -66,6 +66,9 @@ class FSDPStrategy(Strategy):
         if amp == "fp16":
             raise ValueError("train.amp=fp16 is not supported with strategy.name=fsdp (it would need a sharded "
                              "GradScaler); use train.amp=bf16")
+        if env.world_size % replicate:
+            raise ValueError(f"strategy.fsdp_replicate={replicate} does not divide the world size "
+                             f"{env.world_size}: the HSDP mesh is replicas × shards")
         super().__init__(env, amp=amp)
         self.reshard_after_forward, self.replicate = reshard_after_forward, replicate
         self.units: list[str] = []
@@ -80,8 +83,6 @@ class FSDPStrategy(Strategy):
         if not self.env.distributed:  # one rank: nothing to shard; checkpoints stay DCP folders (reshardable)
             return self.wrapped
         world = self.env.world_size
-        if world % self.replicate:
-            raise ValueError(f"strategy.fsdp_replicate={self.replicate} does not divide the world size {world}")
         mesh = (init_device_mesh(self.env.device.type, (self.replicate, world // self.replicate),
                                  mesh_dim_names=("replicate", "shard")) if self.replicate > 1
                 else init_device_mesh(self.env.device.type, (world,)))

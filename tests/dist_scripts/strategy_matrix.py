@@ -43,10 +43,12 @@ STRATEGIES = {
 }
 
 
-def train(run_dir: Path, *overrides: str) -> None:
+def train(run_dir: Path, *overrides: str) -> Trainer:
     cfg = load_config(None, [*COMMON, f"run_dir={run_dir}", *overrides])
-    status = Trainer(cfg).fit()
+    trainer = Trainer(cfg)
+    status = trainer.fit()
     assert status == 0, status
+    return trainer
 
 
 def cut_back(src: Path, dst: Path, rank: int) -> None:
@@ -84,9 +86,14 @@ def main() -> None:
         if only and name not in only.split(","):
             continue
         opts = [o.format(zero3=zero3) for o in opts]
-        train(out / name, *opts, f"train.batch_size={B}")
+        trainer = train(out / name, *opts, f"train.batch_size={B}")
+        if name == "zero3" and rank == 0:  # the flat σ parameter really is partitioned: this rank holds half
+            flat = trainer.model.sigma.flat
+            (out / "zero3_flat.json").write_text(json.dumps({"local": flat.ds_tensor.numel(), "all": flat.ds_numel}))
         cut_back(out / name, out / f"{name}_resumed", rank)
         train(out / f"{name}_resumed", *opts, f"train.batch_size={B}", "checkpoint.resume=auto")
+    if only:
+        return
     for name, strategy in (("ref", "ddp"), ("fsdp_w1", "fsdp")):  # 1 rank → 2
         cut_back(out / name, out / f"{name}_1to2", rank)
         train(out / f"{name}_1to2", f"strategy.name={strategy}", f"train.batch_size={2 * B}",
