@@ -69,7 +69,7 @@ def test_missing_deepspeed_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_hsdp_mesh_must_divide_the_world_size() -> None:
-    with pytest.raises(ValueError, match="strategy.fsdp_replicate=3 does not divide the world size 4"):
+    with pytest.raises(ValueError, match=r"strategy\.fsdp_replicate=3 does not divide the world size 4"):
         FSDPStrategy(DistEnv(0, 4, 0, torch.device("cpu")), replicate=3)
 
 

@@ -39,7 +39,7 @@ STRATEGIES = {
     "fsdp": ["strategy.name=fsdp"],
     "zero1": ["strategy.name=deepspeed", "strategy.zero_stage=1"],
     "zero2": ["strategy.name=deepspeed", "strategy.zero_stage=2"],
-    "zero3": ["strategy.name=deepspeed", "strategy.zero_stage=3", f"strategy.deepspeed_config={{zero3}}"],
+    "zero3": ["strategy.name=deepspeed", "strategy.zero_stage=3", "strategy.deepspeed_config={zero3}"],
 }
 
 
