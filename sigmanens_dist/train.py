@@ -81,7 +81,7 @@ class Trainer:
         self.cfg = cfg
 
         # -- data ------------------------------------------------------------------------------------------------
-        self.data: Data = build_data(cfg, env)
+        self.data: Data = build_data(cfg.data, cfg.train.batch_size, cfg.seed, env, cfg.train.randaugment)
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * len(self.data.train) // cfg.train.grad_accum
         if self.total_steps < 1:
             raise ValueError(f"train.epochs={cfg.train.epochs} gives no optimiser step: an epoch has "
