@@ -40,17 +40,23 @@ def _local(t: torch.Tensor | None) -> int:
 
 
 def _zero_grad_bytes(strategy) -> int:
-    """ZeRO keeps reduced gradients in its own partition buffers instead of ``param.grad``."""
+    """ZeRO keeps reduced gradients in its own partition buffers instead of ``param.grad``: ZeRO-3 in one flat
+    buffer (``averaged_gradients`` are views of it), ZeRO-1/2 in ``averaged_gradients``."""
     opt = getattr(getattr(strategy, "engine", None), "optimizer", None)
-    total = 0
-    for name in ("averaged_gradients", "grad_partitions_flat_buffer"):
-        buf = getattr(opt, name, None)
-        items = buf.values() if isinstance(buf, dict) else [buf] if isinstance(buf, torch.Tensor) else []
-        for item in items:
-            for t in item if isinstance(item, list | tuple) else [item]:
-                if isinstance(t, torch.Tensor):
-                    total += t.numel() * t.element_size()
-    return total
+    flat = getattr(opt, "grad_partitions_flat_buffer", None)
+    if isinstance(flat, torch.Tensor):
+        return flat.numel() * flat.element_size()
+    grads = getattr(opt, "averaged_gradients", None) or {}
+    return sum(t.numel() * t.element_size() for item in grads.values() for t in item if isinstance(t, torch.Tensor))
+
+
+def _zero_master_bytes(strategy) -> int:
+    """ZeRO's fp32 partitions of the parameters (the tensors its wrapped optimiser steps)."""
+    opt = strategy.engine.optimizer
+    groups = getattr(opt, "fp32_partitioned_groups_flat", None)  # ZeRO-3
+    if groups is None:
+        groups = getattr(opt, "single_partition_of_fp32_groups", [])  # ZeRO-1/2
+    return sum(t.numel() * t.element_size() for t in groups)
 
 
 def _run(name: str, args: argparse.Namespace, env, out: dict) -> None:
@@ -84,9 +90,10 @@ def _run(name: str, args: argparse.Namespace, env, out: dict) -> None:
             times.append(time.perf_counter() - t0)
     params = sum(_local(p) for p in model.parameters())
     optim = sum(_local(t) for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor))
-    if stage:  # ZeRO's fp32 partitions are the optimiser's parameters
-        optim += sum(_local(p) for g in opt.param_groups for p in g["params"])
-    folder = Path(tempfile.mkdtemp(prefix=f"bench_{name}_", dir=args.tmp))
+    if stage:
+        optim += _zero_master_bytes(strategy)
+    folder = Path(args.tmp) / name
+    folder.mkdir(exist_ok=True)
     dist.barrier()
     t0 = time.perf_counter()
     if strategy.checkpoint_format == "file":

@@ -149,7 +149,7 @@ class Trainer:
         cfg, env = self.cfg, self.env
         return {"git_commit": git_commit(), "num_members": str(self.model.num_members), "tau": str(cfg.reg.tau),
                 "strategy": cfg.strategy.name, "world_size": str(env.world_size),
-                "params": str(sum(p.numel() for p in self.model.parameters())),
+                "params": str(_num_params(self.model)),
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "model": cfg.model.name,
                 "ensemble": str(cfg.model.ensemble)}
 
@@ -297,7 +297,7 @@ class Trainer:
         metrics = self.evaluate(final=True)
         self.save(metrics.get("nll"))
         if env.is_main:
-            metrics["params"] = float(sum(p.numel() for p in self.model.parameters()))
+            metrics["params"] = float(_num_params(self.model))
             metrics["train_img_per_s"] = window.total_rate()
             (self.run_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
             self.tracker.log_artifact(self.run_dir / "reliability.png")
@@ -345,6 +345,11 @@ def run(cfg: Config) -> int:
 def _due(step: int, every: int | None, epoch_done: bool) -> bool:
     """Every ``every`` steps, or at each epoch end when ``every`` is None."""
     return step % every == 0 if every else epoch_done
+
+
+def _num_params(model: nn.Module) -> int:
+    """Parameter count of the whole model, also when ZeRO-3 has partitioned it (``ds_numel`` is the full size)."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
 
 
 def _member_loss(logits: torch.Tensor, y: torch.Tensor, smoothing: float) -> torch.Tensor:
