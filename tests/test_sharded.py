@@ -199,3 +199,10 @@ def test_export_of_every_strategy_equals_the_trained_model(matrix: Path, strateg
                                    embed_dim=48, num_heads=2)
         member.load_state_dict(torch.load(tmp_path / "m1.pt"))
         torch.testing.assert_close(member.eval()(x), trained(x)[1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_fsdp_bf16_casts_blocks_but_keeps_sigma_fp32(matrix: Path) -> None:
+    seen = json.loads((matrix / "fsdp_bf16_dtypes.json").read_text())
+    assert seen == {"flat": "torch.float32", "gate": "torch.float32", "block_weight": "torch.bfloat16",
+                    "block_input": "torch.bfloat16", "div": "torch.float32"}

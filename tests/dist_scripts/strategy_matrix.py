@@ -63,6 +63,35 @@ def cut_back(src: Path, dst: Path, rank: int) -> None:
         dist.barrier()
 
 
+def bf16_dtypes(out: Path, rank: int) -> None:
+    """FSDP2 with train.amp=bf16: the dtypes a σ layer inside a block sees during the forward, and of L_div."""
+    import timm
+
+    from sigmanens_dist import convert_to_sigma_ensemble
+    from sigmanens_dist.strategies import build_strategy
+
+    env = init_distributed("gloo")
+    strategy = build_strategy("fsdp", env, amp="bf16")
+    model = convert_to_sigma_ensemble(timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=4, depth=2,
+                                                        embed_dim=48, num_heads=2, num_classes=10), 4)
+    wrapped = strategy.wrap(model)
+    seen: dict[str, str] = {}
+    norm = model.backbone.blocks[0].norm1
+
+    def hook(module, inputs) -> None:
+        seen["flat"] = str(module.store.flat.dtype)
+        seen["gate"] = str(module.gated_affine()[0].dtype)
+        seen["block_weight"] = str(model.backbone.blocks[0].attn.qkv.weight.dtype)
+        seen["block_input"] = str(inputs[0].dtype)
+
+    norm.register_forward_pre_hook(hook)
+    with strategy.autocast():
+        wrapped(torch.randn(2, 3, 16, 16))
+    seen["div"] = str(model.diversity_loss(0.5).dtype)
+    if rank == 0:
+        (out / "fsdp_bf16_dtypes.json").write_text(json.dumps(seen))
+
+
 def main() -> None:
     phase, out = sys.argv[1], Path(sys.argv[2])
     rank = int(os.environ.get("RANK", "0"))
@@ -98,6 +127,7 @@ def main() -> None:
         cut_back(out / name, out / f"{name}_1to2", rank)
         train(out / f"{name}_1to2", f"strategy.name={strategy}", f"train.batch_size={2 * B}",
               "checkpoint.resume=auto")
+    bf16_dtypes(out, rank)
     # BatchNorm: running statistics are rank 0's on every rank at evaluation and in checkpoints.
     bn = out / "fsdp_bn"
     cfg = load_config(None, [*[o for o in COMMON if not o.startswith("model.")], "model.name=resnet10t",
