@@ -28,13 +28,13 @@ SIGMANENS_EXIT_PREEMPTED=75
 
 _sm_log() { echo "[sigmanens-slurm $(date +%H:%M:%S) job ${SLURM_JOB_ID:-?} restart ${SLURM_RESTART_COUNT:-0}] $*"; }
 
-# Newest checkpoint step in $1 (0 when there is none).
+# Newest checkpoint step in $1 (0 when there is none): a file step_<N>.pt (DDP) or a folder step_<N> (FSDP2,
+# DeepSpeed); temporary ones start with a dot and do not match.
 _sm_ckpt_step() {
   local newest
-  newest="$(find "$1/checkpoints" -maxdepth 1 -name 'step_*.pt' 2>/dev/null | sort | tail -n 1)"
-  [ -n "$newest" ] || { echo 0; return; }
-  newest="${newest##*/step_}"
-  echo "$((10#${newest%.pt}))"
+  newest="$(find "$1/checkpoints" -maxdepth 1 -regextype posix-extended -regex '.*/step_[0-9]+(\.pt)?' \
+    -printf '%f\n' 2>/dev/null | sed 's/^step_//; s/\.pt$//' | sort -n | tail -n 1)"
+  echo "$((10#${newest:-0}))"
 }
 
 # How many of the latest attempts in the attempts log $1 failed without checkpoint progress, back to the last one
