@@ -67,6 +67,10 @@ class ModelConfig(_Section):
     num_members: int = Field(4, ge=1)
     gamma_init_mean: float = Field(0.0, allow_inf_nan=False)
     gamma_init_std: float = Field(1.0, ge=0, allow_inf_nan=False)
+    # divide: member affine = source affine / σ(γ) (function preserving, for pretrained sources); plain: = source
+    affine_init: Literal["divide", "plain"] = "divide"
+    # shared: every member sees the same batch; independent: each member its own shuffle of the data (raw format)
+    member_batches: Literal["shared", "independent"] = "shared"
     layers: list[str] | None = None  # fnmatch patterns of norm layers to convert; None: every norm
 
     @field_validator("name")
@@ -107,6 +111,8 @@ class RegConfig(_Section):
 
     tau: float = Field(0.5, gt=0, allow_inf_nan=False)
     lam: float = Field(1e-3, ge=0, allow_inf_nan=False, alias="lambda")
+    # L_div as the sum over members and features (none), / M (members) or / (M·F) (mean); see regularizer.py
+    normalize: Literal["none", "members", "mean"] = "none"
     regularize: list[str] | None = None  # fnmatch patterns of σ layers the regulariser sees; None: all
 
     @model_validator(mode="before")
@@ -127,6 +133,7 @@ class OptimConfig(_Section):
     nesterov: bool = False  # SGD only
     weight_decay: float = Field(5e-4, ge=0, allow_inf_nan=False)
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW only
+    sigma_lr_scale: float = Field(1.0, gt=0, allow_inf_nan=False)  # lr multiplier of the σ store (γ, member affines)
 
     @field_validator("betas")
     @classmethod
@@ -158,6 +165,7 @@ class TrainConfig(_Section):
     max_steps: int | None = Field(None, ge=1)
     batch_size: int = Field(128, ge=1)
     grad_accum: int = Field(1, ge=1)
+    member_loss: Literal["mean", "sum"] = "mean"  # reduction of the member task losses over members (objective.py)
     clip_grad: float | None = Field(None, gt=0, allow_inf_nan=False)
     amp: Literal["none", "bf16", "fp16"] = "none"
     label_smoothing: float = Field(0.0, ge=0, lt=1)
@@ -263,6 +271,10 @@ class Config(_Section):
             if text and getattr(self.train, key):
                 raise _cross_field(f"train.{key}", "an image augmentation; set it to 0/null for text data",
                                    getattr(self.train, key))
+        if self.model.member_batches == "independent" and self.data.format != "raw":
+            raise _cross_field("model.member_batches", "independent member batches are read with data.format=raw "
+                                                       f"only (got data.format={self.data.format!r}); use shared",
+                               self.model.member_batches)
         return self
 
     def data_root(self) -> Path | None:

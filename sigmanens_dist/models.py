@@ -29,11 +29,12 @@ class SingleModel(nn.Module):
         super().__init__()
         self.backbone = backbone
 
-    def forward(self, x: Inputs) -> torch.Tensor:
+    def forward(self, x: Inputs, member_major: bool = False) -> torch.Tensor:
+        """Logits ``(1, B, K)``; with one member a member-major batch is just a batch."""
         out = self.backbone(**x) if isinstance(x, Mapping) else self.backbone(x)  # tokenizer dicts are kwargs
         return logits_of(out).unsqueeze(0)
 
-    def diversity_loss(self, tau: float) -> torch.Tensor:
+    def diversity_loss(self, tau: float, normalize: str = "none") -> torch.Tensor:
         return torch.zeros((), device=next(self.parameters()).device)
 
 
@@ -52,7 +53,8 @@ def build_model(cfg: Any, num_classes: int, in_chans: int, vocab_size: int | Non
     if not model_cfg.ensemble:
         return SingleModel(backbone)
     return convert_to_sigma_ensemble(backbone, model_cfg.num_members, gamma_init_mean=model_cfg.gamma_init_mean,
-                                     gamma_init_std=model_cfg.gamma_init_std, layers=model_cfg.layers,
+                                     gamma_init_std=model_cfg.gamma_init_std, affine_init=model_cfg.affine_init,
+                                     layers=model_cfg.layers,
                                      regularize=cfg.reg.regularize, seed=cfg.seed, inplace=True)
 
 
@@ -84,15 +86,27 @@ def _hf_backbone(model_cfg: Any, num_labels: int, vocab_size: int | None) -> nn.
     return backbone
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+def param_groups(model: nn.Module, weight_decay: float, sigma_lr: float | None = None) -> list[dict[str, Any]]:
     """Weight decay on shared weights only: none on the σ store (by type: decaying γ would pull every importance to
-    σ(0)=½ and fight the regulariser), on plain norm layers, or on biases."""
+    σ(0)=½ and fight the regulariser), on plain norm layers, or on biases.
+
+    ``sigma_lr`` (the peak rate × ``optim.sigma_lr_scale``) puts the σ store in a group of its own with that rate:
+    under a member-mean loss each member's γ and affine get 1/M of the gradient, and ``sigma_lr = M·lr`` gives them a
+    single model's rate back without touching the shared weights. None keeps the two-group layout (and resumes).
+    """
+    store: set[int] = set()
     no_decay: set[int] = set()
     for module in model.modules():
+        if isinstance(module, SigmaStore):
+            store.update(id(p) for p in module.parameters(recurse=False))
         if isinstance(module, SigmaStore) or sigma_class_for(module) is not None:
             no_decay.update(id(p) for p in module.parameters(recurse=False))
-    decay, other = [], []
+    own = store if sigma_lr is not None else set()
+    decay, other, sigma = [], [], []
     for p in model.parameters():
         if p.requires_grad:
-            (other if id(p) in no_decay or p.ndim <= 1 else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
+            (sigma if id(p) in own else other if id(p) in no_decay or p.ndim <= 1 else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
+    if sigma:
+        groups.append({"params": sigma, "weight_decay": 0.0, "lr": sigma_lr})
+    return groups

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
@@ -34,6 +33,7 @@ from sigmanens_dist.ema import EMA
 from sigmanens_dist.ensemble import SigmaEnsemble, map_tensors
 from sigmanens_dist.metrics import EnsembleMetrics, reliability_diagram
 from sigmanens_dist.models import build_model, param_groups
+from sigmanens_dist.objective import member_logits, training_loss
 from sigmanens_dist.strategies import build_strategy
 from sigmanens_dist.tracking import Tracker, git_commit
 
@@ -161,10 +161,8 @@ def run(cfg: Config) -> int:
             sync = contextlib.nullcontext() if micro == micro_per_step - 1 else strategy.no_sync(wrapped)
             with sync:
                 with autocast:
-                    logits = wrapped(x)  # (M, B, K)
-                    task = _member_loss(logits, y, cfg.train.label_smoothing)
-                    div = model.diversity_loss(cfg.reg.tau)
-                    loss = task + cfg.reg.lam * div
+                    logits = member_logits(wrapped, x, data.member_major)  # (M, B, K)
+                    loss, task, div = training_loss(model, logits, y, cfg)
                 scaler.scale(loss / micro_per_step).backward()
             stats += torch.stack([loss.detach(), task.detach(), div.detach()]).float() / micro_per_step
             seen += y.shape[0] * env.world_size
@@ -237,15 +235,6 @@ def _due(step: int, every: int | None, epoch_done: bool) -> bool:
     return step % every == 0 if every else epoch_done
 
 
-def _member_loss(logits: torch.Tensor, y: torch.Tensor, smoothing: float) -> torch.Tensor:
-    """Mean over members of each member's task loss (hard labels, or soft labels from mixup)."""
-    m = logits.shape[0]
-    flat = logits.float().flatten(0, 1)
-    if y.ndim == 2:  # soft targets
-        return torch.sum(-y.repeat(m, 1) * F.log_softmax(flat, dim=-1), dim=-1).mean()
-    return F.cross_entropy(flat, y.repeat(m), label_smoothing=smoothing)
-
-
 def _micro_batches(stream: TrainStream, pos: Position) -> Iterator[tuple[Any, int, int]]:
     """Micro-batches forever, each with the position of the one after it (what a checkpoint must record)."""
     epoch, start = pos.epoch, pos.batch
@@ -283,7 +272,8 @@ def _evaluate(model: nn.Module, data: Data, cfg: Config, env: DistEnv, plot_dir:
 
 
 def _optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
-    groups = param_groups(model, cfg.optim.weight_decay)
+    scale = cfg.optim.sigma_lr_scale
+    groups = param_groups(model, cfg.optim.weight_decay, None if scale == 1 else cfg.optim.lr * scale)
     if cfg.optim.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum, nesterov=cfg.optim.nesterov)
     return torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas))

@@ -31,7 +31,7 @@ from sigmanens_dist.data.registry import DATASET_STATS, build_datasets
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler, epoch_seed
 from sigmanens_dist.distributed import DistEnv
 
-__all__ = ["CLASSES_FILE", "Data", "MapStyleStream", "TrainStream", "build_data"]
+__all__ = ["CLASSES_FILE", "Data", "MapStyleStream", "MemberStream", "TrainStream", "build_data", "member_seed"]
 
 CLASSES_FILE = "classes.json"
 
@@ -52,6 +52,7 @@ class Data:
     in_chans: int
     vocab_size: int | None = None  # text datasets: the tokenizer's vocabulary size
     bad: BadSamples = field(default_factory=BadSamples)  # skipped-sample count (data.on_bad_sample=skip)
+    member_major: bool = False  # train batches are (M·B, …), each member its own samples (MemberStream)
 
 
 class MapStyleStream:
@@ -73,21 +74,51 @@ class MapStyleStream:
                               pin_memory=self.pin, generator=generator, collate_fn=collate_present)
 
 
+class MemberStream:
+    """Independent member batches (``model.member_batches=independent``), as Deep Ensembles train: member m reads
+    its own shuffle of the data, seeded by :func:`member_seed`, and a batch is their member-major concatenation
+    ``(M·B, …)`` with labels ``(M·B,)``. Each member's order is a function of (seed, member, epoch) only, so a run
+    resumed at (epoch, batch) sees the batches it would have seen. Member 0 reads what a shared run reads."""
+
+    def __init__(self, streams: list[MapStyleStream]) -> None:
+        self.streams = streams
+
+    def __len__(self) -> int:
+        return len(self.streams[0])
+
+    def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
+        for parts in zip(*(s.iter_epoch(epoch, start_batch) for s in self.streams), strict=True):
+            xs = [x for x, _ in parts]
+            x = ({k: torch.cat([p[k] for p in xs]) for k in xs[0]} if isinstance(xs[0], dict) else torch.cat(xs))
+            yield x, torch.cat([y for _, y in parts])
+
+
+def member_seed(seed: int, member: int) -> int:
+    """Data seed of member ``member``: the run's seed for member 0, distinct ones for the others."""
+    return seed + member * 1_000_000_007
+
+
 def build_data(cfg: Any, env: DistEnv) -> Data:
     """Train stream and eval pass for ``cfg.data`` (``cfg.train.batch_size`` per rank)."""
     d, batch = cfg.data, cfg.train.batch_size
     bad = BadSamples(d.on_bad_sample)
     if d.format == "raw":
         bundle = build_datasets(d, cfg.data_root(), cfg.train.randaugment)
-        train = MapStyleStream(Checked(bundle.train, bundle.num_classes, bad, "train"), batch, env, cfg.seed,
-                               d.num_workers)
+        train_set = Checked(bundle.train, bundle.num_classes, bad, "train")
+        members = cfg.model.num_members if cfg.model.ensemble else 1
+        if cfg.model.member_batches == "independent" and members > 1:
+            train = MemberStream([MapStyleStream(train_set, batch, env, member_seed(cfg.seed, m), d.num_workers)
+                                  for m in range(members)])
+        else:
+            train = MapStyleStream(train_set, batch, env, cfg.seed, d.num_workers)
         val_set = Checked(bundle.val, bundle.num_classes, bad, "val")
 
         def val() -> Iterable[Batch]:
             sampler = EvalShardSampler(len(val_set), batch, env.rank, env.world_size)
             return DataLoader(val_set, batch_sampler=sampler, num_workers=d.num_workers, collate_fn=collate_present)
 
-        return Data(train, val, bundle.num_classes, bundle.in_chans, bundle.vocab_size, bad)
+        return Data(train, val, bundle.num_classes, bundle.in_chans, bundle.vocab_size, bad,
+                    member_major=isinstance(train, MemberStream))
 
     if d.dataset not in (*DATASET_STATS, "sst2"):
         raise ValueError(f"data.format={d.format!r} needs a converted dataset, one of "
