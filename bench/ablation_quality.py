@@ -27,11 +27,12 @@ from scipy import stats  # installed with scikit-learn, a dependency
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The budget (see docs/quality.md for why): 250 steps of 32 images from the first 12k training images (≈0.67 epoch),
-# scored on the first 2000 test images.
-BUDGET = ["train.max_steps=250", "train.batch_size=32", "data.train_subset=12000", "data.val_subset=2000",
-          "schedule.warmup_steps=20", "train.eval_every_steps=null", "checkpoint.every_steps=50",
-          "tracking.enabled=false", "data.num_workers=0"]
+# The budget (docs/quality.md says why): timm's test_resnet (0.37M parameters, BatchNorm, residual blocks), 120 steps
+# of 32 images from the first 12k training images (a third of an epoch), scored on the first 2000 test images. The
+# issue's budget (resnet10t, 1500 steps of 64) would take days on this shared 2-core machine.
+BUDGET = ["model.name=test_resnet", "train.max_steps=120", "train.batch_size=32", "data.train_subset=12000",
+          "data.val_subset=2000", "schedule.warmup_steps=10", "train.eval_every_steps=null",
+          "checkpoint.every_steps=40", "tracking.enabled=false", "data.num_workers=0"]
 LAM0 = ["reg.lambda=0"]
 INIT_ON = ["model.gamma_init_mean=3", "model.gamma_init_std=0.1", "model.affine_init=plain"]
 # Before the knobs existed the demo recipe was τ=0.25, λ=0.01 with these defaults; spelt out so the arm keeps
@@ -50,7 +51,7 @@ ARMS: dict[str, list[str]] = {
     "lam0+combo": TODAY + LAM0 + ["optim.sigma_lr_scale=4", "model.member_batches=independent"] + INIT_ON,
 }
 # Equal training compute: the single model given M=4 times the steps (run after the equal-epoch grid).
-LATE_ARMS: dict[str, list[str]] = {"single_x4_steps": ["model.ensemble=false", "train.max_steps=1000"]}
+LATE_ARMS: dict[str, list[str]] = {"single_x4_steps": ["model.ensemble=false", "train.max_steps=480"]}
 BASELINE = "single"
 METRICS = ["acc", "nll", "ece", "brier", "disagreement", "sharing/members_on", "member_mean_acc"]
 
