@@ -50,8 +50,13 @@ ARMS: dict[str, list[str]] = {
     "lam0+independent": TODAY + LAM0 + ["model.member_batches=independent"],
     "lam0+combo": TODAY + LAM0 + ["optim.sigma_lr_scale=4", "model.member_batches=independent"] + INIT_ON,
 }
-# Equal training compute: the single model given M=4 times the steps (run after the equal-epoch grid).
-LATE_ARMS: dict[str, list[str]] = {"single_x4_steps": ["model.ensemble=false", "train.max_steps=480"]}
+# Run after the equal-epoch grid: the single model given M=4 times the steps (equal training compute).
+# Then the best σ arm with the regulariser back on: today's τ=0.25 and the pull on each γ of today's λ=0.01 at M=4
+# (λ=0.04 with reg.normalize=members, whose L_div is the sum / M).
+LATE_ARMS: dict[str, list[str]] = {
+    "single_x4_steps": ["model.ensemble=false", "train.max_steps=480"],
+    "combo+reg": ARMS["lam0+combo"] + ["reg.tau=0.25", "reg.lambda=0.04", "reg.normalize=members"],
+}
 BASELINE = "single"
 METRICS = ["acc", "nll", "ece", "brier", "disagreement", "sharing/members_on", "member_mean_acc"]
 

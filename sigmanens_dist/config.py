@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import re
 import tempfile
@@ -67,10 +68,12 @@ class ModelConfig(_Section):
     num_members: int = Field(4, ge=1)
     gamma_init_mean: float = Field(0.0, allow_inf_nan=False)
     gamma_init_std: float = Field(1.0, ge=0, allow_inf_nan=False)
-    # divide: member affine = source affine / σ(γ) (function preserving, for pretrained sources); plain: = source
-    affine_init: Literal["divide", "plain"] = "divide"
-    # shared: every member sees the same batch; independent: each member its own shuffle of the data (raw format)
-    member_batches: Literal["shared", "independent"] = "shared"
+    # divide: member affine = source affine / σ(γ) (function preserving); plain: = source affine;
+    # auto: divide for a pretrained backbone, plain from scratch (there is no function to preserve)
+    affine_init: Literal["auto", "divide", "plain"] = "auto"
+    # shared: every member sees the same batch; independent: each member its own shuffle of the data (raw format);
+    # auto: independent with data.format=raw, else shared
+    member_batches: Literal["auto", "shared", "independent"] = "auto"
     layers: list[str] | None = None  # fnmatch patterns of norm layers to convert; None: every norm
 
     @field_validator("name")
@@ -93,6 +96,13 @@ class ModelConfig(_Section):
         if clash:
             raise ValueError(f"set {', '.join(clash)} as model.<key>, not inside model.kwargs")
         return kwargs
+
+    @model_validator(mode="after")
+    def _resolve_affine_init(self) -> ModelConfig:
+        """``auto`` becomes what it means here, so the saved config says what ran."""
+        if self.affine_init == "auto":
+            self.affine_init = "divide" if self.pretrained else "plain"
+        return self
 
     @model_validator(mode="after")
     def _hf_kwargs_from_elsewhere(self) -> ModelConfig:
@@ -133,7 +143,15 @@ class OptimConfig(_Section):
     nesterov: bool = False  # SGD only
     weight_decay: float = Field(5e-4, ge=0, allow_inf_nan=False)
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW only
-    sigma_lr_scale: float = Field(1.0, gt=0, allow_inf_nan=False)  # lr multiplier of the σ store (γ, member affines)
+    # lr multiplier of the σ store (γ, member affines); num_members: M, which undoes the 1/M of a member-mean loss
+    sigma_lr_scale: float | Literal["num_members"] = 1.0
+
+    @field_validator("sigma_lr_scale")
+    @classmethod
+    def _positive_scale(cls, scale: float | str) -> float | str:
+        if isinstance(scale, float) and not (math.isfinite(scale) and scale > 0):
+            raise ValueError("must be a finite number > 0 or 'num_members'")
+        return scale
 
     @field_validator("betas")
     @classmethod
@@ -271,6 +289,8 @@ class Config(_Section):
             if text and getattr(self.train, key):
                 raise _cross_field(f"train.{key}", "an image augmentation; set it to 0/null for text data",
                                    getattr(self.train, key))
+        if self.model.member_batches == "auto":  # resolved here, so the saved config says what ran
+            self.model.member_batches = "independent" if self.data.format == "raw" else "shared"
         if self.model.member_batches == "independent" and self.data.format != "raw":
             raise _cross_field("model.member_batches", "independent member batches are read with data.format=raw "
                                                        f"only (got data.format={self.data.format!r}); use shared",

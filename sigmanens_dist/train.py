@@ -272,7 +272,7 @@ def _evaluate(model: nn.Module, data: Data, cfg: Config, env: DistEnv, plot_dir:
 
 
 def _optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
-    scale = cfg.optim.sigma_lr_scale
+    scale = model.num_members if cfg.optim.sigma_lr_scale == "num_members" else cfg.optim.sigma_lr_scale
     groups = param_groups(model, cfg.optim.weight_decay, None if scale == 1 else cfg.optim.lr * scale)
     if cfg.optim.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum, nesterov=cfg.optim.nesterov)

@@ -184,4 +184,4 @@ def test_flatten_gives_dotted_scalar_keys() -> None:
     assert flat["run_dir"] == "runs/default" and flat["data.root"] is None and flat["seed"] == 0
     assert all(isinstance(v, (str, int, float, bool, type(None))) for v in flat.values())
     assert "model" not in flat and "model.kwargs" not in flat
-    assert len([k for k in flat if k.startswith("train.")]) == 13
+    assert len([k for k in flat if k.startswith("train.")]) == 14

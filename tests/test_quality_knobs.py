@@ -117,6 +117,9 @@ def test_gamma_init_all_on_through_the_config() -> None:
 def test_sigma_lr_scale_gives_the_sigma_store_its_own_rate_through_the_schedule() -> None:
     cfg = load_config(None, ["model.name=resnet10t", "optim.lr=0.05", "optim.sigma_lr_scale=4"], check_data=False)
     model = build_model(cfg, 3, 1)
+    by_m = load_config(None, ["model.name=resnet10t", "optim.lr=0.05", "optim.sigma_lr_scale=num_members",
+                              "model.num_members=4"], check_data=False)
+    assert _optimizer(by_m, model).param_groups[-1]["lr"] == pytest.approx(0.2)  # the σ store: M × lr
     opt = _optimizer(cfg, model)
     store = [g for g in opt.param_groups if any(p is model.sigma.flat for p in g["params"])]
     assert len(store) == 1 and store[0]["lr"] == pytest.approx(0.2) and store[0]["weight_decay"] == 0
@@ -138,7 +141,7 @@ def test_independent_member_batches_are_member_major_and_resume_exactly() -> Non
     cfg = _synthetic_cfg("model.num_members=3", "model.member_batches=independent")
     data = build_data(cfg, ENV)
     assert isinstance(data.train, MemberStream) and data.member_major
-    shared = build_data(_synthetic_cfg("model.num_members=3"), ENV)
+    shared = build_data(_synthetic_cfg("model.num_members=3", "model.member_batches=shared"), ENV)
     assert isinstance(shared.train, MapStyleStream) and not shared.member_major
     batches = list(data.train.iter_epoch(1))
     x, y = batches[0]
@@ -162,6 +165,13 @@ def test_member_logits_routes_member_major_batches() -> None:
     torch.testing.assert_close(out[1], ens(other)[1])
 
 
+def test_auto_knobs_resolve_to_what_runs() -> None:
+    scratch = load_config(None, check_data=False).model
+    assert (scratch.affine_init, scratch.member_batches) == ("plain", "independent")
+    other = load_config(None, ["model.pretrained=true", "data.format=ffcv"], check_data=False).model
+    assert (other.affine_init, other.member_batches) == ("divide", "shared")  # function preserving; FFCV: shared
+
+
 def test_independent_batches_need_the_raw_format() -> None:
     with pytest.raises(ConfigError, match=r"model\.member_batches: independent member batches are read with "
                                           r"data\.format=raw only \(got data\.format='ffcv'\)"):
@@ -175,9 +185,9 @@ def test_bad_knob_values_are_named_in_one_error() -> None:
     text = str(err.value)
     for line in ("train.member_loss: must be 'mean' or 'sum' (got 'avg')",
                  "reg.normalize: must be 'none', 'members' or 'mean' (got 'sum')",
-                 "model.affine_init: must be 'divide' or 'plain' (got 'scaled')",
-                 "model.member_batches: must be 'shared' or 'independent' (got 'per_member')",
-                 "optim.sigma_lr_scale: must be > 0.0 (got 0)"):
+                 "model.affine_init: must be 'auto', 'divide' or 'plain' (got 'scaled')",
+                 "model.member_batches: must be 'auto', 'shared' or 'independent' (got 'per_member')",
+                 "optim.sigma_lr_scale: must be a finite number > 0 or 'num_members' (got 0)"):
         assert line in text, text
 
 
