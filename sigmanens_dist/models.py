@@ -88,7 +88,8 @@ def _hf_backbone(model_cfg: Any, num_labels: int, vocab_size: int | None) -> nn.
 
 def param_groups(model: nn.Module, weight_decay: float, sigma_lr: float | None = None) -> list[dict[str, Any]]:
     """Weight decay on shared weights only: none on the σ store (by type: decaying γ would pull every importance to
-    σ(0)=½ and fight the regulariser), on plain norm layers, or on biases.
+    σ(0)=½ and fight the regulariser), on plain norm layers, on biases, or on what a module names in its
+    ``no_weight_decay()`` (timm ViT's ``pos_embed`` and ``cls_token``, as timm's optimizer factory does).
 
     ``sigma_lr`` (the peak rate × ``optim.sigma_lr_scale``) puts the σ store in a group of its own with that rate:
     under a member-mean loss each member's γ and affine get 1/M of the gradient, and ``sigma_lr = M·lr`` gives them a
@@ -101,6 +102,10 @@ def param_groups(model: nn.Module, weight_decay: float, sigma_lr: float | None =
             store.update(id(p) for p in module.parameters(recurse=False))
         if isinstance(module, SigmaStore) or sigma_class_for(module) is not None:
             no_decay.update(id(p) for p in module.parameters(recurse=False))
+        if callable(getattr(module, "no_weight_decay", None)):
+            named = dict(module.named_parameters())
+            for name in module.no_weight_decay():
+                no_decay.update(id(p) for n, p in named.items() if n == name or n.startswith(f"{name}."))
     own = store if sigma_lr is not None else set()
     decay, other, sigma = [], [], []
     for p in model.parameters():

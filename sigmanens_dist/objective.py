@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["REDUCTIONS", "member_logits", "member_loss", "training_loss"]
+__all__ = ["REDUCTIONS", "member_logits", "member_loss", "member_streams", "sigma_lr", "training_loss"]
 
 REDUCTIONS = ("mean", "sum")
 Reduction = Literal["mean", "sum"]
@@ -63,3 +63,18 @@ def training_loss(model: nn.Module, logits: torch.Tensor, y: torch.Tensor, cfg: 
     task = member_loss(logits, y, cfg.train.label_smoothing, cfg.train.member_loss)
     div = model.diversity_loss(cfg.reg.tau, cfg.reg.normalize)
     return task + cfg.reg.lam * div, task, div
+
+
+def member_streams(cfg: Any) -> int:
+    """How many independent data streams the train loader reads: M with ``model.member_batches=independent`` (an
+    ensemble), else 1 (one batch every member sees)."""
+    m = cfg.model.num_members if cfg.model.ensemble else 1
+    return m if cfg.model.member_batches == "independent" else 1
+
+
+def sigma_lr(cfg: Any, model: nn.Module) -> float | None:
+    """Peak learning rate of the σ store (``optim.lr × optim.sigma_lr_scale``, ``num_members`` meaning M), or None
+    when it is the shared rate (the store then stays in the common no-decay group)."""
+    scale = cfg.optim.sigma_lr_scale
+    scale = model.num_members if scale == "num_members" else scale
+    return None if scale == 1 else cfg.optim.lr * scale

@@ -15,9 +15,9 @@ from sigmanens_dist.config import ConfigError, load_config
 from sigmanens_dist.data.loaders import MapStyleStream, MemberStream, build_data, member_seed
 from sigmanens_dist.distributed import DistEnv
 from sigmanens_dist.models import build_model, param_groups
-from sigmanens_dist.objective import member_logits, member_loss, training_loss
-from sigmanens_dist.train import _optimizer
-from tests.helpers import SYNTHETIC, TINY_VIT, final_state, run_train
+from sigmanens_dist.objective import member_logits, member_loss, member_streams, sigma_lr, training_loss
+from sigmanens_dist.train import _optimizer, run
+from tests.helpers import SYNTHETIC, TINY_VIT, final_state, losses
 
 ENV = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
@@ -119,8 +119,8 @@ def test_sigma_lr_scale_gives_the_sigma_store_its_own_rate_through_the_schedule(
     model = build_model(cfg, 3, 1)
     by_m = load_config(None, ["model.name=resnet10t", "optim.lr=0.05", "optim.sigma_lr_scale=num_members",
                               "model.num_members=4"], check_data=False)
-    assert _optimizer(by_m, model).param_groups[-1]["lr"] == pytest.approx(0.2)  # the σ store: M × lr
-    opt = _optimizer(cfg, model)
+    assert sigma_lr(by_m, model) == pytest.approx(0.2)  # M × lr
+    opt = _optimizer(cfg, param_groups(model, cfg.optim.weight_decay, sigma_lr(cfg, model)))
     store = [g for g in opt.param_groups if any(p is model.sigma.flat for p in g["params"])]
     assert len(store) == 1 and store[0]["lr"] == pytest.approx(0.2) and store[0]["weight_decay"] == 0
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
@@ -129,19 +129,21 @@ def test_sigma_lr_scale_gives_the_sigma_store_its_own_rate_through_the_schedule(
     sched.step()
     assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.025, 0.025, 0.1])
     # scale 1 keeps the original two groups, so checkpoints of earlier runs still resume
+    assert sigma_lr(load_config(None, check_data=False), model) is None
     assert len(param_groups(model, 5e-4)) == 2
 
 
 # -- model.member_batches -----------------------------------------------------------------------------------------
-def _synthetic_cfg(*extra: str):
-    return load_config(None, [*SYNTHETIC, "data.train_subset=64", "train.batch_size=8", *extra], check_data=False)
+def _data(*extra: str):
+    """The train data of a tiny synthetic run, built as the trainer builds it."""
+    cfg = load_config(None, [*SYNTHETIC, "data.train_subset=64", "train.batch_size=8", *extra], check_data=False)
+    return build_data(cfg.data, cfg.train.batch_size, cfg.seed, ENV, None, member_streams(cfg))
 
 
 def test_independent_member_batches_are_member_major_and_resume_exactly() -> None:
-    cfg = _synthetic_cfg("model.num_members=3", "model.member_batches=independent")
-    data = build_data(cfg, ENV)
+    data = _data("model.num_members=3", "model.member_batches=independent")
     assert isinstance(data.train, MemberStream) and data.member_major
-    shared = build_data(_synthetic_cfg("model.num_members=3", "model.member_batches=shared"), ENV)
+    shared = _data("model.num_members=3", "model.member_batches=shared")
     assert isinstance(shared.train, MapStyleStream) and not shared.member_major
     batches = list(data.train.iter_epoch(1))
     x, y = batches[0]
@@ -193,16 +195,20 @@ def test_bad_knob_values_are_named_in_one_error() -> None:
 
 @pytest.mark.slow
 def test_independent_batches_train_and_resume_bit_identically(tmp_path: Path) -> None:
+    """Every knob on, through the trainer (in this process: three interpreter start-ups cost more than the runs)."""
     common = [*TINY_VIT, *SYNTHETIC, "train.batch_size=8", "optim.name=sgd", "optim.lr=0.05", "train.max_steps=4",
-              "checkpoint.every_steps=2", "checkpoint.keep_last=2", "model.num_members=2",
-              "model.member_batches=independent", "train.member_loss=sum", "optim.sigma_lr_scale=2",
-              "model.affine_init=plain", "reg.normalize=members"]
-    run_train(tmp_path / "straight", *common)
+              "checkpoint.every_steps=2", "checkpoint.keep_last=2", "model.num_members=2", "tracking.enabled=false",
+              "model.member_batches=independent", "train.member_loss=sum", "optim.sigma_lr_scale=num_members",
+              "model.affine_init=plain", "reg.normalize=members", "train.log_every_steps=1"]
+    assert run(load_config(None, [*common, f"run_dir={tmp_path / 'straight'}"])) == 0
     # The step-2 checkpoint of the straight run, resumed: the same 2 remaining batches and the same final weights.
     ckpt = tmp_path / "straight" / "checkpoints"
     (tmp_path / "again" / "checkpoints").mkdir(parents=True)
     (tmp_path / "again" / "checkpoints" / "step_00000002.pt").write_bytes((ckpt / "step_00000002.pt").read_bytes())
-    run_train(tmp_path / "again", *common, "checkpoint.resume=auto")
+    assert run(load_config(None, [*common, f"run_dir={tmp_path / 'again'}", "checkpoint.resume=auto"])) == 0
+    assert losses(tmp_path / "again") == {k: v for k, v in losses(tmp_path / "straight").items() if k > 2}
+    groups = final_state(tmp_path / "again", "optimizer")["param_groups"]
+    assert len(groups) == 3 and groups[2]["initial_lr"] == pytest.approx(2 * 0.05)  # the σ store at M × lr
     straight, again = final_state(tmp_path / "straight"), final_state(tmp_path / "again")
     for k in straight:
         assert torch.equal(straight[k], again[k]), k

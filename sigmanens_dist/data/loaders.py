@@ -27,8 +27,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from sigmanens_dist.data.bad_samples import BadSamples, Checked, collate_present
-from sigmanens_dist.data.registry import DATASET_STATS, build_datasets
+from sigmanens_dist.data.registry import build_datasets
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler, epoch_seed
+from sigmanens_dist.datasets import DATASETS, convertible, resolve_root
 from sigmanens_dist.distributed import DistEnv
 
 __all__ = ["CLASSES_FILE", "Data", "MapStyleStream", "MemberStream", "TrainStream", "build_data", "member_seed"]
@@ -98,19 +99,23 @@ def member_seed(seed: int, member: int) -> int:
     return seed + member * 1_000_000_007
 
 
-def build_data(cfg: Any, env: DistEnv) -> Data:
-    """Train stream and eval pass for ``cfg.data`` (``cfg.train.batch_size`` per rank)."""
-    d, batch = cfg.data, cfg.train.batch_size
+def build_data(d: Any, batch_size: int, seed: int, env: DistEnv, randaugment: str | None = None,
+               member_streams: int = 1) -> Data:
+    """Train stream and eval pass for the data config ``d``, at ``batch_size`` per rank; ``seed`` fixes the order
+    and augmentation of every epoch. ``member_streams`` > 1 (raw format only): that many members each read their
+    own shuffle, in member-major batches (:class:`MemberStream`)."""
+    batch, root = batch_size, resolve_root(d.dataset, d.root)
     bad = BadSamples(d.on_bad_sample)
+    if member_streams > 1 and d.format != "raw":
+        raise ValueError(f"independent member batches are read with data.format=raw only, got {d.format!r}")
     if d.format == "raw":
-        bundle = build_datasets(d, cfg.data_root(), cfg.train.randaugment)
+        bundle = build_datasets(d, root, randaugment)
         train_set = Checked(bundle.train, bundle.num_classes, bad, "train")
-        members = cfg.model.num_members if cfg.model.ensemble else 1
-        if cfg.model.member_batches == "independent" and members > 1:
-            train = MemberStream([MapStyleStream(train_set, batch, env, member_seed(cfg.seed, m), d.num_workers)
-                                  for m in range(members)])
+        if member_streams > 1:
+            train = MemberStream([MapStyleStream(train_set, batch, env, member_seed(seed, m), d.num_workers)
+                                  for m in range(member_streams)])
         else:
-            train = MapStyleStream(train_set, batch, env, cfg.seed, d.num_workers)
+            train = MapStyleStream(train_set, batch, env, seed, d.num_workers)
         val_set = Checked(bundle.val, bundle.num_classes, bad, "val")
 
         def val() -> Iterable[Batch]:
@@ -120,26 +125,26 @@ def build_data(cfg: Any, env: DistEnv) -> Data:
         return Data(train, val, bundle.num_classes, bundle.in_chans, bundle.vocab_size, bad,
                     member_major=isinstance(train, MemberStream))
 
-    if d.dataset not in (*DATASET_STATS, "sst2"):
+    if d.dataset not in convertible():
         raise ValueError(f"data.format={d.format!r} needs a converted dataset, one of "
-                         f"{', '.join((*DATASET_STATS, 'sst2'))}; got data.dataset={d.dataset!r}")
-    root = Path(cfg.data_root())
+                         f"{', '.join(convertible())}; got data.dataset={d.dataset!r}")
+    root = Path(root)
     classes_file = root / CLASSES_FILE
     if not classes_file.is_file():
         raise FileNotFoundError(f"{classes_file} is missing: write {d.format} data with `sigmanens data convert "
                                 f"--format {d.format} --out {root} …`")
     num_classes = len(json.loads(classes_file.read_text())["classes"])
     if d.dataset == "sst2":
-        return _converted_text(cfg, env, root, num_classes, bad)
-    mean, std, native = DATASET_STATS[d.dataset]
-    size = d.img_size or native
+        return _converted_text(d, batch, seed, env, root, num_classes, bad)
+    spec = DATASETS[d.dataset]
+    mean, std, size = spec.mean, spec.std, d.img_size or spec.size
     if d.format == "ffcv":
         from sigmanens_dist.data.ffcv_io import FFCVLoader
 
         if len(mean) == 1:  # FFCV stores grayscale as 3 equal channels
             mean, std = mean * 3, std * 3
         common = dict(batch_size=batch, rank=env.rank, world_size=env.world_size, num_workers=max(1, d.num_workers),
-                      seed=cfg.seed, img_size=size, mean=mean, std=std, device=env.device)
+                      seed=seed, img_size=size, mean=mean, std=std, device=env.device)
         train = FFCVLoader(root / "train.beton", train=True, **common)
         val_loader = FFCVLoader(root / "val.beton", train=False, **common)
         return Data(train, lambda: val_loader.iter_epoch(0), num_classes, 3)
@@ -147,17 +152,17 @@ def build_data(cfg: Any, env: DistEnv) -> Data:
     from sigmanens_dist.data.webdataset_io import WebDatasetLoader, image_transform, iter_eval
 
     train = WebDatasetLoader(root / "train" / "manifest.json", batch, env.rank, env.world_size, d.num_workers,
-                             cfg.seed, image_transform(True, size, mean, std), bad=bad)
+                             seed, image_transform(True, size, mean, std), bad=bad)
     val_tf = image_transform(False, size, mean, std)
     return Data(train, lambda: iter_eval(root / "val" / "manifest.json", env.rank, env.world_size, batch, val_tf,
                                          bad), num_classes, len(mean), bad=bad)
 
 
-def _converted_text(cfg: Any, env: DistEnv, root: Path, num_classes: int, bad: BadSamples) -> Data:
+def _converted_text(d: Any, batch: int, seed: int, env: DistEnv, root: Path, num_classes: int, bad: BadSamples
+                    ) -> Data:
     """Sentences from converted data, tokenised per batch by the same ``TextBatcher`` as the raw reader."""
     from sigmanens_dist.data.sst2 import TOKENIZER_DIR, TextBatcher, load_tokenizer
 
-    d, batch = cfg.data, cfg.train.batch_size
     if d.tokenizer is None and not (root / TOKENIZER_DIR / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{root / TOKENIZER_DIR} is missing: `sigmanens data convert --dataset sst2` writes "
                                 f"it there; or set data.tokenizer to the backbone's tokenizer folder")
@@ -167,14 +172,14 @@ def _converted_text(cfg: Any, env: DistEnv, root: Path, num_classes: int, bad: B
         from sigmanens_dist.data.ffcv_io import FFCVTextLoader
 
         common = dict(batch_size=batch, rank=env.rank, world_size=env.world_size, num_workers=max(1, d.num_workers),
-                      seed=cfg.seed, batcher=batcher)
+                      seed=seed, batcher=batcher)
         train = FFCVTextLoader(root / "train.beton", train=True, **common)
         val_loader = FFCVTextLoader(root / "val.beton", train=False, **common)
         return Data(train, lambda: val_loader.iter_epoch(0), num_classes, 0, len(tokenizer))
 
     from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, iter_eval
 
-    train = WebDatasetLoader(root / "train" / MANIFEST, batch, env.rank, env.world_size, d.num_workers, cfg.seed,
+    train = WebDatasetLoader(root / "train" / MANIFEST, batch, env.rank, env.world_size, d.num_workers, seed,
                              None, bad=bad, collate=batcher)
     return Data(train, lambda: iter_eval(root / "val" / MANIFEST, env.rank, env.world_size, batch, None, bad,
                                          collate=batcher), num_classes, 0, len(tokenizer), bad=bad)
