@@ -66,8 +66,9 @@ class ModelConfig(_Section):
     kwargs: dict[str, Any] = Field(default_factory=dict)  # more timm.create_model kwargs, e.g. img_size, patch_size
     ensemble: bool = True  # False: train the plain backbone as a single-model baseline
     num_members: int = Field(4, ge=1)
-    gamma_init_mean: float = Field(0.0, allow_inf_nan=False)
-    gamma_init_std: float = Field(1.0, ge=0, allow_inf_nan=False)
+    # γ ~ N(mean, std²); 3 and 0.1 start every member "on" (σ(γ) ≈ 0.95), see docs/quality.md
+    gamma_init_mean: float = Field(3.0, allow_inf_nan=False)
+    gamma_init_std: float = Field(0.1, ge=0, allow_inf_nan=False)
     # divide: member affine = source affine / σ(γ) (function preserving); plain: = source affine;
     # auto: divide for a pretrained backbone, plain from scratch (there is no function to preserve)
     affine_init: Literal["auto", "divide", "plain"] = "auto"
@@ -144,7 +145,7 @@ class OptimConfig(_Section):
     weight_decay: float = Field(5e-4, ge=0, allow_inf_nan=False)
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW only
     # lr multiplier of the σ store (γ, member affines); num_members: M, which undoes the 1/M of a member-mean loss
-    sigma_lr_scale: float | Literal["num_members"] = 1.0
+    sigma_lr_scale: float | Literal["num_members"] = "num_members"
 
     @field_validator("sigma_lr_scale")
     @classmethod

@@ -104,13 +104,13 @@ def test_affine_init_divide_preserves_the_function_and_plain_keeps_the_source_af
 
 
 def test_gamma_init_all_on_through_the_config() -> None:
-    cfg = load_config(None, ["model.name=resnet10t", "model.gamma_init_mean=3", "model.gamma_init_std=0.1",
-                             "model.affine_init=plain"], check_data=False)
-    ens = build_model(cfg, 3, 1)
+    ens = build_model(load_config(None, ["model.name=resnet10t"], check_data=False), 3, 1)  # the default: 3, 0.1
     assert ens.sharing()["all"] == ens.num_members  # every member "on" for every feature
     assert torch.sigmoid(ens.gamma()).min() > 0.9
-    default = build_model(load_config(None, ["model.name=resnet10t"], check_data=False), 3, 1)
-    assert default.sharing()["all"] < default.num_members  # N(0, 1) switches some members off
+    cfg = load_config(None, ["model.name=resnet10t", "model.gamma_init_mean=0", "model.gamma_init_std=1"],
+                      check_data=False)
+    before = build_model(cfg, 3, 1)
+    assert before.sharing()["all"] < before.num_members  # N(0, 1) switches some members off
 
 
 # -- optim.sigma_lr_scale -----------------------------------------------------------------------------------------
@@ -129,7 +129,8 @@ def test_sigma_lr_scale_gives_the_sigma_store_its_own_rate_through_the_schedule(
     sched.step()
     assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.025, 0.025, 0.1])
     # scale 1 keeps the original two groups, so checkpoints of earlier runs still resume
-    assert sigma_lr(load_config(None, check_data=False), model) is None
+    assert sigma_lr(load_config(None, check_data=False), model) == pytest.approx(4 * 0.1)  # default: M × lr
+    assert sigma_lr(load_config(None, ["optim.sigma_lr_scale=1"], check_data=False), model) is None
     assert len(param_groups(model, 5e-4)) == 2
 
 
