@@ -4,6 +4,7 @@
     sigmanens demo                                                      (the embedded Fashion-MNIST demo)
     sigmanens params resnet50 --members 1 4 16                          (σN-Ens vs single-model parameter count)
     sigmanens data convert --dataset cifar10 --root /data/cifar10 --format ffcv --out /data/cifar10_ffcv
+    sigmanens eval --checkpoint runs/x/checkpoints/best.pt --corruptions all --ood digits   (test-set evaluation)
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _params(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("train", "demo", "params", "data")
+    commands = ("train", "demo", "params", "data", "eval")
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__)
         if argv and argv[0] not in ("-h", "--help"):
@@ -50,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sigmanens_dist.data.convert import main as convert_main
 
         return convert_main(rest[1:])
+    if cmd == "eval":
+        from sigmanens_dist.eval.cli import main as eval_main
+
+        return eval_main(rest)
     if cmd == "train":
         from sigmanens_dist.train import main as train_main
 

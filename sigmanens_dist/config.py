@@ -14,6 +14,7 @@ import math
 import os
 import re
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -24,8 +25,8 @@ from pydantic_core import PydanticCustomError
 
 from sigmanens_dist.datasets import DATASETS, DatasetName, resolve_root
 
-__all__ = ["CheckpointConfig", "Config", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig", "RegConfig",
-           "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig", "check_paths", "flatten",
+__all__ = ["CheckpointConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig",
+           "RegConfig", "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig", "check_paths", "flatten",
            "load_config", "save_config"]
 
 
@@ -50,6 +51,9 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+_PACKED_EXAMPLES = ("resnet10t", "resnet18", "resnet50", "wide_resnet50_2", "resnext50_32x4d")
+
+
 class ModelConfig(_Section):
     """The backbone and how it becomes a σN-Ens ensemble.
 
@@ -64,17 +68,23 @@ class ModelConfig(_Section):
     num_classes: int | None = Field(None, ge=1)  # None: the dataset's
     in_chans: int | None = Field(None, ge=1)  # None: the dataset's
     kwargs: dict[str, Any] = Field(default_factory=dict)  # more timm.create_model kwargs, e.g. img_size, patch_size
-    ensemble: bool = True  # False: train the plain backbone as a single-model baseline
-    num_members: int = Field(4, ge=1)
+    # sigma: σN-Ens; single: the plain backbone; deep: Deep Ensemble; batch: BatchEnsemble; packed: Packed-Ensembles
+    # (timm ResNet family); film: per-member norms without σ gate or L_div (docs/methods.md)
+    method: Literal["sigma", "single", "deep", "batch", "packed", "film"] = "sigma"
+    num_members: int = Field(4, ge=1)  # M (not used by method=single)
+    # independent: each member reads its own data order (member k that of a run with seed+k); shared: every member
+    # sees the same batch. None: the method's default (independent for deep, shared for the others)
+    member_batches: Literal["shared", "independent"] | None = None
+    packed_alpha: float = Field(2.0, gt=0, allow_inf_nan=False)  # packed: width factor α
+    packed_gamma: int = Field(1, ge=1)  # packed: sub-groups per member γ
+    fast_weight_init_std: float = Field(0.5, ge=0, allow_inf_nan=False)  # batch: r, s ~ N(1, std)
+    film_init_std: float = Field(0.1, ge=0, allow_inf_nan=False)  # film: member scales = source × N(1, std)
     # γ ~ N(mean, std²); 3 and 0.1 start every member "on" (σ(γ) ≈ 0.95), see docs/quality.md
     gamma_init_mean: float = Field(3.0, allow_inf_nan=False)
     gamma_init_std: float = Field(0.1, ge=0, allow_inf_nan=False)
     # divide: member affine = source affine / σ(γ) (function preserving); plain: = source affine;
     # auto: divide for a pretrained backbone, plain from scratch (there is no function to preserve)
     affine_init: Literal["auto", "divide", "plain"] = "auto"
-    # shared: every member sees the same batch; independent: each member its own shuffle of the data (raw format);
-    # auto: independent with data.format=raw, else shared
-    member_batches: Literal["auto", "shared", "independent"] = "auto"
     layers: list[str] | None = None  # fnmatch patterns of norm layers to convert; None: every norm
 
     @field_validator("name")
@@ -97,6 +107,44 @@ class ModelConfig(_Section):
         if clash:
             raise ValueError(f"set {', '.join(clash)} as model.<key>, not inside model.kwargs")
         return kwargs
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ensemble_is_method(cls, data: Any) -> Any:
+        """Deprecated ``model.ensemble: true|false`` still reads as ``model.method: sigma|single``."""
+        if isinstance(data, dict) and "ensemble" in data:
+            data = dict(data)
+            flag = data.pop("ensemble")
+            if not isinstance(flag, bool):
+                raise _cross_field("ensemble", "deprecated boolean; use model.method", flag)
+            implied = "sigma" if flag else "single"
+            if data.get("method", implied) != implied:
+                raise _cross_field("ensemble", f"model.ensemble={flag} (deprecated) contradicts model.method="
+                                               f"{data['method']!r}; keep only model.method", flag)
+            data["method"] = implied
+            warnings.warn("model.ensemble is deprecated; use model.method: sigma | single", DeprecationWarning,
+                          stacklevel=2)
+        return data
+
+    @model_validator(mode="after")
+    def _method_knobs(self) -> ModelConfig:
+        """A knob of another method changed from its default (a saved config repeats the defaults), or a family the
+        method does not support, is an error before anything runs."""
+        owners = {"packed_alpha": "packed", "packed_gamma": "packed", "fast_weight_init_std": "batch",
+                  "film_init_std": "film"}
+        for key, method in owners.items():
+            value = getattr(self, key)
+            if self.method != method and value != type(self).model_fields[key].default:
+                raise _cross_field(key, f"applies to model.method={method} only, not {self.method!r}", value)
+        if self.method == "packed":
+            import timm
+
+            family = timm.list_models(module="resnet")
+            if self.source != "timm" or self.name not in family:
+                raise _cross_field("method", f"packed supports the timm ResNet family (timm.models.resnet: "
+                                             f"{', '.join(n for n in family if n in _PACKED_EXAMPLES)}, …); got "
+                                             f"model.name={self.name!r}", self.method)
+        return self
 
     @model_validator(mode="after")
     def _resolve_affine_init(self) -> ModelConfig:
@@ -184,7 +232,8 @@ class TrainConfig(_Section):
     max_steps: int | None = Field(None, ge=1)
     batch_size: int = Field(128, ge=1)
     grad_accum: int = Field(1, ge=1)
-    member_loss: Literal["mean", "sum"] = "mean"  # reduction of the member task losses over members (objective.py)
+    # reduction of the member task losses over members (objective.py); None: the method's (sum for deep, else mean)
+    member_loss: Literal["mean", "sum"] | None = None
     clip_grad: float | None = Field(None, gt=0, allow_inf_nan=False)
     amp: Literal["none", "bf16", "fp16"] = "none"
     label_smoothing: float = Field(0.0, ge=0, lt=1)
@@ -194,6 +243,9 @@ class TrainConfig(_Section):
     mixup_alpha: float = Field(0.0, ge=0, allow_inf_nan=False)
     cutmix_alpha: float = Field(0.0, ge=0, allow_inf_nan=False)
     randaugment: str | None = None  # a timm auto-augment string, e.g. "rand-m9-mstd0.5-inc1"
+    # torch.compile the model (not the DDP/FSDP wrapper); state-dict keys stay the same, so checkpoints are too
+    compile: bool = False
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"  # aot_eager: tracing without codegen
 
     @model_validator(mode="before")
     @classmethod
@@ -222,13 +274,46 @@ class DataConfig(_Section):
     num_workers: int = Field(2, ge=0)
     img_size: int | None = Field(None, ge=1)  # None: the dataset's native size
     train_subset: int | None = Field(None, ge=1)  # only the first N train samples
-    val_subset: int | None = Field(None, ge=1)
+    val_subset: int | None = Field(None, ge=1)  # only the first N samples of the validation split
+    test_subset: int | None = Field(None, ge=1)  # only the first N samples of the test set (what `eval` scores)
+    # The validation split, carved from the training set (after train_subset) by a permutation drawn from the run's
+    # seed: a fraction in (0, 1) or a count ≥ 1. It is what the loop evaluates and what picks best.pt. 0 uses the
+    # test set as validation instead, and only with val_from_test: true (a warning is logged).
+    val_split: float | int = 0.1
+    val_from_test: bool = False
     max_length: int = Field(64, ge=8)  # text: tokens per sample, padded or truncated to it
     # text: a local Hugging Face tokenizer folder (a pretrained backbone's own); None: <root>/tokenizer/, which a raw
     # run trains (WordPiece, on the training sentences) when absent and `sigmanens data convert` writes
     tokenizer: Path | None = None
     # an unreadable sample or out-of-range label: stop naming it, or skip it and count it (logged data/bad_samples)
     on_bad_sample: Literal["error", "skip"] = "error"
+
+    @field_validator("val_split", mode="before")
+    @classmethod
+    def _fraction_or_count(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError("must be a fraction in (0, 1), a count ≥ 1, or 0")
+        if isinstance(value, float) and value.is_integer() and value >= 1:
+            raise ValueError("a fraction must be < 1; write a count as an integer (e.g. 5000)")
+        if value < 0 or (isinstance(value, float) and not value < 1):
+            raise ValueError("must be a fraction in (0, 1), a count ≥ 1, or 0")
+        return value
+
+    @model_validator(mode="after")
+    def _honest_validation(self) -> DataConfig:
+        """The test set doubles as validation only when asked for; converted formats cannot carve a split yet."""
+        if self.format != "raw" and self.val_split != 0:
+            raise _cross_field("val_split", f"data.format={self.format} cannot carve a validation split from the "
+                                            "training set (only format raw can); set data.val_split=0 and "
+                                            "data.val_from_test=true to validate (and pick best.pt) on the "
+                                            "converted val split, which is the test set", self.val_split)
+        if self.val_split == 0 and not self.val_from_test:
+            raise _cross_field("val_split", "0 means validating on the test set; say so with "
+                                            "data.val_from_test=true, or carve a split (e.g. 0.1)", self.val_split)
+        if self.val_split != 0 and self.val_from_test:
+            raise _cross_field("val_from_test", f"true needs data.val_split=0 (got {self.val_split}): the "
+                                                "validation set is either carved or the test set", True)
+        return self
 
     @model_validator(mode="after")
     def _ffcv_cannot_skip(self) -> DataConfig:
@@ -263,6 +348,41 @@ class TrackingConfig(_Section):
     run_name: str | None = None  # None: the run directory's name
 
 
+class EvalConfig(_Section):
+    """``sigmanens eval`` run at the end of training (``at_end``), with these options (see docs/eval.md)."""
+
+    at_end: bool = False
+    split: Literal["test", "val"] = "test"
+    corruptions: list[str] = Field(default_factory=list)  # names from data.corruptions.CORRUPTIONS, or ["all"]
+    severities: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5])
+    ood: str | None = None  # an OOD set name (eval.ood_sets), e.g. digits for Fashion-MNIST, svhn for CIFAR
+    ood_root: Path | None = None  # where the OOD set's files are (svhn)
+    members: int | None = Field(None, ge=1)  # score the first K members (default: all)
+    imagenet_c: Path | None = None  # a pre-generated ImageNet-C folder: <dir>/<corruption>/<severity>/<class>/<img>
+    batch_size: int | None = Field(None, ge=1)  # None: train.batch_size
+
+    @field_validator("corruptions")
+    @classmethod
+    def _known_corruptions(cls, names: list[str]) -> list[str]:
+        if not names:
+            return names
+        from sigmanens_dist.data.corruptions import CORRUPTIONS  # only when asked for: it imports torch
+
+        bad = [n for n in names if n not in (*CORRUPTIONS, "all")]
+        if bad:
+            raise ValueError(f"unknown corruption(s) {', '.join(map(repr, bad))}; allowed: all, "
+                             + ", ".join(CORRUPTIONS))
+        return names
+
+    @field_validator("severities")
+    @classmethod
+    def _known_severities(cls, values: list[int]) -> list[int]:
+        bad = [v for v in values if v not in (1, 2, 3, 4, 5)]
+        if bad or not values:
+            raise ValueError(f"severities must be a non-empty list of 1..5, got {values}")
+        return values
+
+
 class Config(_Section):
     """A whole run. Build it with :func:`load_config`, which also checks that the data is where the config says."""
 
@@ -275,8 +395,17 @@ class Config(_Section):
     strategy: StrategyConfig = Field(default_factory=StrategyConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     run_dir: Path = Path("runs/default")
     seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _eval_members_exist(self) -> Config:
+        """Checked here so that eval.at_end cannot fail only after the whole training run."""
+        if self.eval.members is not None and self.eval.members > self.model.num_members:
+            raise _cross_field("eval.members", f"the model has only model.num_members={self.model.num_members} "
+                                               "members", self.eval.members)
+        return self
 
     @model_validator(mode="after")
     def _text_needs_text_model(self) -> Config:
@@ -289,12 +418,6 @@ class Config(_Section):
             if text and getattr(self.train, key):
                 raise _cross_field(f"train.{key}", "an image augmentation; set it to 0/null for text data",
                                    getattr(self.train, key))
-        if self.model.member_batches == "auto":  # resolved here, so the saved config says what ran
-            self.model.member_batches = "independent" if self.data.format == "raw" else "shared"
-        if self.model.member_batches == "independent" and self.data.format != "raw":
-            raise _cross_field("model.member_batches", "independent member batches are read with data.format=raw "
-                                                       f"only (got data.format={self.data.format!r}); use shared",
-                               self.model.member_batches)
         return self
 
     def data_root(self) -> Path | None:

@@ -22,7 +22,7 @@ from rich.table import Table
 from sigmanens_dist.metrics import reliability_diagrams
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
-RUNS = {"single model": ["model.ensemble=false"], "σN-Ens M=4": ["model.ensemble=true", "model.num_members=4"]}
+RUNS = {"single model": ["model.method=single"], "σN-Ens M=4": ["model.method=sigma", "model.num_members=4"]}
 
 
 def train(run_dir: Path, nproc: int, overrides: Sequence[str], config: Path) -> None:
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pred = torch.load(run_dir / "val_predictions.pt")
         curves[label] = (pred["probs"], pred["targets"])
 
-    table = Table(title=f"Fashion-MNIST test set, {args.nproc}-process DDP on CPU")
+    table = Table(title=f"Fashion-MNIST validation split (carved from training data), {args.nproc}-process DDP on CPU")
     columns = [("params", "{:,.0f}"), ("acc", "{:.4f}"), ("nll", "{:.4f}"), ("ece", "{:.4f}"),
                ("brier", "{:.4f}"), ("disagreement", "{:.4f}"), ("train_img_per_s", "{:.0f}")]
     table.add_column("model", no_wrap=True)

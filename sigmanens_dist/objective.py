@@ -7,9 +7,8 @@ row: γ and affine) get 1/M of the gradient a single model's norm parameters wou
 the shared weights. ``member_loss`` takes the reduction as a plain argument so any method (σN-Ens, Deep Ensembles,
 …) can ask for the one it needs.
 
-``member_logits`` runs the model on what the data stream gives: a batch ``(B, …)`` that every member sees
-(``model.member_batches=shared``), or a member-major batch ``(M·B, …)`` with each member's own samples
-(``independent``, see :class:`sigmanens_dist.data.loaders.MemberStream`).
+``member_loss`` takes ``(B,)`` labels every member shares or ``(M·B,)`` member-major ones
+(``model.member_batches=independent``, see :class:`sigmanens_dist.methods.MemberStream`).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["REDUCTIONS", "member_logits", "member_loss", "member_streams", "sigma_lr", "training_loss"]
+__all__ = ["REDUCTIONS", "loss_reduction", "member_loss", "sigma_lr"]
 
 REDUCTIONS = ("mean", "sum")
 Reduction = Literal["mean", "sum"]
@@ -50,31 +49,15 @@ def member_loss(logits: torch.Tensor, y: torch.Tensor, smoothing: float = 0.0,
     return per_member.sum() if reduction == "sum" else per_member.mean()
 
 
-def member_logits(model: nn.Module, x: Any, member_major: bool) -> torch.Tensor:
-    """Member logits ``(M, B, K)``: ``model(x)`` for a shared batch, ``model(x, member_major=True)`` when ``x`` is
-    already member-major (called through the strategy's wrapper, so DDP's gradient hooks still run)."""
-    return model(x, member_major=True) if member_major else model(x)
-
-
-def training_loss(model: nn.Module, logits: torch.Tensor, y: torch.Tensor, cfg: Any
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(loss, task, div)`` of one micro-batch: the reduced member task loss plus ``λ · L_div`` (normalised as
-    ``reg.normalize`` says). ``model`` is the unwrapped model (it owns ``diversity_loss``)."""
-    task = member_loss(logits, y, cfg.train.label_smoothing, cfg.train.member_loss)
-    div = model.diversity_loss(cfg.reg.tau, cfg.reg.normalize)
-    return task + cfg.reg.lam * div, task, div
-
-
-def member_streams(cfg: Any) -> int:
-    """How many independent data streams the train loader reads: M with ``model.member_batches=independent`` (an
-    ensemble), else 1 (one batch every member sees)."""
-    m = cfg.model.num_members if cfg.model.ensemble else 1
-    return m if cfg.model.member_batches == "independent" else 1
+def loss_reduction(cfg: Any, model: nn.Module) -> Reduction:
+    """``train.member_loss``, or when unset the method's own (``loss_reduction``: sum for a Deep Ensemble, whose
+    members must each train as a single run; mean otherwise)."""
+    return cfg.train.member_loss or getattr(type(model), "loss_reduction", "mean")
 
 
 def sigma_lr(cfg: Any, model: nn.Module) -> float | None:
     """Peak learning rate of the σ store (``optim.lr × optim.sigma_lr_scale``, ``num_members`` meaning M), or None
-    when it is the shared rate (the store then stays in the common no-decay group)."""
+    when it is the shared rate or the model has no σ store (it then stays in the common no-decay group)."""
     scale = cfg.optim.sigma_lr_scale
     scale = model.num_members if scale == "num_members" else scale
     return None if scale == 1 else cfg.optim.lr * scale

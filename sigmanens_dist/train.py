@@ -34,10 +34,11 @@ from sigmanens_dist.config import Config, flatten, load_config, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.distributed import DistEnv, all_gather_object, init_distributed
 from sigmanens_dist.ema import EMA
-from sigmanens_dist.ensemble import SigmaEnsemble, map_tensors
+from sigmanens_dist.ensemble import map_tensors
+from sigmanens_dist.methods import member_major, member_train_stream
 from sigmanens_dist.metrics import EnsembleMetrics, reliability_diagram
 from sigmanens_dist.models import build_model, param_groups
-from sigmanens_dist.objective import member_logits, member_streams, sigma_lr, training_loss
+from sigmanens_dist.objective import loss_reduction, member_loss, sigma_lr
 from sigmanens_dist.preemption import EXIT_PREEMPTED, PreemptionCheck, PreemptionFlag, clear_marker, write_marker
 from sigmanens_dist.resume import BatchLayout, check_same_run
 from sigmanens_dist.strategies import build_strategy
@@ -81,8 +82,7 @@ class Trainer:
         self.cfg = cfg
 
         # -- data ------------------------------------------------------------------------------------------------
-        self.data: Data = build_data(cfg.data, cfg.train.batch_size, cfg.seed, env, cfg.train.randaugment,
-                                     member_streams(cfg))
+        self.data: Data = build_data(cfg.data, cfg.train.batch_size, cfg.seed, env, cfg.train.randaugment)
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * len(self.data.train) // cfg.train.grad_accum
         if self.total_steps < 1:
             raise ValueError(f"train.epochs={cfg.train.epochs} gives no optimiser step: an epoch has "
@@ -91,7 +91,15 @@ class Trainer:
         # -- model, strategy, optimiser (model init is identical on every rank; later randomness is per rank) -------
         torch.manual_seed(cfg.seed)
         model = build_model(cfg, self.data.num_classes, self.data.in_chans, self.data.vocab_size)
+        self.data = member_train_stream(cfg, env, self.data, model)  # member-major when members read their own data
+        self.member_major = member_major(cfg, model)
+        if cfg.eval.at_end:  # hook: refuse bad eval options now, not after training (sigmanens_dist/eval)
+            from sigmanens_dist.eval.run import check_options
+            check_options(cfg, model, cfg.eval)
         torch.manual_seed(cfg.seed + env.rank)
+        if cfg.train.compile:
+            model.compile(backend=cfg.train.compile_backend)  # in place: the module, its keys and hooks stay
+            log.info("model compiled with torch.compile(backend=%r)", cfg.train.compile_backend)
         self.strategy = build_strategy(cfg.strategy.name, env, amp=cfg.train.amp)
         self.wrapped = self.strategy.wrap(model)
         self.model = self.strategy.model
@@ -152,7 +160,7 @@ class Trainer:
                 "strategy": cfg.strategy.name, "world_size": str(env.world_size),
                 "params": str(sum(p.numel() for p in self.model.parameters())),
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "model": cfg.model.name,
-                "ensemble": str(cfg.model.ensemble)}
+                "method": cfg.model.method}
 
     # -- one optimiser step ----------------------------------------------------------------------------------------
     def train_step(self, batches: Iterator[tuple[Any, int, int]]) -> torch.Tensor:
@@ -167,8 +175,10 @@ class Trainer:
                 x, y = self.mixup(x, y)
             with self.strategy.micro_batch(last=micro == accum - 1):
                 with self.strategy.autocast():
-                    logits = member_logits(self.wrapped, x, self.data.member_major)  # (M, B, K)
-                loss, task, div = training_loss(self.model, logits, y, cfg)  # fp32: σ(γ) and L_div out of autocast
+                    logits = self.wrapped(x, member_major=self.member_major)  # (M, B, K)
+                    task = member_loss(logits, y, cfg.train.label_smoothing, loss_reduction(cfg, self.model))
+                div = self.model.aux_loss(cfg.reg)  # σN-Ens: λ·L_div (fp32, out of autocast); other methods: 0
+                loss = task + div
                 self.strategy.backward(loss / accum)
             stats += torch.stack([loss.detach(), task.detach(), div.detach()]).float() / accum
         self.strategy.step(cfg.train.clip_grad)
@@ -196,8 +206,7 @@ class Trainer:
                     probs.append(logits.softmax(-1).mean(0).cpu())
                     targets.append(y.cpu())
         out = metrics.compute()
-        if isinstance(scored, SigmaEnsemble):
-            out["sharing/members_on"] = scored.sharing()["all"]
+        out.update(scored.extra_metrics())
         if final:
             self._write_predictions(probs, targets, scored.num_members)
         self.tracker.log_metrics({f"val/{k}": v for k, v in out.items()}, self.pos.step)
@@ -287,6 +296,10 @@ class Trainer:
             (self.run_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
             self.tracker.log_artifact(self.run_dir / "reliability.png")
             _print_summary(metrics, self.model.num_members)
+            if cfg.eval.at_end:  # hook: the test-set evaluation of sigmanens eval, on rank 0 (docs/eval.md)
+                from sigmanens_dist.eval import run_eval
+                run_eval(cfg, self.model, None if self.ema is None else self.ema.module, out_dir=self.run_dir / "eval",
+                         run_id=self.run_id, step=pos.step)
         return 0
 
     def _train_row(self, stats: torch.Tensor, lr: float, window: Throughput) -> dict[str, float]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import timm
@@ -11,15 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from sigmanens_dist import convert_to_sigma_ensemble, diversity_loss
-from sigmanens_dist.config import ConfigError, load_config
-from sigmanens_dist.data.loaders import MapStyleStream, MemberStream, build_data, member_seed
-from sigmanens_dist.distributed import DistEnv
+from sigmanens_dist.config import load_config
+from sigmanens_dist.methods import member_major
 from sigmanens_dist.models import build_model, param_groups
-from sigmanens_dist.objective import member_logits, member_loss, member_streams, sigma_lr, training_loss
+from sigmanens_dist.objective import loss_reduction, member_loss, sigma_lr
 from sigmanens_dist.train import _optimizer, run
 from tests.helpers import SYNTHETIC, TINY_VIT, final_state, losses
-
-ENV = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
 
 def _tiny_cnn() -> torch.nn.Module:
@@ -57,19 +53,15 @@ def test_member_loss_takes_member_major_and_soft_labels() -> None:
         member_loss(logits, y[:7])
 
 
-def test_training_loss_reads_every_objective_knob() -> None:
-    ens = convert_to_sigma_ensemble(_tiny_cnn(), 2)
-    logits = ens(torch.randn(4, 1, 16, 16))
-    y = torch.tensor([0, 1, 2, 0])
-
-    def cfg(reduction: str, normalize: str) -> SimpleNamespace:
-        return SimpleNamespace(train=SimpleNamespace(label_smoothing=0.0, member_loss=reduction),
-                               reg=SimpleNamespace(tau=0.5, lam=0.1, normalize=normalize))
-
-    loss, task, div = training_loss(ens, logits, y, cfg("sum", "members"))
-    torch.testing.assert_close(task, member_loss(logits, y, reduction="sum"))
-    torch.testing.assert_close(div, ens.diversity_loss(0.5) / 2)
-    torch.testing.assert_close(loss, task + 0.1 * div)
+def test_loss_reduction_and_regulariser_normalisation_reach_the_trainers_loss() -> None:
+    cfg = load_config(None, ["model.name=resnet10t", "model.num_members=2", "reg.normalize=members", "reg.lambda=0.1",
+                             "reg.tau=0.5"], check_data=False)
+    ens = build_model(cfg, 3, 1)
+    assert loss_reduction(cfg, ens) == "mean"  # unset: the method's own
+    assert loss_reduction(load_config(None, ["train.member_loss=sum"], check_data=False), ens) == "sum"
+    torch.testing.assert_close(ens.aux_loss(cfg.reg), 0.1 * ens.diversity_loss(0.5) / 2)
+    assert member_major(cfg, ens)  # σN-Ens members read their own batches by default
+    assert not member_major(load_config(None, ["model.member_batches=shared"], check_data=False), ens)
 
 
 # -- reg.normalize ------------------------------------------------------------------------------------------------
@@ -114,6 +106,11 @@ def test_gamma_init_all_on_through_the_config() -> None:
 
 
 # -- optim.sigma_lr_scale -----------------------------------------------------------------------------------------
+def test_affine_init_auto_is_plain_from_scratch_and_divide_for_pretrained() -> None:
+    assert load_config(None, check_data=False).model.affine_init == "plain"
+    assert load_config(None, ["model.pretrained=true"], check_data=False).model.affine_init == "divide"
+
+
 def test_sigma_lr_scale_gives_the_sigma_store_its_own_rate_through_the_schedule() -> None:
     cfg = load_config(None, ["model.name=resnet10t", "optim.lr=0.05", "optim.sigma_lr_scale=4"], check_data=False)
     model = build_model(cfg, 3, 1)
@@ -135,65 +132,6 @@ def test_sigma_lr_scale_gives_the_sigma_store_its_own_rate_through_the_schedule(
 
 
 # -- model.member_batches -----------------------------------------------------------------------------------------
-def _data(*extra: str):
-    """The train data of a tiny synthetic run, built as the trainer builds it."""
-    cfg = load_config(None, [*SYNTHETIC, "data.train_subset=64", "train.batch_size=8", *extra], check_data=False)
-    return build_data(cfg.data, cfg.train.batch_size, cfg.seed, ENV, None, member_streams(cfg))
-
-
-def test_independent_member_batches_are_member_major_and_resume_exactly() -> None:
-    data = _data("model.num_members=3", "model.member_batches=independent")
-    assert isinstance(data.train, MemberStream) and data.member_major
-    shared = _data("model.num_members=3", "model.member_batches=shared")
-    assert isinstance(shared.train, MapStyleStream) and not shared.member_major
-    batches = list(data.train.iter_epoch(1))
-    x, y = batches[0]
-    assert x.shape[0] == y.shape[0] == 3 * 8
-    x0, y0 = next(iter(shared.train.iter_epoch(1)))
-    assert torch.equal(x[:8], x0) and torch.equal(y[:8], y0)  # member 0 reads what a shared run reads
-    assert not torch.equal(x[:8], x[8:16]) and not torch.equal(x[8:16], x[16:])  # the others their own shuffle
-    for start in (0, 3, len(batches) - 1):  # a run resumed mid-epoch sees the batches it would have seen
-        for (xa, ya), (xb, yb) in zip(data.train.iter_epoch(1, start), batches[start:], strict=True):
-            assert torch.equal(xa, xb) and torch.equal(ya, yb)
-    assert not torch.equal(next(iter(data.train.iter_epoch(2)))[0], x)  # a new order every epoch
-    assert len({member_seed(5, m) for m in range(4)}) == 4 and member_seed(5, 0) == 5
-
-
-def test_member_logits_routes_member_major_batches() -> None:
-    ens = convert_to_sigma_ensemble(_tiny_cnn(), 2).eval()
-    x = torch.randn(3, 1, 16, 16)
-    torch.testing.assert_close(member_logits(ens, torch.cat([x, x]), True), ens(x))
-    other = torch.randn(3, 1, 16, 16)
-    out = member_logits(ens, torch.cat([x, other]), True)
-    torch.testing.assert_close(out[1], ens(other)[1])
-
-
-def test_auto_knobs_resolve_to_what_runs() -> None:
-    scratch = load_config(None, check_data=False).model
-    assert (scratch.affine_init, scratch.member_batches) == ("plain", "independent")
-    other = load_config(None, ["model.pretrained=true", "data.format=ffcv"], check_data=False).model
-    assert (other.affine_init, other.member_batches) == ("divide", "shared")  # function preserving; FFCV: shared
-
-
-def test_independent_batches_need_the_raw_format() -> None:
-    with pytest.raises(ConfigError, match=r"model\.member_batches: independent member batches are read with "
-                                          r"data\.format=raw only \(got data\.format='ffcv'\)"):
-        load_config(None, ["model.member_batches=independent", "data.format=ffcv"], check_data=False)
-
-
-def test_bad_knob_values_are_named_in_one_error() -> None:
-    with pytest.raises(ConfigError) as err:
-        load_config(None, ["train.member_loss=avg", "reg.normalize=sum", "model.affine_init=scaled",
-                           "model.member_batches=per_member", "optim.sigma_lr_scale=0"], check_data=False)
-    text = str(err.value)
-    for line in ("train.member_loss: must be 'mean' or 'sum' (got 'avg')",
-                 "reg.normalize: must be 'none', 'members' or 'mean' (got 'sum')",
-                 "model.affine_init: must be 'auto', 'divide' or 'plain' (got 'scaled')",
-                 "model.member_batches: must be 'auto', 'shared' or 'independent' (got 'per_member')",
-                 "optim.sigma_lr_scale: must be a finite number > 0 or 'num_members' (got 0)"):
-        assert line in text, text
-
-
 @pytest.mark.slow
 def test_independent_batches_train_and_resume_bit_identically(tmp_path: Path) -> None:
     """Every knob on, through the trainer (in this process: three interpreter start-ups cost more than the runs)."""

@@ -18,6 +18,7 @@ Converted SST-2 holds sentences, tokenised per batch by the same ``TextBatcher``
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,9 +33,11 @@ from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler, e
 from sigmanens_dist.datasets import DATASETS, convertible, resolve_root
 from sigmanens_dist.distributed import DistEnv
 
-__all__ = ["CLASSES_FILE", "Data", "MapStyleStream", "MemberStream", "TrainStream", "build_data", "member_seed"]
+__all__ = ["CLASSES_FILE", "Data", "MapStyleStream", "TrainStream", "build_data"]
 
 CLASSES_FILE = "classes.json"
+
+log = logging.getLogger("sigmanens")
 
 Batch = tuple[torch.Tensor | dict[str, torch.Tensor], torch.Tensor]  # images, or tokenizer tensors for text
 
@@ -49,11 +52,11 @@ class TrainStream(Protocol):
 class Data:
     train: TrainStream
     val: Callable[[], Iterable[Batch]]  # a fresh pass over this rank's share of the validation set
+    test: Callable[[], Iterable[Batch]]  # the same over the test set (scored only by `sigmanens eval`)
     num_classes: int
     in_chans: int
     vocab_size: int | None = None  # text datasets: the tokenizer's vocabulary size
     bad: BadSamples = field(default_factory=BadSamples)  # skipped-sample count (data.on_bad_sample=skip)
-    member_major: bool = False  # train batches are (M·B, …), each member its own samples (MemberStream)
 
 
 class MapStyleStream:
@@ -75,55 +78,31 @@ class MapStyleStream:
                               pin_memory=self.pin, generator=generator, collate_fn=collate_present)
 
 
-class MemberStream:
-    """Independent member batches (``model.member_batches=independent``), as Deep Ensembles train: member m reads
-    its own shuffle of the data, seeded by :func:`member_seed`, and a batch is their member-major concatenation
-    ``(M·B, …)`` with labels ``(M·B,)``. Each member's order is a function of (seed, member, epoch) only, so a run
-    resumed at (epoch, batch) sees the batches it would have seen. Member 0 reads what a shared run reads."""
-
-    def __init__(self, streams: list[MapStyleStream]) -> None:
-        self.streams = streams
-
-    def __len__(self) -> int:
-        return len(self.streams[0])
-
-    def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
-        for parts in zip(*(s.iter_epoch(epoch, start_batch) for s in self.streams), strict=True):
-            xs = [x for x, _ in parts]
-            x = ({k: torch.cat([p[k] for p in xs]) for k in xs[0]} if isinstance(xs[0], dict) else torch.cat(xs))
-            yield x, torch.cat([y for _, y in parts])
-
-
-def member_seed(seed: int, member: int) -> int:
-    """Data seed of member ``member``: the run's seed for member 0, distinct ones for the others."""
-    return seed + member * 1_000_000_007
-
-
-def build_data(d: Any, batch_size: int, seed: int, env: DistEnv, randaugment: str | None = None,
-               member_streams: int = 1) -> Data:
+def build_data(d: Any, batch_size: int, seed: int, env: DistEnv, randaugment: str | None = None) -> Data:
     """Train stream and eval pass for the data config ``d``, at ``batch_size`` per rank; ``seed`` fixes the order
-    and augmentation of every epoch. ``member_streams`` > 1 (raw format only): that many members each read their
-    own shuffle, in member-major batches (:class:`MemberStream`)."""
+    and augmentation of every epoch."""
     batch, root = batch_size, resolve_root(d.dataset, d.root)
     bad = BadSamples(d.on_bad_sample)
-    if member_streams > 1 and d.format != "raw":
-        raise ValueError(f"independent member batches are read with data.format=raw only, got {d.format!r}")
+    if d.val_from_test and env.is_main:
+        log.warning("data.val_from_test=true: the loop validates and picks best.pt on the TEST set, so test "
+                    "numbers of this run are not held out")
     if d.format == "raw":
-        bundle = build_datasets(d, root, randaugment)
-        train_set = Checked(bundle.train, bundle.num_classes, bad, "train")
-        if member_streams > 1:
-            train = MemberStream([MapStyleStream(train_set, batch, env, member_seed(seed, m), d.num_workers)
-                                  for m in range(member_streams)])
-        else:
-            train = MapStyleStream(train_set, batch, env, seed, d.num_workers)
-        val_set = Checked(bundle.val, bundle.num_classes, bad, "val")
+        bundle = build_datasets(d, root, randaugment, seed=seed)
+        train = MapStyleStream(Checked(bundle.train, bundle.num_classes, bad, "train"), batch, env, seed,
+                               d.num_workers)
 
-        def val() -> Iterable[Batch]:
-            sampler = EvalShardSampler(len(val_set), batch, env.rank, env.world_size)
-            return DataLoader(val_set, batch_sampler=sampler, num_workers=d.num_workers, collate_fn=collate_present)
+        def eval_pass(dataset: Dataset, split: str) -> Callable[[], Iterable[Batch]]:
+            checked = Checked(dataset, bundle.num_classes, bad, split)
 
-        return Data(train, val, bundle.num_classes, bundle.in_chans, bundle.vocab_size, bad,
-                    member_major=isinstance(train, MemberStream))
+            def one_pass() -> Iterable[Batch]:
+                sampler = EvalShardSampler(len(checked), batch, env.rank, env.world_size)
+                return DataLoader(checked, batch_sampler=sampler, num_workers=d.num_workers,
+                                  collate_fn=collate_present)
+
+            return one_pass
+
+        return Data(train, eval_pass(bundle.val, "val"), eval_pass(bundle.test, "test"), bundle.num_classes,
+                    bundle.in_chans, bundle.vocab_size, bad)
 
     if d.dataset not in convertible():
         raise ValueError(f"data.format={d.format!r} needs a converted dataset, one of "
@@ -147,15 +126,19 @@ def build_data(d: Any, batch_size: int, seed: int, env: DistEnv, randaugment: st
                       seed=seed, img_size=size, mean=mean, std=std, device=env.device)
         train = FFCVLoader(root / "train.beton", train=True, **common)
         val_loader = FFCVLoader(root / "val.beton", train=False, **common)
-        return Data(train, lambda: val_loader.iter_epoch(0), num_classes, 3)
+        # Converted data has no carved validation split (the config requires data.val_from_test): val is test.
+        return Data(train, lambda: val_loader.iter_epoch(0), lambda: val_loader.iter_epoch(0), num_classes, 3)
 
     from sigmanens_dist.data.webdataset_io import WebDatasetLoader, image_transform, iter_eval
 
     train = WebDatasetLoader(root / "train" / "manifest.json", batch, env.rank, env.world_size, d.num_workers,
                              seed, image_transform(True, size, mean, std), bad=bad)
     val_tf = image_transform(False, size, mean, std)
-    return Data(train, lambda: iter_eval(root / "val" / "manifest.json", env.rank, env.world_size, batch, val_tf,
-                                         bad), num_classes, len(mean), bad=bad)
+
+    def test() -> Iterable[Batch]:
+        return iter_eval(root / "val" / "manifest.json", env.rank, env.world_size, batch, val_tf, bad)
+
+    return Data(train, test, test, num_classes, len(mean), bad=bad)
 
 
 def _converted_text(d: Any, batch: int, seed: int, env: DistEnv, root: Path, num_classes: int, bad: BadSamples
@@ -175,11 +158,15 @@ def _converted_text(d: Any, batch: int, seed: int, env: DistEnv, root: Path, num
                       seed=seed, batcher=batcher)
         train = FFCVTextLoader(root / "train.beton", train=True, **common)
         val_loader = FFCVTextLoader(root / "val.beton", train=False, **common)
-        return Data(train, lambda: val_loader.iter_epoch(0), num_classes, 0, len(tokenizer))
+        return Data(train, lambda: val_loader.iter_epoch(0), lambda: val_loader.iter_epoch(0), num_classes, 0,
+                    len(tokenizer))
 
     from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, iter_eval
 
     train = WebDatasetLoader(root / "train" / MANIFEST, batch, env.rank, env.world_size, d.num_workers, seed,
                              None, bad=bad, collate=batcher)
-    return Data(train, lambda: iter_eval(root / "val" / MANIFEST, env.rank, env.world_size, batch, None, bad,
-                                         collate=batcher), num_classes, 0, len(tokenizer), bad=bad)
+
+    def test() -> Iterable[Batch]:
+        return iter_eval(root / "val" / MANIFEST, env.rank, env.world_size, batch, None, bad, collate=batcher)
+
+    return Data(train, test, test, num_classes, 0, len(tokenizer), bad=bad)
