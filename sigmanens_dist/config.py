@@ -281,6 +281,9 @@ class DataConfig(_Section):
     # test set as validation instead, and only with val_from_test: true (a warning is logged).
     val_split: float | int = 0.1
     val_from_test: bool = False
+    # The split is drawn from this seed, not from `seed`: runs of different seeds (and a Deep Ensemble's members,
+    # which read seed+k's data order) then validate on the same samples, as paired comparisons need.
+    split_seed: int = Field(0, ge=0)
     max_length: int = Field(64, ge=8)  # text: tokens per sample, padded or truncated to it
     # text: a local Hugging Face tokenizer folder (a pretrained backbone's own); None: <root>/tokenizer/, which a raw
     # run trains (WordPiece, on the training sentences) when absent and `sigmanens data convert` writes
