@@ -169,7 +169,8 @@ class RegConfig(_Section):
     """The diversity regulariser: ``loss = task + lam * diversity(tau)``."""
 
     tau: float = Field(0.5, gt=0, allow_inf_nan=False)
-    lam: float = Field(1e-3, ge=0, allow_inf_nan=False, alias="lambda")
+    # 0: off, the best measured recipe (docs/quality.md); with normalize=members use λ·M of an unnormalised λ
+    lam: float = Field(0.0, ge=0, allow_inf_nan=False, alias="lambda")
     # L_div as the sum over members and features (none), / M (members) or / (M·F) (mean); see regularizer.py
     normalize: Literal["none", "members", "mean"] = "none"
     regularize: list[str] | None = None  # fnmatch patterns of σ layers the regulariser sees; None: all
