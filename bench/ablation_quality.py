@@ -32,7 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # issue's budget (resnet10t, 1500 steps of 64) would take days on this shared 2-core machine.
 BUDGET = ["model.name=test_resnet", "train.max_steps=120", "train.batch_size=32", "data.train_subset=12000",
           "data.val_subset=2000", "schedule.warmup_steps=10", "train.eval_every_steps=null",
-          "checkpoint.every_steps=40", "tracking.enabled=false", "data.num_workers=0"]
+          "checkpoint.every_steps=40", "tracking.enabled=false", "data.num_workers=0",
+          # scored on the test set, as the grid in results/ was (it ran before the loop had a validation split)
+          "data.val_split=0", "data.val_from_test=true"]
 LAM0 = ["reg.lambda=0"]
 INIT_ON = ["model.gamma_init_mean=3", "model.gamma_init_std=0.1", "model.affine_init=plain"]
 # Before the knobs existed the demo recipe was τ=0.25, λ=0.01 with these defaults; spelt out so the arm keeps
@@ -41,7 +43,7 @@ TODAY = ["reg.tau=0.25", "reg.lambda=0.01", "reg.normalize=none", "train.member_
          "model.gamma_init_mean=0", "model.gamma_init_std=1", "model.affine_init=divide",
          "model.member_batches=shared"]
 ARMS: dict[str, list[str]] = {
-    "single": ["model.ensemble=false"],
+    "single": ["model.method=single"],
     "sigma_today": TODAY,
     "sigma_lam0": TODAY + LAM0,
     "lam0+sum": TODAY + LAM0 + ["train.member_loss=sum"],
@@ -54,7 +56,7 @@ ARMS: dict[str, list[str]] = {
 # Then the best σ arm with the regulariser back on: today's τ=0.25 and the pull on each γ of today's λ=0.01 at M=4
 # (λ=0.04 with reg.normalize=members, whose L_div is the sum / M).
 LATE_ARMS: dict[str, list[str]] = {
-    "single_x4_steps": ["model.ensemble=false", "train.max_steps=480"],
+    "single_x4_steps": ["model.method=single", "train.max_steps=480"],
     "combo+reg": ARMS["lam0+combo"] + ["reg.tau=0.25", "reg.lambda=0.04", "reg.normalize=members"],
 }
 BASELINE = "single"
