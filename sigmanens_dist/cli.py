@@ -5,6 +5,7 @@
     sigmanens params resnet50 --members 1 4 16                          (σN-Ens vs single-model parameter count)
     sigmanens data convert --dataset cifar10 --root /data/cifar10 --format ffcv --out /data/cifar10_ffcv
     sigmanens eval --checkpoint runs/x/checkpoints/best.pt --corruptions all --ood digits   (test-set evaluation)
+    sigmanens export runs/x/checkpoints/step_00001000 model.pt [--member K]   (any strategy's checkpoint)
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _params(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("train", "demo", "params", "data", "eval")
+    commands = ("train", "demo", "params", "data", "eval", "export")
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__)
         if argv and argv[0] not in ("-h", "--help"):
@@ -55,6 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sigmanens_dist.eval.cli import main as eval_main
 
         return eval_main(rest)
+    if cmd == "export":
+        from sigmanens_dist.export import main as export_main
+
+        return export_main(rest)
     if cmd == "train":
         from sigmanens_dist.train import main as train_main
 
