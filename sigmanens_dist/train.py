@@ -225,6 +225,7 @@ def run(cfg: Config) -> int:
         metrics["params"] = float(sum(p.numel() for p in model.parameters()))
         metrics["train_img_per_s"] = train_samples / max(train_seconds, 1e-9)
         (run_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
+        tracker.log_final(metrics, pos.step)
         tracker.log_artifact(run_dir / "reliability.png")
         _print_summary(metrics, model.num_members)
     tracker.finish("FINISHED")
