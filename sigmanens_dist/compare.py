@@ -110,6 +110,7 @@ def _client(uri: str) -> Any:
         raise CompareError(f"--uri {uri}: no such sqlite file (a study's store is <study folder>/mlflow.db)")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from mlflow import MlflowClient
 
     return MlflowClient(uri)
@@ -421,6 +422,7 @@ def _plot_pareto(groups: list[Group], path: Path) -> Path | None:
             frontier.append((ece, acc))
             best = acc
     ax.plot(*zip(*frontier, strict=True), "k--", lw=1, label="Pareto frontier")
+    ax.ticklabel_format(useOffset=False)
     ax.set_xlabel("ECE (lower is better)")
     ax.set_ylabel("accuracy")
     ax.set_title("accuracy vs calibration across the grid")

@@ -22,6 +22,7 @@ from sigmanens_dist.compare import main as compare_main
 from sigmanens_dist.study import (
     Child,
     StudyError,
+    _command,
     _validate_children,
     build_definition,
     child_state,
@@ -171,6 +172,11 @@ def test_grid_collapses_axes_a_method_does_not_have_and_keeps_the_global_batch(t
     assert "train.batch_size=4" in m8 and "train.grad_accum=4" in m8  # 16 × 8 > 32 images: split, same global batch
     assert "model.ensemble=false" in d["children"][4]["overrides"]
     assert not any(o.startswith(("reg.", "model.num_members")) for o in d["children"][4]["overrides"])
+    d["nproc"], d["base_config"], d["tracking"]["parent_run_id"] = 2, "base_config.yaml", "abc"
+    cmd = _command(d, d["children"][0], tmp_path / "s" / "study.yaml")
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    assert cmd[5:9] == ["-m", "sigmanens_dist.train", "--config", str(tmp_path / "s" / "base_config.yaml")]
+    assert cmd[-2:] == ["tracking.parent_run_id=abc", "checkpoint.resume=auto"]
 
 
 def test_child_state_skips_finished_and_resumes_interrupted(tmp_path: Path) -> None:
