@@ -12,7 +12,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,11 +19,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["EXIT_PREEMPTED", "CheckpointManager", "PreemptionFlag", "capture_rng", "restore_rng"]
+__all__ = ["CheckpointManager", "capture_rng", "restore_rng"]
 
 log = logging.getLogger(__name__)
 
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "checkpointed after a signal, requeue me", for a batch script to test
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
 
@@ -130,21 +128,3 @@ def _atomic_torch_save(obj: Any, path: Path) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-class PreemptionFlag:
-    """Set by SIGUSR1/SIGTERM (Slurm's ``--signal`` and preemption); the loop checks it after each step."""
-
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGUSR1, signal.SIGTERM)) -> None:
-        self.signum: int | None = None
-        for sig in signals:
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        self.signum = signum
-        log.warning("received %s: will checkpoint after the current step and exit with status %d",
-                    signal.Signals(signum).name, EXIT_PREEMPTED)
-
-    @property
-    def raised(self) -> bool:
-        return self.signum is not None

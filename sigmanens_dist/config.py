@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from sigmanens_dist.data.idx import FASHION_MNIST_ROOT
+from sigmanens_dist.datasets import DATASETS, DatasetName, resolve_root
 
 __all__ = ["CheckpointConfig", "Config", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig", "RegConfig",
            "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig", "check_paths", "flatten",
@@ -189,8 +189,7 @@ class TrainConfig(_Section):
 class DataConfig(_Section):
     """Which dataset, in which on-disk format, from where; nothing is ever downloaded."""
 
-    dataset: Literal["fashion_mnist", "cifar10", "cifar100", "imagenet", "imagefolder", "synthetic", "sst2"] = (
-        "fashion_mnist")
+    dataset: DatasetName = "fashion_mnist"  # sigmanens_dist/datasets.py names them all
     format: Literal["raw", "ffcv", "webdataset"] = "raw"  # raw: the dataset's native on-disk format
     root: Path | None = None  # None: /usr/share/datasets/fashion-mnist for fashion_mnist; required otherwise
     num_workers: int = Field(2, ge=0)
@@ -269,25 +268,12 @@ class Config(_Section):
 
     def data_root(self) -> Path | None:
         """``data.root``, or the Debian package's folder for Fashion-MNIST; None for synthetic data or if unset."""
-        return _resolve_root(self.data)
+        return resolve_root(self.data.dataset, self.data.root)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Loading
 
-_DATA_HINTS = {
-    "fashion_mnist": "install it with `apt-get install dataset-fashion-mnist`, or set data.root to a folder with the "
-                     "four Fashion-MNIST idx files",
-    "cifar10": "download cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html and extract it into "
-               "data.root (giving data.root/cifar-10-batches-py/)",
-    "cifar100": "download cifar-100-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html and extract it "
-                "into data.root (giving data.root/cifar-100-python/)",
-    "imagenet": "point data.root at the ILSVRC-2012 folder with train/ and val/ class folders (format: raw) or at "
-                "the FFCV .beton files (format: ffcv)",
-    "imagefolder": "point data.root at a folder with train/ and val/ sub-folders, one folder per class",
-    "sst2": "point data.root at the GLUE SST-2 folder (train.tsv, dev.tsv; format: raw) or at what `sigmanens data "
-            "convert --dataset sst2` wrote (format: ffcv or webdataset)",
-}
 # Set by an override, one of these pairs replaces the other even when the recipe sets it: `train.max_steps=50` on an
 # epochs recipe means "50 steps instead", not a both-set error.
 _REPLACES = {"train.max_steps": "train.epochs", "train.epochs": "train.max_steps"}
@@ -556,18 +542,11 @@ def _valid_or_none(model: type[BaseModel], data: Any) -> Any:
         return None
 
 
-def _resolve_root(data: DataConfig) -> Path | None:
-    if data.dataset == "synthetic":
-        return None
-    if data.root is None and data.dataset == "fashion_mnist":
-        return FASHION_MNIST_ROOT
-    return data.root
-
-
 def _data_problems(data: DataConfig) -> list[str]:
-    if data.dataset == "synthetic":
+    spec = DATASETS[data.dataset]
+    if spec.kind == "synthetic":
         return []
-    root, hint = _resolve_root(data), _DATA_HINTS[data.dataset]
+    root, hint = resolve_root(data.dataset, data.root), spec.hint
     if root is None:
         return [_line("data.root", f"must be set for data.dataset={data.dataset!r}; {hint}", None)]
     if not root.exists():

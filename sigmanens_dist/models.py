@@ -86,11 +86,16 @@ def _hf_backbone(model_cfg: Any, num_labels: int, vocab_size: int | None) -> nn.
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Weight decay on shared weights only: none on the σ store (by type: decaying γ would pull every importance to
-    σ(0)=½ and fight the regulariser), on plain norm layers, or on biases."""
+    σ(0)=½ and fight the regulariser), on plain norm layers, on biases, or on what a module names in its
+    ``no_weight_decay()`` (timm ViT's ``pos_embed`` and ``cls_token``, as timm's optimizer factory does)."""
     no_decay: set[int] = set()
     for module in model.modules():
         if isinstance(module, SigmaStore) or sigma_class_for(module) is not None:
             no_decay.update(id(p) for p in module.parameters(recurse=False))
+        if callable(getattr(module, "no_weight_decay", None)):
+            named = dict(module.named_parameters())
+            for name in module.no_weight_decay():
+                no_decay.update(id(p) for n, p in named.items() if n == name or n.startswith(f"{name}."))
     decay, other = [], []
     for p in model.parameters():
         if p.requires_grad:

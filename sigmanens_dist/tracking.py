@@ -184,11 +184,11 @@ def _dataset_input(params: dict[str, Any]) -> Any:
     from mlflow.data.meta_dataset import MetaDataset
 
     data = {k.removeprefix("data."): v for k, v in params.items() if k.startswith("data.")}
-    name, root = str(data.get("dataset", "unknown")), data.get("root")
-    if not root and name == "fashion_mnist":
-        from sigmanens_dist.data.idx import FASHION_MNIST_ROOT
+    from sigmanens_dist.datasets import DATASETS, resolve_root
 
-        root = FASHION_MNIST_ROOT
+    name, root = str(data.get("dataset", "unknown")), data.get("root")
+    if name in DATASETS:  # a dataset's default root (Fashion-MNIST's Debian folder) when none is set
+        root = resolve_root(name, Path(root) if root else None)
     if root:
         with warnings.catch_warnings():  # "can be interpreted in multiple ways": every candidate is a local path
             warnings.simplefilter("ignore", UserWarning)

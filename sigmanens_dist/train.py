@@ -1,20 +1,24 @@
-"""The training loop: ``torchrun --nproc_per_node=N -m sigmanens_dist.train --config configs/demo.yaml [key=value…]``.
+"""The trainer: ``torchrun --nproc_per_node=N -m sigmanens_dist.train --config configs/demo.yaml [key=value…]``.
 
-Read it top to bottom: set-up (config → data → model → strategy → optimiser → resume → tracking), then the step loop
-(member task losses + λ·L_div, accumulation, clipping, schedule, EMA), with evaluation, checkpoints and preemption
-handled between steps. Exit status 0 when done, ``EXIT_PREEMPTED`` (75) after a signal-triggered checkpoint.
+Read :class:`Trainer` top to bottom: ``__init__`` sets up (distributed env → checkpoint to resume → data → model →
+strategy → optimiser and schedule → restored state → tracking), ``train_step`` runs one optimiser step over
+``grad_accum`` micro-batches, ``evaluate`` scores the validation set, ``save`` writes a checkpoint, ``fit`` loops
+until the budget is spent or a signal arrives. What differs between DDP, FSDP2 and ZeRO (wrapping, the optimiser,
+backward with accumulation, unscale + clip + step, model/optimiser state) belongs to the :class:`Strategy`.
+
+Exit status 0 when done, ``EXIT_PREEMPTED`` (75) after a signal-triggered checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,18 +30,20 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from sigmanens_dist.checkpoint import EXIT_PREEMPTED, CheckpointManager, PreemptionFlag, capture_rng, restore_rng
+from sigmanens_dist.checkpoint import CheckpointManager, capture_rng, restore_rng
 from sigmanens_dist.config import Config, flatten, load_config, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
-from sigmanens_dist.distributed import DistEnv, all_gather_object, any_rank, init_distributed
+from sigmanens_dist.distributed import DistEnv, all_gather_object, init_distributed
 from sigmanens_dist.ema import EMA
 from sigmanens_dist.ensemble import SigmaEnsemble, map_tensors
 from sigmanens_dist.metrics import EnsembleMetrics, reliability_diagram
 from sigmanens_dist.models import build_model, param_groups
+from sigmanens_dist.preemption import EXIT_PREEMPTED, PreemptionCheck, PreemptionFlag, clear_marker, write_marker
+from sigmanens_dist.resume import BatchLayout, check_same_run
 from sigmanens_dist.strategies import build_strategy
 from sigmanens_dist.tracking import Tracker, git_commit
 
-__all__ = ["Position", "main", "run"]
+__all__ = ["Position", "Trainer", "main", "run"]
 
 log = logging.getLogger("sigmanens")
 
@@ -51,188 +57,278 @@ class Position:
     batch: int = 0
 
 
-def run(cfg: Config) -> int:
-    env = init_distributed(cfg.strategy.backend)
-    _setup_logging(env)
-    run_dir = Path(cfg.run_dir)
-    ckpt = CheckpointManager(run_dir, cfg.checkpoint.keep_last)
-    if cfg.checkpoint.resume == "none" and ckpt.checkpoints():
-        raise FileExistsError(f"run_dir={run_dir} already holds checkpoints of an earlier run; continue it with "
-                              "checkpoint.resume=auto (or --resume auto), or start this one in a new run_dir")
-    if cfg.train.amp == "fp16" and env.device.type != "cuda":
-        raise ValueError("train.amp=fp16 needs a CUDA device (GradScaler); use bf16 or none on CPU")
+class Trainer:
+    """One training run, from a validated :class:`Config`."""
 
-    # -- data ----------------------------------------------------------------------------------------------------
-    data = build_data(cfg, env)
-    micro_per_step = cfg.train.grad_accum
-    total_steps = cfg.train.max_steps or cfg.train.epochs * len(data.train) // micro_per_step
-    if total_steps < 1:
-        raise ValueError(f"train.epochs={cfg.train.epochs} gives no optimiser step: an epoch has {len(data.train)} "
-                         f"batches per rank and train.grad_accum={micro_per_step}")
+    def __init__(self, cfg: Config) -> None:
+        self.env = env = init_distributed(cfg.strategy.backend)
+        _setup_logging(env)
+        self.run_dir = Path(cfg.run_dir)
+        self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last)
+        if cfg.checkpoint.resume == "none" and self.ckpt.checkpoints():
+            raise FileExistsError(f"run_dir={self.run_dir} already holds checkpoints of an earlier run; continue it "
+                                  "with checkpoint.resume=auto (or --resume auto), or start this one in a new run_dir")
+        if cfg.train.amp == "fp16" and env.device.type != "cuda":
+            raise ValueError("train.amp=fp16 needs a CUDA device (GradScaler); use bf16 or none on CPU")
 
-    # -- model, strategy, optimiser (model init is identical on every rank; later randomness is per rank) ---------
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg, data.num_classes, data.in_chans, data.vocab_size)
-    torch.manual_seed(cfg.seed + env.rank)
-    strategy = build_strategy(cfg.strategy.name, env)
-    wrapped = strategy.wrap(model)
-    model = strategy.unwrap(wrapped)
-    optimizer = _optimizer(cfg, model)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(cfg, total_steps))
-    scaler = torch.amp.GradScaler(env.device.type, enabled=cfg.train.amp == "fp16")
-    ema = EMA(model, cfg.train.ema_decay) if cfg.train.ema_decay else None
-    mixup = _mixup(cfg, data.num_classes)
+        # -- the checkpoint to resume, read before anything is built: it may change the per-rank batch ------------
+        resumed, resumed_path = self._pick_checkpoint(cfg)
+        self.layout = BatchLayout(cfg.train.batch_size, env.world_size, cfg.train.grad_accum)
+        if resumed is not None:
+            self.layout = check_same_run(resumed, cfg, self.layout)
+            cfg = cfg.model_copy(update={"train": cfg.train.model_copy(
+                update={"batch_size": self.layout.per_rank, "grad_accum": self.layout.grad_accum})})
+        self.cfg = cfg
 
-    # -- resume --------------------------------------------------------------------------------------------------
-    # Rank 0 picks the checkpoint (skipping unreadable ones) and every rank loads that very file.
-    pos, run_id = Position(), None
-    loaded = ckpt.load(cfg.checkpoint.resume) if env.is_main else None
-    path = all_gather_object(None if loaded is None else loaded[1], env)[0]
-    if path is not None:
-        state = loaded[0] if env.is_main else ckpt.read(path)
+        # -- data ------------------------------------------------------------------------------------------------
+        self.data: Data = build_data(cfg.data, cfg.train.batch_size, cfg.seed, env, cfg.train.randaugment)
+        self.total_steps = cfg.train.max_steps or cfg.train.epochs * len(self.data.train) // cfg.train.grad_accum
+        if self.total_steps < 1:
+            raise ValueError(f"train.epochs={cfg.train.epochs} gives no optimiser step: an epoch has "
+                             f"{len(self.data.train)} batches per rank and train.grad_accum={cfg.train.grad_accum}")
+
+        # -- model, strategy, optimiser (model init is identical on every rank; later randomness is per rank) -------
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg, self.data.num_classes, self.data.in_chans, self.data.vocab_size)
+        torch.manual_seed(cfg.seed + env.rank)
+        self.strategy = build_strategy(cfg.strategy.name, env, amp=cfg.train.amp)
+        self.wrapped = self.strategy.wrap(model)
+        self.model = self.strategy.model
+        self.optimizer = self.strategy.build_optimizer(param_groups(self.model, cfg.optim.weight_decay),
+                                                       lambda groups: _optimizer(cfg, groups))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _warmup_cosine(cfg, self.total_steps))
+        self.ema = EMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
+        self.mixup = _mixup(cfg, self.data.num_classes)
+        self.pos, run_id = Position(), None
+        if resumed is not None:
+            run_id = self._load(resumed, resumed_path)
+
+        # -- tracking --------------------------------------------------------------------------------------------
+        self.tracker = Tracker(self.run_dir, enabled=cfg.tracking.enabled, active=env.is_main, uri=cfg.tracking.uri,
+                               experiment=cfg.tracking.experiment)
+        if env.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            clear_marker(self.run_dir)  # a marker from an earlier preemption is stale once this run starts
+            save_config(cfg, self.run_dir / "config.yaml")
+            run_id = self.tracker.start(cfg.tracking.run_name or self.run_dir.name, run_id, flatten(cfg),
+                                        self._tags())
+            self.tracker.log_artifact(self.run_dir / "config.yaml")
+        self.run_id = all_gather_object(run_id, env)[0]
+
+    # -- resume ----------------------------------------------------------------------------------------------------
+    def _pick_checkpoint(self, cfg: Config) -> tuple[dict[str, Any] | None, Path | None]:
+        """Rank 0 picks the checkpoint (skipping unreadable ones) and every rank loads that very file."""
+        loaded = self.ckpt.load(cfg.checkpoint.resume) if self.env.is_main else None
+        path = all_gather_object(None if loaded is None else loaded[1], self.env)[0]
+        if path is None:
+            return None, None
+        return (loaded[0] if self.env.is_main else self.ckpt.read(path)), path
+
+    def _load(self, state: dict[str, Any], path: Path) -> str | None:
         try:
-            strategy.load_model_state(wrapped, state["model"])
+            self.strategy.load_state_dict(state)
         except RuntimeError as err:
             raise RuntimeError(f"cannot resume from {path}: it does not match this model ({err})") from err
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        if ema is not None and state.get("ema") is not None:
-            ema.load_state_dict(state["ema"])
-        if len(state["rng"]) != env.world_size:
-            raise RuntimeError(f"{path} was written by {len(state['rng'])} ranks, this run has {env.world_size}; "
-                               "exact resume needs the same world size")
-        restore_rng(state["rng"][env.rank])
-        pos, run_id, ckpt.best_metric = Position(**state["position"]), state.get("mlflow_run_id"), state.get("best")
-        if env.is_main:
-            log.info("resumed from %s at step %d (epoch %d, batch %d)", path, pos.step, pos.epoch, pos.batch)
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.ema is not None and state.get("ema") is not None:
+            self.ema.load_state_dict(state["ema"])
+        if len(state["rng"]) == self.env.world_size:
+            restore_rng(state["rng"][self.env.rank])
+        elif self.env.is_main:
+            warnings.warn(f"{path} was written by {len(state['rng'])} ranks and this run has {self.env.world_size}: "
+                          "the data continues at the same global sample, but per-rank random streams (dropout, "
+                          "drop-path) restart, so the continuation is not bit-identical to an uninterrupted run",
+                          stacklevel=1)
+        self.pos, self.ckpt.best_metric = Position(**state["position"]), state.get("best")
+        if self.env.is_main:
+            log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.pos.step, self.pos.epoch,
+                     self.pos.batch)
+        return state.get("mlflow_run_id")
 
-    # -- tracking ------------------------------------------------------------------------------------------------
-    tracker = Tracker(run_dir, enabled=cfg.tracking.enabled, active=env.is_main, uri=cfg.tracking.uri,
-                      experiment=cfg.tracking.experiment)
-    if env.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
-        n_params = sum(p.numel() for p in model.parameters())
-        tags = {"git_commit": git_commit(), "num_members": str(model.num_members), "tau": str(cfg.reg.tau),
-                "strategy": cfg.strategy.name, "world_size": str(env.world_size), "params": str(n_params),
+    def _tags(self) -> dict[str, str]:
+        cfg, env = self.cfg, self.env
+        return {"git_commit": git_commit(), "num_members": str(self.model.num_members), "tau": str(cfg.reg.tau),
+                "strategy": cfg.strategy.name, "world_size": str(env.world_size),
+                "params": str(sum(p.numel() for p in self.model.parameters())),
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "model": cfg.model.name,
                 "ensemble": str(cfg.model.ensemble)}
-        run_id = tracker.start(cfg.tracking.run_name or run_dir.name, run_id, flatten(cfg), tags)
-        tracker.log_artifact(run_dir / "config.yaml")
-    run_id = all_gather_object(run_id, env)[0]
 
-    def save(metric: float | None = None) -> None:
-        rng = all_gather_object(capture_rng(), env)
-        if env.is_main:
-            ckpt.save({"model": strategy.model_state(wrapped), "optimizer": optimizer.state_dict(),
-                       "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-                       "ema": None if ema is None else ema.state_dict(), "rng": rng, "position": asdict(pos),
-                       "config": cfg.model_dump(mode="json"), "mlflow_run_id": run_id}, pos.step, metric)
-        if env.distributed:
-            dist.barrier()
-
-    def evaluate(final: bool = False) -> dict[str, float]:
-        scored = ema.module if ema is not None else model
-        metrics = _evaluate(scored, data, cfg, env, run_dir if final else None)
-        if isinstance(scored, SigmaEnsemble):
-            metrics["sharing/members_on"] = scored.sharing()["all"]
-        tracker.log_metrics({f"val/{k}": v for k, v in metrics.items()}, pos.step)
-        return metrics
-
-    # -- the loop ------------------------------------------------------------------------------------------------
-    preempt = PreemptionFlag()
-    batches = _micro_batches(data.train, pos)
-    autocast = _autocast(cfg, env)
-    bar = tqdm(total=total_steps, initial=pos.step, disable=not env.is_main, desc="train", dynamic_ncols=True,
-               unit="step")
-    seen, window = 0, 0.0  # images and training seconds since the last log line (eval and checkpoints excluded)
-    train_seconds, train_samples = 0.0, 0
-    wrapped.train()
-    while pos.step < total_steps:
-        t_step, epoch_at_start = time.perf_counter(), pos.epoch
+    # -- one optimiser step ----------------------------------------------------------------------------------------
+    def train_step(self, batches: Iterator[tuple[Any, int, int]]) -> torch.Tensor:
+        """``grad_accum`` micro-batches, then one optimiser step; returns (loss, task, div) averaged over them."""
+        cfg, env, accum = self.cfg, self.env, self.cfg.train.grad_accum
         stats = torch.zeros(3, device=env.device)
-        for micro in range(micro_per_step):
-            (x, y), pos.epoch, pos.batch = next(batches)
+        for micro in range(accum):
+            (x, y), self.pos.epoch, self.pos.batch = next(batches)
             x = map_tensors(x, lambda t: t.to(env.device, non_blocking=True))  # images, or tokenizer tensors
             y = y.to(env.device, non_blocking=True)
-            if mixup is not None:
-                x, y = mixup(x, y)
-            sync = contextlib.nullcontext() if micro == micro_per_step - 1 else strategy.no_sync(wrapped)
-            with sync:
-                with autocast:
-                    logits = wrapped(x)  # (M, B, K)
+            if self.mixup is not None:
+                x, y = self.mixup(x, y)
+            with self.strategy.micro_batch(last=micro == accum - 1):
+                with self.strategy.autocast():
+                    logits = self.wrapped(x)  # (M, B, K)
                     task = _member_loss(logits, y, cfg.train.label_smoothing)
-                    div = model.diversity_loss(cfg.reg.tau)
-                    loss = task + cfg.reg.lam * div
-                scaler.scale(loss / micro_per_step).backward()
-            stats += torch.stack([loss.detach(), task.detach(), div.detach()]).float() / micro_per_step
-            seen += y.shape[0] * env.world_size
-        if cfg.train.clip_grad:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_grad)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        lr = scheduler.get_last_lr()[0]  # the rate this step used
-        scheduler.step()
-        if ema is not None:
-            ema.update(model)
-        pos.step += 1
-        step_seconds = time.perf_counter() - t_step
-        window += step_seconds
-        train_seconds += step_seconds
-        train_samples += micro_per_step * cfg.train.batch_size * env.world_size
+                div = self.model.diversity_loss(cfg.reg.tau)  # fp32: σ(γ) and L_div stay out of autocast
+                loss = task + cfg.reg.lam * div
+                self.strategy.backward(loss / accum)
+            stats += torch.stack([loss.detach(), task.detach(), div.detach()]).float() / accum
+        self.strategy.step(cfg.train.clip_grad)
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update(self.model)
+        self.pos.step += 1
+        return stats
 
-        bar.update(1)
-        if pos.step % cfg.train.log_every_steps == 0 or pos.step == total_steps:
-            rate = seen / max(window, 1e-9)
-            seen, window = 0, 0.0
-            if env.distributed:  # report the global-batch loss, not rank 0's share of it
-                dist.all_reduce(stats)
-                stats /= env.world_size
-            loss_v, task_v, div_v = stats.tolist()
-            bad = torch.tensor([data.bad.count], dtype=torch.float64, device=env.device)
-            if env.distributed:
-                dist.all_reduce(bad)
-            row = {"data/bad_samples": bad.item(), "train/loss": loss_v, "train/task_loss": task_v,
-                   "train/div_loss": div_v,
-                   "train/lr": lr, "train/img_per_s": rate, "train/epoch": pos.epoch}
-            tracker.log_metrics(row, pos.step)
-            bar.set_postfix(loss=f"{row['train/loss']:.3f}", img_s=f"{rate:.0f}")
+    # -- evaluation and checkpoints --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, final: bool = False) -> dict[str, float]:
+        """Ensemble and per-member metrics on the validation pass (the EMA weights when EMA is on); on the final
+        evaluation also the predictions and the reliability diagram."""
+        scored = self.ema.module if self.ema is not None else self.model
+        scored.eval()
+        metrics = EnsembleMetrics(self.data.num_classes, scored.num_members).to(self.env.device)
+        probs, targets = [], []
+        with self.strategy.autocast():
+            for x, y in self.data.val():
+                x, y = map_tensors(x, lambda t: t.to(self.env.device)), y.to(self.env.device)
+                logits = scored(x).float()
+                metrics.update(logits, y)
+                if final:
+                    probs.append(logits.softmax(-1).mean(0).cpu())
+                    targets.append(y.cpu())
+        out = metrics.compute()
+        if isinstance(scored, SigmaEnsemble):
+            out["sharing/members_on"] = scored.sharing()["all"]
+        if final:
+            self._write_predictions(probs, targets, scored.num_members)
+        self.tracker.log_metrics({f"val/{k}": v for k, v in out.items()}, self.pos.step)
+        self.wrapped.train()
+        return out
 
-        if pos.step < total_steps:  # the final step is evaluated and saved after the loop
-            epoch_done = pos.epoch != epoch_at_start  # this step crossed an epoch boundary
-            nll = None
-            if _due(pos.step, cfg.train.eval_every_steps, epoch_done):
-                nll = evaluate()["nll"]
-                wrapped.train()
-            if _due(pos.step, cfg.checkpoint.every_steps, epoch_done):
-                save(nll)
-        if any_rank(preempt.raised, env):
-            save()
-            bar.close()
-            tracker.finish("KILLED")
-            if env.is_main:
-                log.warning("checkpointed at step %d after a signal; exiting with status %d", pos.step,
-                            EXIT_PREEMPTED)
-            return EXIT_PREEMPTED
+    def _write_predictions(self, probs: list[torch.Tensor], targets: list[torch.Tensor], members: int) -> None:
+        # A rank with no validation samples (more ranks than val shards or samples) still joins the gather.
+        mine = ((torch.cat(probs), torch.cat(targets)) if probs else
+                (torch.empty(0, self.data.num_classes), torch.empty(0, dtype=torch.int64)))
+        gathered = all_gather_object(mine, self.env)
+        if self.env.is_main:
+            p, t = torch.cat([g[0] for g in gathered]), torch.cat([g[1] for g in gathered])
+            torch.save({"probs": p, "targets": t}, self.run_dir / "val_predictions.pt")
+            reliability_diagram(p, t, self.run_dir / "reliability.png", title=f"{self.cfg.model.name} M={members}")
 
-    bar.close()
-    metrics = evaluate(final=True)
-    save(metrics.get("nll"))
-    if env.is_main:
-        metrics["params"] = float(sum(p.numel() for p in model.parameters()))
-        metrics["train_img_per_s"] = train_samples / max(train_seconds, 1e-9)
-        (run_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
-        tracker.log_final(metrics, pos.step)
-        tracker.log_artifact(run_dir / "reliability.png")
-        _print_summary(metrics, model.num_members)
-    tracker.finish("FINISHED")
-    return 0
+    def save(self, metric: float | None = None) -> float:
+        """Checkpoint model, optimiser, schedule, EMA, every rank's RNG, the data position and the batch layout;
+        returns the seconds it took (users size their preemption margin with it)."""
+        start = time.perf_counter()
+        rng = all_gather_object(capture_rng(), self.env)
+        state = self.strategy.state_dict()
+        if self.env.is_main:
+            self.ckpt.save({**state, "scheduler": self.scheduler.state_dict(),
+                            "ema": None if self.ema is None else self.ema.state_dict(), "rng": rng,
+                            "position": asdict(self.pos), "batch": asdict(self.layout),
+                            "config": self.cfg.model_dump(mode="json"), "mlflow_run_id": self.run_id},
+                           self.pos.step, metric)
+        if self.env.distributed:
+            dist.barrier()
+        return time.perf_counter() - start
+
+    # -- the loop --------------------------------------------------------------------------------------------------
+    def fit(self) -> int:
+        """Train to the budget; returns 0, or ``EXIT_PREEMPTED`` after a signal-triggered checkpoint."""
+        try:
+            with PreemptionFlag() as flag:
+                status = self._loop(PreemptionCheck(flag, self.env), flag)
+        except BaseException:
+            self.tracker.finish("FAILED")
+            raise
+        self.tracker.finish("KILLED" if status == EXIT_PREEMPTED else "FINISHED")
+        return status
+
+    def _loop(self, preempt: PreemptionCheck, flag: PreemptionFlag) -> int:
+        cfg, env, pos = self.cfg, self.env, self.pos
+        batches = _micro_batches(self.data.train, pos)
+        bar = tqdm(total=self.total_steps, initial=pos.step, disable=not env.is_main, desc="train",
+                   dynamic_ncols=True, unit="step")
+        window = Throughput()
+        self.wrapped.train()
+        while pos.step < self.total_steps:
+            t_step, epoch_at_start = time.perf_counter(), pos.epoch
+            lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
+            stats = self.train_step(batches)
+            window.add(time.perf_counter() - t_step, self.layout.global_batch)
+            bar.update(1)
+            if pos.step % cfg.train.log_every_steps == 0 or pos.step == self.total_steps:
+                row = self._train_row(stats, lr, window)
+                self.tracker.log_metrics(row, pos.step)
+                bar.set_postfix(task=f"{row['train/task_loss']:.3f}", div=f"{row['train/div_loss']:.3g}",
+                                img_s=f"{row['train/img_per_s']:.0f}")
+            if pos.step < self.total_steps:  # the final step is evaluated and saved after the loop
+                epoch_done = pos.epoch != epoch_at_start  # this step crossed an epoch boundary
+                nll = None
+                if _due(pos.step, cfg.train.eval_every_steps, epoch_done):
+                    nll = self.evaluate()["nll"]
+                if _due(pos.step, cfg.checkpoint.every_steps, epoch_done):
+                    self.save(nll)
+            if preempt.poll():
+                preempt.drain()
+                seconds = self.save()
+                bar.close()
+                if env.is_main:
+                    write_marker(self.run_dir, pos.step, flag.signum)
+                    self.tracker.log_metrics({"checkpoint/preempt_seconds": seconds}, pos.step)
+                    log.warning("checkpointed at step %d after a signal (%.1f s); exiting with status %d", pos.step,
+                                seconds, EXIT_PREEMPTED)
+                return EXIT_PREEMPTED
+        preempt.drain()
+        bar.close()
+        metrics = self.evaluate(final=True)
+        self.save(metrics.get("nll"))
+        if env.is_main:
+            metrics["params"] = float(sum(p.numel() for p in self.model.parameters()))
+            metrics["train_img_per_s"] = window.total_rate()
+            (self.run_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
+            self.tracker.log_final(metrics, pos.step)
+            self.tracker.log_artifact(self.run_dir / "reliability.png")
+            _print_summary(metrics, self.model.num_members)
+        return 0
+
+    def _train_row(self, stats: torch.Tensor, lr: float, window: Throughput) -> dict[str, float]:
+        """The log line: global-batch losses (not rank 0's share), lr, throughput, skipped samples."""
+        counts = torch.cat([stats.double(), torch.tensor([float(self.data.bad.count)], dtype=torch.float64,
+                                                         device=stats.device)])
+        if self.env.distributed:
+            dist.all_reduce(counts)
+            counts[:3] /= self.env.world_size
+        loss, task, div, bad = counts.tolist()
+        return {"train/loss": loss, "train/task_loss": task, "train/div_loss": div, "train/lr": lr,
+                "train/img_per_s": window.take_rate(), "train/epoch": self.pos.epoch, "data/bad_samples": bad}
 
 
-# -- pieces of the loop ------------------------------------------------------------------------------------------
+class Throughput:
+    """Images per second of training time (evaluation and checkpoints excluded), per log window and overall."""
+
+    def __init__(self) -> None:
+        self.images = self.seconds = self.all_images = self.all_seconds = 0.0
+
+    def add(self, seconds: float, images: int) -> None:
+        self.seconds += seconds
+        self.images += images
+        self.all_seconds += seconds
+        self.all_images += images
+
+    def take_rate(self) -> float:
+        rate = self.images / max(self.seconds, 1e-9)
+        self.images = self.seconds = 0.0
+        return rate
+
+    def total_rate(self) -> float:
+        return self.all_images / max(self.all_seconds, 1e-9)
+
+
+def run(cfg: Config) -> int:
+    return Trainer(cfg).fit()
+
+
+# -- pieces of the step ------------------------------------------------------------------------------------------
 def _due(step: int, every: int | None, epoch_done: bool) -> bool:
     """Every ``every`` steps, or at each epoch end when ``every`` is None."""
     return step % every == 0 if every else epoch_done
@@ -256,35 +352,7 @@ def _micro_batches(stream: TrainStream, pos: Position) -> Iterator[tuple[Any, in
         epoch, start = epoch + 1, 0
 
 
-@torch.no_grad()
-def _evaluate(model: nn.Module, data: Data, cfg: Config, env: DistEnv, plot_dir: Path | None) -> dict[str, float]:
-    model.eval()
-    metrics = EnsembleMetrics(data.num_classes, model.num_members).to(env.device)
-    probs, targets = [], []
-    with _autocast(cfg, env):
-        for x, y in data.val():
-            x, y = map_tensors(x, lambda t: t.to(env.device)), y.to(env.device)
-            logits = model(x).float()
-            metrics.update(logits, y)
-            if plot_dir is not None:
-                probs.append(logits.softmax(-1).mean(0).cpu())
-                targets.append(y.cpu())
-    out = metrics.compute()
-    if plot_dir is not None:
-        # A rank with no validation samples (more ranks than val shards or samples) still joins the gather.
-        mine = ((torch.cat(probs), torch.cat(targets)) if probs else
-                (torch.empty(0, data.num_classes), torch.empty(0, dtype=torch.int64)))
-        gathered = all_gather_object(mine, env)
-        if env.is_main:
-            p = torch.cat([g[0] for g in gathered])
-            t = torch.cat([g[1] for g in gathered])
-            torch.save({"probs": p, "targets": t}, plot_dir / "val_predictions.pt")
-            reliability_diagram(p, t, plot_dir / "reliability.png", title=f"{cfg.model.name} M={model.num_members}")
-    return out
-
-
-def _optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
-    groups = param_groups(model, cfg.optim.weight_decay)
+def _optimizer(cfg: Config, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
     if cfg.optim.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum, nesterov=cfg.optim.nesterov)
     return torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas))
@@ -304,20 +372,13 @@ def _warmup_cosine(cfg: Config, total: int):
     return factor
 
 
-def _mixup(cfg: Config, num_classes: int):
+def _mixup(cfg: Config, num_classes: int) -> nn.Module | None:
     if not (cfg.train.mixup_alpha or cfg.train.cutmix_alpha):
         return None
     from timm.data import Mixup
 
     return Mixup(mixup_alpha=cfg.train.mixup_alpha, cutmix_alpha=cfg.train.cutmix_alpha,
                  label_smoothing=cfg.train.label_smoothing, num_classes=num_classes)
-
-
-def _autocast(cfg: Config, env: DistEnv) -> contextlib.AbstractContextManager[Any]:
-    if cfg.train.amp == "none":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if cfg.train.amp == "bf16" else torch.float16
-    return torch.autocast(env.device.type, dtype=dtype)
 
 
 def _print_summary(metrics: dict[str, float], m: int) -> None:

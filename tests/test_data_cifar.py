@@ -16,7 +16,8 @@ import torch
 from torchvision import datasets
 
 from sigmanens_dist.config import load_config
-from sigmanens_dist.data.registry import DATASET_STATS, build_datasets
+from sigmanens_dist.data.registry import build_datasets
+from sigmanens_dist.datasets import DATASETS
 
 # name → (torchvision class, folder, train files, test file, meta file, label key, label-names key, classes)
 LAYOUT = {
@@ -67,7 +68,7 @@ def test_reads_the_official_pickle_layout(tmp_path: Path, monkeypatch: pytest.Mo
     assert (bundle.num_classes, bundle.in_chans) == (classes, 3)
     assert (len(bundle.train), len(bundle.val)) == (len(truth["train"][1]), TEST)
 
-    mean, std, _ = DATASET_STATS[name]
+    mean, std = DATASETS[name].mean, DATASETS[name].std
     mean, std = torch.tensor(mean).view(3, 1, 1), torch.tensor(std).view(3, 1, 1)
     images, labels = truth["test"]
     for i in range(TEST):

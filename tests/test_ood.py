@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from sigmanens_dist.data.idx import FASHION_MNIST_MEAN, FASHION_MNIST_STD
 from sigmanens_dist.data.ood import SVHNOOD, DigitsOOD, ood_scores, predictive_entropy
-from sigmanens_dist.data.registry import DATASET_STATS
+from sigmanens_dist.datasets import DATASETS
 from sigmanens_dist.ensemble import convert_to_sigma_ensemble
 
 
@@ -110,7 +110,7 @@ def test_svhn_reads_the_mat_layout_and_uses_the_cifar_statistics(tmp_path: Path,
     monkeypatch.setitem(datasets.SVHN.split_list, "test", ["unused-url", "test_32x32.mat", md5])
     for name in ("cifar10", "cifar100"):
         ood = SVHNOOD(tmp_path, name)
-        mean, std, _ = DATASET_STATS[name]
+        mean, std = DATASETS[name].mean, DATASETS[name].std
         assert len(ood) == 5
         for i in range(5):
             x, y = ood[i]

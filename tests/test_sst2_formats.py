@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sigmanens_dist.config import load_config
-from sigmanens_dist.data.loaders import build_data
+from sigmanens_dist.data.loaders import Data, build_data
 from sigmanens_dist.data.sst2 import Sst2Dataset, load_tokenizer, read_sst2, train_wordpiece
 from sigmanens_dist.distributed import DistEnv
 from tests.helpers import losses, run_train
@@ -39,9 +39,10 @@ def converted(tmp_path_factory: pytest.TempPathFactory, source: Path) -> Path:
     return out
 
 
-def _cfg(root: Path, fmt: str, *extra: str) -> object:
-    return load_config(None, [*TINY_BERT, "data.dataset=sst2", f"data.format={fmt}", f"data.root={root}",
-                              f"data.max_length={MAX_LENGTH}", "train.batch_size=8", "data.num_workers=2", *extra])
+def _data(root: Path, fmt: str, env: DistEnv, *extra: str) -> Data:
+    cfg = load_config(None, [*TINY_BERT, "data.dataset=sst2", f"data.format={fmt}", f"data.root={root}",
+                             f"data.max_length={MAX_LENGTH}", "train.batch_size=8", "data.num_workers=2", *extra])
+    return build_data(cfg.data, cfg.train.batch_size, cfg.seed, env)
 
 
 def _rows(ids: torch.Tensor, labels: torch.Tensor) -> list[tuple[tuple[int, ...], int]]:
@@ -62,7 +63,7 @@ def test_converted_folder_is_self_contained(converted: Path, source: Path, fmt: 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_sentence_once_with_the_raw_ids_and_exact_resume(converted: Path, source: Path, fmt: str) -> None:
     env = DistEnv(0, 1, 0, torch.device("cpu"))
-    data = build_data(_cfg(converted / fmt, fmt), env)
+    data = _data(converted / fmt, fmt, env)
     tokenizer = load_tokenizer(None, converted / fmt)
     train_text, dev_text = read_sst2(source)
     raw_train = Sst2Dataset(train_text.sentences, train_text.labels, tokenizer, MAX_LENGTH)
@@ -114,7 +115,7 @@ def test_converted_text_without_a_tokenizer_says_where_it_comes_from(converted: 
     root = tmp_path / "copy"
     shutil.copytree(converted / "webdataset", root, ignore=shutil.ignore_patterns("tokenizer"))
     with pytest.raises(FileNotFoundError, match=r"copy/tokenizer is missing: `sigmanens data convert --dataset sst2`"):
-        build_data(_cfg(root, "webdataset"), DistEnv(0, 1, 0, torch.device("cpu")))
+        _data(root, "webdataset", DistEnv(0, 1, 0, torch.device("cpu")))
 
 
 @pytest.mark.slow

@@ -105,7 +105,7 @@ def test_resume_with_other_members_is_a_clear_error(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run_train(run, *BASE, "train.max_steps=2", "model.num_members=2")
     proc = run_train(run, *BASE, "train.max_steps=4", "model.num_members=3", "checkpoint.resume=auto", expect=1)
-    assert "checkpoint has num_members=2, this ensemble has num_members=3" in proc.stderr
+    assert "model.num_members: the checkpoint's run has 2, this config 3" in proc.stderr
     proc = run_train(run, *BASE, "train.max_steps=4", "model.num_members=2", expect=1)  # resume=none: not over it
     assert "already holds checkpoints of an earlier run" in proc.stderr
 

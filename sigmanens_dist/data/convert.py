@@ -17,12 +17,11 @@ from pathlib import Path
 
 from sigmanens_dist.config import load_config
 from sigmanens_dist.data.loaders import CLASSES_FILE
-from sigmanens_dist.data.registry import DATASET_STATS, build_datasets
+from sigmanens_dist.data.registry import build_datasets
 from sigmanens_dist.data.webdataset_io import source_classes, unwrap_source
+from sigmanens_dist.datasets import convertible
 
-__all__ = ["CONVERTIBLE", "convert", "main"]
-
-CONVERTIBLE = (*DATASET_STATS, "sst2")
+__all__ = ["convert", "main"]
 
 
 def convert(dataset: str, root: Path | None, fmt: str, out: Path, *, max_count: int = 10_000,
@@ -32,8 +31,8 @@ def convert(dataset: str, root: Path | None, fmt: str, out: Path, *, max_count: 
 
     SST-2 is stored as sentences, with the default tokenizer (``root``'s ``tokenizer/``, or one trained on its
     ``train.tsv``) saved to ``out/tokenizer/`` so the converted folder trains on its own."""
-    if dataset not in CONVERTIBLE:
-        raise ValueError(f"--dataset {dataset!r}: convertible datasets are {', '.join(CONVERTIBLE)}")
+    if dataset not in convertible():
+        raise ValueError(f"--dataset {dataset!r}: convertible datasets are {', '.join(convertible())}")
     if fmt not in ("ffcv", "webdataset"):
         raise ValueError(f"--format {fmt!r}: choose ffcv or webdataset")
     text = dataset == "sst2"
@@ -75,7 +74,7 @@ def convert(dataset: str, root: Path | None, fmt: str, out: Path, *, max_count: 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="sigmanens data convert", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset", required=True, choices=sorted(CONVERTIBLE))
+    ap.add_argument("--dataset", required=True, choices=sorted(convertible()))
     ap.add_argument("--root", type=Path, help="the dataset in its native format (default: the dataset's default)")
     ap.add_argument("--format", required=True, choices=["ffcv", "webdataset"])
     ap.add_argument("--out", type=Path, required=True)

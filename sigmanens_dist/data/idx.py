@@ -15,11 +15,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from sigmanens_dist.datasets import DATASETS, FASHION_MNIST_ROOT
+
 __all__ = ["FASHION_MNIST_CLASSES", "FASHION_MNIST_MEAN", "FASHION_MNIST_ROOT", "FASHION_MNIST_STD",
            "IdxImageDataset", "read_idx"]
 
-FASHION_MNIST_ROOT = Path("/usr/share/datasets/fashion-mnist")
-FASHION_MNIST_MEAN, FASHION_MNIST_STD = 0.2860, 0.3530
+FASHION_MNIST_MEAN, FASHION_MNIST_STD = DATASETS["fashion_mnist"].mean[0], DATASETS["fashion_mnist"].std[0]
 FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                          "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 

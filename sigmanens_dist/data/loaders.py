@@ -27,8 +27,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from sigmanens_dist.data.bad_samples import BadSamples, Checked, collate_present
-from sigmanens_dist.data.registry import DATASET_STATS, build_datasets
+from sigmanens_dist.data.registry import build_datasets
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler, epoch_seed
+from sigmanens_dist.datasets import DATASETS, convertible, resolve_root
 from sigmanens_dist.distributed import DistEnv
 
 __all__ = ["CLASSES_FILE", "Data", "MapStyleStream", "TrainStream", "build_data"]
@@ -73,13 +74,14 @@ class MapStyleStream:
                               pin_memory=self.pin, generator=generator, collate_fn=collate_present)
 
 
-def build_data(cfg: Any, env: DistEnv) -> Data:
-    """Train stream and eval pass for ``cfg.data`` (``cfg.train.batch_size`` per rank)."""
-    d, batch = cfg.data, cfg.train.batch_size
+def build_data(d: Any, batch_size: int, seed: int, env: DistEnv, randaugment: str | None = None) -> Data:
+    """Train stream and eval pass for the data config ``d``, at ``batch_size`` per rank; ``seed`` fixes the order
+    and augmentation of every epoch."""
+    batch, root = batch_size, resolve_root(d.dataset, d.root)
     bad = BadSamples(d.on_bad_sample)
     if d.format == "raw":
-        bundle = build_datasets(d, cfg.data_root(), cfg.train.randaugment)
-        train = MapStyleStream(Checked(bundle.train, bundle.num_classes, bad, "train"), batch, env, cfg.seed,
+        bundle = build_datasets(d, root, randaugment)
+        train = MapStyleStream(Checked(bundle.train, bundle.num_classes, bad, "train"), batch, env, seed,
                                d.num_workers)
         val_set = Checked(bundle.val, bundle.num_classes, bad, "val")
 
@@ -89,26 +91,26 @@ def build_data(cfg: Any, env: DistEnv) -> Data:
 
         return Data(train, val, bundle.num_classes, bundle.in_chans, bundle.vocab_size, bad)
 
-    if d.dataset not in (*DATASET_STATS, "sst2"):
+    if d.dataset not in convertible():
         raise ValueError(f"data.format={d.format!r} needs a converted dataset, one of "
-                         f"{', '.join((*DATASET_STATS, 'sst2'))}; got data.dataset={d.dataset!r}")
-    root = Path(cfg.data_root())
+                         f"{', '.join(convertible())}; got data.dataset={d.dataset!r}")
+    root = Path(root)
     classes_file = root / CLASSES_FILE
     if not classes_file.is_file():
         raise FileNotFoundError(f"{classes_file} is missing: write {d.format} data with `sigmanens data convert "
                                 f"--format {d.format} --out {root} …`")
     num_classes = len(json.loads(classes_file.read_text())["classes"])
     if d.dataset == "sst2":
-        return _converted_text(cfg, env, root, num_classes, bad)
-    mean, std, native = DATASET_STATS[d.dataset]
-    size = d.img_size or native
+        return _converted_text(d, batch, seed, env, root, num_classes, bad)
+    spec = DATASETS[d.dataset]
+    mean, std, size = spec.mean, spec.std, d.img_size or spec.size
     if d.format == "ffcv":
         from sigmanens_dist.data.ffcv_io import FFCVLoader
 
         if len(mean) == 1:  # FFCV stores grayscale as 3 equal channels
             mean, std = mean * 3, std * 3
         common = dict(batch_size=batch, rank=env.rank, world_size=env.world_size, num_workers=max(1, d.num_workers),
-                      seed=cfg.seed, img_size=size, mean=mean, std=std, device=env.device)
+                      seed=seed, img_size=size, mean=mean, std=std, device=env.device)
         train = FFCVLoader(root / "train.beton", train=True, **common)
         val_loader = FFCVLoader(root / "val.beton", train=False, **common)
         return Data(train, lambda: val_loader.iter_epoch(0), num_classes, 3)
@@ -116,17 +118,17 @@ def build_data(cfg: Any, env: DistEnv) -> Data:
     from sigmanens_dist.data.webdataset_io import WebDatasetLoader, image_transform, iter_eval
 
     train = WebDatasetLoader(root / "train" / "manifest.json", batch, env.rank, env.world_size, d.num_workers,
-                             cfg.seed, image_transform(True, size, mean, std), bad=bad)
+                             seed, image_transform(True, size, mean, std), bad=bad)
     val_tf = image_transform(False, size, mean, std)
     return Data(train, lambda: iter_eval(root / "val" / "manifest.json", env.rank, env.world_size, batch, val_tf,
                                          bad), num_classes, len(mean), bad=bad)
 
 
-def _converted_text(cfg: Any, env: DistEnv, root: Path, num_classes: int, bad: BadSamples) -> Data:
+def _converted_text(d: Any, batch: int, seed: int, env: DistEnv, root: Path, num_classes: int, bad: BadSamples
+                    ) -> Data:
     """Sentences from converted data, tokenised per batch by the same ``TextBatcher`` as the raw reader."""
     from sigmanens_dist.data.sst2 import TOKENIZER_DIR, TextBatcher, load_tokenizer
 
-    d, batch = cfg.data, cfg.train.batch_size
     if d.tokenizer is None and not (root / TOKENIZER_DIR / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{root / TOKENIZER_DIR} is missing: `sigmanens data convert --dataset sst2` writes "
                                 f"it there; or set data.tokenizer to the backbone's tokenizer folder")
@@ -136,14 +138,14 @@ def _converted_text(cfg: Any, env: DistEnv, root: Path, num_classes: int, bad: B
         from sigmanens_dist.data.ffcv_io import FFCVTextLoader
 
         common = dict(batch_size=batch, rank=env.rank, world_size=env.world_size, num_workers=max(1, d.num_workers),
-                      seed=cfg.seed, batcher=batcher)
+                      seed=seed, batcher=batcher)
         train = FFCVTextLoader(root / "train.beton", train=True, **common)
         val_loader = FFCVTextLoader(root / "val.beton", train=False, **common)
         return Data(train, lambda: val_loader.iter_epoch(0), num_classes, 0, len(tokenizer))
 
     from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, iter_eval
 
-    train = WebDatasetLoader(root / "train" / MANIFEST, batch, env.rank, env.world_size, d.num_workers, cfg.seed,
+    train = WebDatasetLoader(root / "train" / MANIFEST, batch, env.rank, env.world_size, d.num_workers, seed,
                              None, bad=bad, collate=batcher)
     return Data(train, lambda: iter_eval(root / "val" / MANIFEST, env.rank, env.world_size, batch, None, bad,
                                          collate=batcher), num_classes, 0, len(tokenizer), bad=bad)

@@ -53,13 +53,13 @@ class SVHNOOD(Dataset):
         from torchvision import datasets
         from torchvision.transforms import v2
 
-        from sigmanens_dist.data.registry import DATASET_STATS
+        from sigmanens_dist.datasets import DATASETS
 
         if in_dataset not in ("cifar10", "cifar100"):
             raise ValueError(f"SVHNOOD: in_dataset={in_dataset!r} is not one of cifar10, cifar100")
         if split not in datasets.SVHN.split_list:
             raise ValueError(f"SVHNOOD: split={split!r} is not one of {', '.join(datasets.SVHN.split_list)}")
-        mean, std, _ = DATASET_STATS[in_dataset]
+        mean, std = DATASETS[in_dataset].mean, DATASETS[in_dataset].std
         transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
         try:
             self.svhn = datasets.SVHN(str(root), split=split, transform=transform, download=False)

@@ -8,24 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from sigmanens_dist.data.idx import FASHION_MNIST_MEAN, FASHION_MNIST_STD, IdxImageDataset
+from sigmanens_dist.data.idx import IdxImageDataset
+from sigmanens_dist.datasets import DATASETS
 
-__all__ = ["DATASETS", "DATASET_STATS", "DataBundle", "SeededAugment", "SyntheticImages", "build_datasets"]
+__all__ = ["DataBundle", "SeededAugment", "SyntheticImages", "build_datasets"]
 
-# (mean, std, native image size) of each image dataset: the raw readers normalise with them, and so do the
-# decoders of the converted formats (data/loaders.py).
-DATASET_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...], int]] = {
-    "fashion_mnist": ((FASHION_MNIST_MEAN,), (FASHION_MNIST_STD,), 28),
-    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 32),
-    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), 32),
-    "imagenet": (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, 224),
-    "imagefolder": (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, 224),
-}
-DATASETS = ("fashion_mnist", "cifar10", "cifar100", "imagenet", "imagefolder", "synthetic", "sst2")
 
 
 @dataclass
@@ -132,7 +122,7 @@ def _cifar(name: str, root: Path, data_cfg: Any) -> DataBundle:
     from torchvision import datasets
 
     cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
-    mean, std, _ = DATASET_STATS[name]  # each CIFAR its own statistics
+    mean, std = DATASETS[name].mean, DATASETS[name].std  # each CIFAR its own statistics
     to_tensor = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
     try:
         train = cls(str(root), train=True, download=False)

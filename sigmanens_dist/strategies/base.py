@@ -1,34 +1,98 @@
-"""The strategy interface: wrap the model, run backward without/with gradient sync, save and load its state."""
+"""The strategy interface: everything that differs between DDP, FSDP2 and DeepSpeed ZeRO.
+
+The trainer only calls these methods: it never asks which strategy it has. A strategy wraps the model, builds the
+optimiser from parameter groups, runs backward with gradient accumulation (communicating only on the last
+micro-batch), unscales + clips + steps, and saves/loads model and optimiser state in its checkpoint format.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 from sigmanens_dist.distributed import DistEnv
 
+__all__ = ["OptimizerFactory", "Strategy"]
+
+OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
+
 
 class Strategy(ABC):
-    def __init__(self, env: DistEnv) -> None:
-        self.env = env
+    """One instance per run. ``wrap`` first, then ``build_optimizer``; after that ``model`` (the plain module, for
+    evaluation and the σ reads), ``wrapped`` (the one to call in training) and ``optimizer`` are set."""
 
+    name: str = "base"
+    #: "file": one ``step_N.pt`` written by rank 0; "dcp": a folder every rank writes its shards into.
+    checkpoint_format: str = "file"
+
+    def __init__(self, env: DistEnv, *, amp: str = "none") -> None:
+        self.env, self.amp = env, amp
+        self.model: nn.Module | None = None
+        self.wrapped: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        # fp16 needs loss scaling; bf16 and fp32 do not (a disabled scaler is a pass-through).
+        self.scaler = torch.amp.GradScaler(env.device.type, enabled=amp == "fp16")
+
+    # -- set-up ----------------------------------------------------------------------------------------------------
     @abstractmethod
     def wrap(self, model: nn.Module) -> nn.Module:
-        """Move to the device and wrap for distributed training; returns the module to call in the loop."""
+        """Move to the device and wrap for distributed training; sets and returns ``self.wrapped``."""
 
-    @abstractmethod
-    def unwrap(self, wrapped: nn.Module) -> nn.Module:
-        """The plain model (for eval, export, checkpoints)."""
+    def build_optimizer(self, groups: list[dict[str, Any]], factory: OptimizerFactory) -> torch.optim.Optimizer:
+        """The optimiser over this strategy's view of the parameters (``groups`` hold the plain model's)."""
+        self.optimizer = factory(groups)
+        return self.optimizer
 
-    def no_sync(self, wrapped: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        """Context for micro-batches that accumulate gradients without communicating."""
+    # -- the step --------------------------------------------------------------------------------------------------
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Mixed precision for forward + loss (parameters stay fp32; σ(γ) and L_div are computed in fp32)."""
+        if self.amp == "none":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.amp == "bf16" else torch.float16
+        return torch.autocast(self.env.device.type, dtype=dtype)
+
+    def no_sync(self) -> contextlib.AbstractContextManager[Any]:
+        """Gradients accumulate locally, without communication (DDP must see this around forward *and*
+        backward; FSDP2 and DeepSpeed only consult it in backward)."""
         return contextlib.nullcontext()
 
-    def model_state(self, wrapped: nn.Module) -> dict[str, Any]:
-        return self.unwrap(wrapped).state_dict()
+    def micro_batch(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        """Wraps forward + backward of one micro-batch: gradients are reduced only on the last one of a step."""
+        return contextlib.nullcontext() if last else self.no_sync()
 
-    def load_model_state(self, wrapped: nn.Module, state: dict[str, Any]) -> None:
-        self.unwrap(wrapped).load_state_dict(state)
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of one micro-batch's (already accumulation-scaled) loss."""
+        self.scaler.scale(loss).backward()
+
+    def step(self, clip_grad: float | None) -> float | None:
+        """Unscale, clip (returning the total gradient norm before clipping), step, zero the gradients."""
+        assert self.optimizer is not None and self.model is not None
+        norm = None
+        if clip_grad:
+            self.scaler.unscale_(self.optimizer)
+            norm = float(self.clip_grad_norm(clip_grad))
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+
+    # -- state -----------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimiser and loss-scaler state, in the form this strategy's checkpoint format stores."""
+        assert self.model is not None and self.optimizer is not None
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        assert self.model is not None and self.optimizer is not None
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])

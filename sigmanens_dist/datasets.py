@@ -1,0 +1,67 @@
+"""Every dataset the project knows, named once: what it is, how it is normalised, where it lives by default, how
+to get it, and whether ``sigmanens data convert`` can write it as FFCV / webdataset.
+
+The config validates ``data.dataset`` against :data:`DATASETS`, the readers and decoders normalise with its
+statistics, the converter offers what it marks convertible. No torch import here: the config reads it before any
+heavy module loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+__all__ = ["DATASETS", "FASHION_MNIST_ROOT", "DatasetName", "DatasetSpec", "convertible", "resolve_root"]
+
+FASHION_MNIST_ROOT = Path("/usr/share/datasets/fashion-mnist")
+_IMAGENET_MEAN, _IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # timm's IMAGENET_DEFAULT_*
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str
+    kind: Literal["image", "text", "synthetic"]
+    hint: str  # how to get it, shown when data.root is unset or missing
+    mean: tuple[float, ...] = ()  # images: per-channel statistics used by every reader and decoder
+    std: tuple[float, ...] = ()
+    size: int = 0  # images: native side length
+    default_root: Path | None = None
+
+    @property
+    def convertible(self) -> bool:
+        """Whether ``sigmanens data convert`` writes it (real image and text datasets; not generated ones)."""
+        return self.kind != "synthetic"
+
+
+DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
+    DatasetSpec("fashion_mnist", "image", "install it with `apt-get install dataset-fashion-mnist`, or set data.root "
+                "to a folder with the four Fashion-MNIST idx files", (0.2860,), (0.3530,), 28, FASHION_MNIST_ROOT),
+    DatasetSpec("cifar10", "image", "download cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html "
+                "and extract it into data.root (giving data.root/cifar-10-batches-py/)",
+                (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 32),
+    DatasetSpec("cifar100", "image", "download cifar-100-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html"
+                " and extract it into data.root (giving data.root/cifar-100-python/)",
+                (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), 32),
+    DatasetSpec("imagenet", "image", "point data.root at the ILSVRC-2012 folder with train/ and val/ class folders "
+                "(format: raw) or at the FFCV .beton files (format: ffcv)", _IMAGENET_MEAN, _IMAGENET_STD, 224),
+    DatasetSpec("imagefolder", "image", "point data.root at a folder with train/ and val/ sub-folders, one folder per "
+                "class", _IMAGENET_MEAN, _IMAGENET_STD, 224),
+    DatasetSpec("synthetic", "synthetic", "generated in memory; needs no data.root"),
+    DatasetSpec("sst2", "text", "point data.root at the GLUE SST-2 folder (train.tsv, dev.tsv; format: raw) or at "
+                "what `sigmanens data convert --dataset sst2` wrote (format: ffcv or webdataset)"),
+)}
+
+DatasetName = Literal[tuple(DATASETS)]  # the config's type for data.dataset
+
+
+def convertible() -> list[str]:
+    return [name for name, spec in DATASETS.items() if spec.convertible]
+
+
+def resolve_root(dataset: str, root: Path | None) -> Path | None:
+    """``root``, or the dataset's default folder; None for generated data."""
+    spec = DATASETS[dataset]
+    if spec.kind == "synthetic":
+        return None
+    return root if root is not None else spec.default_root

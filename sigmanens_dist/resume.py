@@ -1,0 +1,94 @@
+"""What may change between a run and its resumption, and how the batch adapts to a new world size.
+
+A resumed run continues the *same* run: the model, the ensemble, the data and the global batch must be those of the
+checkpoint, or the recorded data position and optimiser state would silently mean something else. Everything else
+(learning rate, evaluation cadence, the budget…) may change. The world size may change too (elastic resume): the data
+order is defined over global batches (``data/sampler.py``), so keeping the micro-batch of all ranks together (per-rank
+batch × world size) fixed keeps every sample where it was; only the per-rank random streams restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["SAME_RUN_KEYS", "BatchLayout", "check_same_run"]
+
+log = logging.getLogger(__name__)
+
+# Changing any of these makes the checkpoint a different run's: refused, naming the key and both values.
+SAME_RUN_KEYS = ("model.source", "model.name", "model.pretrained", "model.kwargs", "model.ensemble",
+                 "model.num_members", "model.layers", "reg.regularize", "data.dataset", "data.train_subset",
+                 "data.img_size", "seed")
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """How one optimiser step's samples are spread: per rank, over ranks, over accumulated micro-batches."""
+
+    per_rank: int
+    world_size: int
+    grad_accum: int
+
+    @property
+    def micro_global(self) -> int:
+        """Samples in one micro-batch of all ranks together: the unit the data position counts in."""
+        return self.per_rank * self.world_size
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_global * self.grad_accum
+
+
+def check_same_run(state: dict[str, Any], cfg: Any, layout: BatchLayout) -> BatchLayout:
+    """Refuse a checkpoint of another run (every differing key in one error); return the batch layout to resume
+    with, adapted to this world size when only the world size changed."""
+    saved_cfg, current = state["config"], cfg.model_dump(mode="json")
+    problems = [f"  - {key}: the checkpoint's run has {_get(saved_cfg, key)!r}, this config {_get(current, key)!r}"
+                for key in SAME_RUN_KEYS if _get(saved_cfg, key) != _get(current, key)]
+    saved = BatchLayout(**state["batch"]) if "batch" in state else BatchLayout(
+        saved_cfg["train"]["batch_size"], len(state["rng"]), saved_cfg["train"]["grad_accum"])
+    resumed = _adapt(saved, layout, problems)
+    if problems:
+        raise ValueError("cannot resume: the config describes a different run than the checkpoint\n"
+                         + "\n".join(problems) + "\nstart a new run_dir for a different run")
+    for key in ("train.max_steps", "train.epochs", "schedule.warmup_steps", "schedule.name"):
+        if _get(saved_cfg, key) != _get(current, key):
+            warnings.warn(f"{key} changed from {_get(saved_cfg, key)!r} to {_get(current, key)!r} on resume: the "
+                          "learning-rate schedule is recomputed for the new budget from this step on", stacklevel=2)
+    return resumed
+
+
+def _adapt(saved: BatchLayout, wanted: BatchLayout, problems: list[str]) -> BatchLayout:
+    if wanted.world_size == saved.world_size:
+        if wanted != saved:
+            problems.append(f"  - train.batch_size × world size × train.grad_accum: the checkpoint's run has "
+                            f"{saved.per_rank} × {saved.world_size} × {saved.grad_accum} = {saved.global_batch}, "
+                            f"this config {wanted.per_rank} × {wanted.world_size} × {wanted.grad_accum} = "
+                            f"{wanted.global_batch}; the global batch must stay the same")
+        return saved
+    if wanted.micro_global == saved.micro_global and wanted.grad_accum == saved.grad_accum:
+        return wanted  # the user already adapted the per-rank batch to the new world size
+    if (wanted.per_rank, wanted.grad_accum) != (saved.per_rank, saved.grad_accum):
+        problems.append(f"  - train.batch_size / train.grad_accum: changed from {saved.per_rank} / "
+                        f"{saved.grad_accum} to {wanted.per_rank} / {wanted.grad_accum} while the world size changed "
+                        f"from {saved.world_size} to {wanted.world_size}; keep the recipe's values (the per-rank batch "
+                        f"adapts by itself) or set train.batch_size={saved.micro_global // wanted.world_size}")
+        return saved
+    if saved.micro_global % wanted.world_size:
+        problems.append(f"  - world size: the checkpoint's run takes {saved.micro_global} samples per micro-batch "
+                        f"({saved.per_rank} on each of {saved.world_size} ranks), which {wanted.world_size} ranks "
+                        f"cannot share equally; resume on a world size that divides {saved.micro_global}")
+        return saved
+    adapted = BatchLayout(saved.micro_global // wanted.world_size, wanted.world_size, saved.grad_accum)
+    log.warning("elastic resume: %d ranks instead of %d; per-rank batch %d → %d keeps the global batch of %d",
+                wanted.world_size, saved.world_size, saved.per_rank, adapted.per_rank, saved.global_batch)
+    return adapted
+
+
+def _get(tree: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
