@@ -17,6 +17,7 @@ import itertools
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -26,8 +27,8 @@ from typing import Any
 
 import yaml
 
-from sigmanens_dist.checkpoint import EXIT_PREEMPTED
 from sigmanens_dist.config import Config, ConfigError, RegConfig, load_config
+from sigmanens_dist.preemption import EXIT_PREEMPTED, MARKER
 from sigmanens_dist.tracking import PARENT_TAG, default_tracking_uri, ensure_experiment
 
 __all__ = ["KINDS", "LAMBDA_POLICIES", "METHODS", "Child", "Method", "StudyError", "build_definition", "child_state",
@@ -431,8 +432,26 @@ def _run_child(definition: dict[str, Any], child: dict[str, Any], def_path: Path
     print(f"[{child['index'] + 1}/{total}] {child['name']}: {'resuming' if state == 'resume' else 'starting'}\n$ "
           + " ".join(cmd), flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    status = subprocess.run(cmd, env=env, check=False).returncode
+    proc = subprocess.Popen(cmd, env=env)
+    received: list[int] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        """A preemption signal sent to this process (not only to the child) must reach the trainer, and must not
+        kill this process before the trainer has checkpointed. torchrun passes SIGTERM on to its workers."""
+        received.append(signum)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM if definition["nproc"] > 1 else signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGUSR1, signal.SIGTERM)}
+    try:
+        status = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     _tag_child(definition, child)
+    # torchrun rewrites a worker's exit status; the trainer's marker says "checkpointed after a signal"
+    if received or (Path(definition["out"]) / child["name"] / MARKER).is_file():
+        return EXIT_PREEMPTED
     return status
 
 

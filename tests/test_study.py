@@ -72,7 +72,9 @@ def _table_rows(path: Path) -> list[list[str]]:
 
 
 @pytest.mark.slow
-def test_mini_study_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_mini_study_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the study's own store: <out>/mlflow.db
     out = tmp_path / "study"
     uri = f"sqlite:///{out}/mlflow.db"
     # 1. Prepared as for a Slurm array: definition and parent run, no child yet; then one array element.

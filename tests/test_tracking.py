@@ -95,10 +95,12 @@ def test_unreachable_server_does_not_stop_training(tmp_path: Path) -> None:
     assert (run / "final_metrics.json").is_file()
 
 
-def test_child_run_joins_its_parent_with_the_dataset_as_input(tmp_path: Path) -> None:
+def test_child_run_joins_its_parent_with_the_dataset_as_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
     from sigmanens_dist.tracking import ParentRunNotFound, Tracker, ensure_experiment
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # mlflow.set_tracking_uri exports it: undo that for later tests
     client = mlflow.MlflowClient(uri)
     exp_id = ensure_experiment(client, "study", uri)
     exp = client.get_experiment(exp_id)
