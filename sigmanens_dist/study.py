@@ -160,7 +160,7 @@ def build_definition(kind: str, config: Path | None, axes: dict[str, list[Any] |
 
 
 _AXIS_KEYS = {"members": "model.num_members", "taus": "reg.tau", "lambdas": "reg.lambda"}
-_OWNED = {"run_dir", "seed", "tracking.parent_run_id", "tracking.run_name", "tracking.uri", "checkpoint.resume",
+_OWNED = {"run_dir", "seed", "tracking.parent_run_id", "tracking.run_name", "checkpoint.resume",
           "model.ensemble", "model.method"}
 
 
