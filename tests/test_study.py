@@ -17,7 +17,15 @@ import pytest
 import yaml
 from scipy import stats
 
-from sigmanens_dist.compare import CompareError, RunRecord, group_runs, load_runs, paired_difference, reference_for
+from sigmanens_dist.compare import (
+    CompareError,
+    RunRecord,
+    group_runs,
+    load_runs,
+    paired_difference,
+    reference_for,
+    write_report,
+)
 from sigmanens_dist.compare import main as compare_main
 from sigmanens_dist.study import (
     Child,
@@ -225,3 +233,25 @@ def test_compare_errors_name_what_is_wrong(tmp_path: Path) -> None:
         load_runs(uri, experiment="nope")
     with pytest.raises(CompareError, match="--parent 0123456789abcdef0123456789abcdef: no such run"):
         load_runs(uri, parent="0123456789abcdef0123456789abcdef")
+
+
+def test_report_has_ood_and_severity_when_runs_log_them(tmp_path: Path) -> None:
+    records = []
+    for seed in (0, 1, 2):
+        for method, m, tau, shift in (("single", 1, None, 0.0), ("sigma", 4, 0.5, 0.01 * (seed + 1))):
+            r = _record(method, m, tau, seed, 0.8 + shift)
+            r.values.update({"nll": 0.5 - shift, "ece": 0.03, "ood_auroc": 0.7 + shift, "params": 1e6 * (1 + m / 100),
+                             "train_compute": 1e5 * m})
+            r.severity_ece = {s: 0.02 * s + shift for s in range(1, 6)}
+            records.append(r)
+    files = {p.name for p in write_report(records, ["sigma-M8-s0: missing (not started)"], tmp_path, None)}
+    assert {"table.md", "table.csv", "runs.csv", "acc_vs_ece.png", "nll_vs_cost.png", "ece_vs_severity.png"} <= files
+    assert "metric_vs_members.png" in files  # M = 1 and 4
+    assert (tmp_path / "ece_vs_severity.png").stat().st_size > 10_000
+    table = (tmp_path / "table.md").read_text()
+    assert "OOD AUROC" in table and "Δood_auroc vs single [95% CI]" in table
+    assert "| sigma | 4 | 0.5 | 0.001 | 3 |" in table and "+0.0200 [" in table  # mean shift .01,.02,.03
+    assert "- sigma-M8-s0: missing (not started)" in table
+    with pytest.raises(CompareError, match="--reference 'deep': no finished runs of that method; methods here: "
+                                           "sigma, single"):
+        write_report(records, [], tmp_path, "deep")
