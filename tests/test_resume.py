@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import timm
@@ -14,6 +15,7 @@ from sigmanens_dist.distributed import DistEnv
 from sigmanens_dist.models import param_groups
 from sigmanens_dist.preemption import PreemptionCheck, PreemptionFlag
 from sigmanens_dist.resume import BatchLayout, check_same_run
+from tests.helpers import SYNTHETIC, TINY_VIT, losses, run_train
 
 SYN = ["data.dataset=synthetic"]
 
@@ -78,3 +80,19 @@ def test_no_weight_decay_names_are_honoured() -> None:
     ids = {id(p) for p in other["params"]}
     assert id(vit.pos_embed) in ids and id(vit.cls_token) in ids
     assert id(vit.patch_embed.proj.weight) in {id(p) for p in decay["params"]}
+
+
+@pytest.mark.slow
+def test_elastic_resume_two_ranks_to_one_continues_at_the_same_global_sample(tmp_path: Path) -> None:
+    # A LayerNorm ViT and SGD: one process at batch 16 computes what two ranks at batch 8 do (test_train.py), so
+    # the continuation on one process must match the two-rank run step for step if it sees the same samples.
+    common = [*TINY_VIT, *SYNTHETIC, "optim.name=sgd", "optim.lr=0.05", "train.log_every_steps=1",
+              "train.max_steps=6", "checkpoint.every_steps=3", "checkpoint.keep_last=3", "train.batch_size=8"]
+    run_train(tmp_path / "two", *common, nproc=2)
+    proc = run_train(tmp_path / "one", *common, f"checkpoint.resume={tmp_path}/two/checkpoints/step_00000003.pt")
+    assert "per-rank batch 8 → 16 keeps the global batch of 16" in proc.stderr
+    assert "per-rank random streams" in proc.stderr
+    two, one = losses(tmp_path / "two"), losses(tmp_path / "one")
+    assert sorted(one) == [4, 5, 6]
+    for step in one:
+        assert one[step] == pytest.approx(two[step], rel=1e-4, abs=1e-5), step
