@@ -288,7 +288,8 @@ def write_report(records: list[RunRecord], notes: list[str], out: Path, referenc
         raise CompareError(f"--reference {reference!r}: no finished runs of that method; methods here: "
                            f"{', '.join(dict.fromkeys(methods))}")
     columns = [c for c in COLUMNS if any(c[0] in r.values for r in records)]
-    diffs = [c for c in DIFFS if any(c in r.values for r in records)]
+    # with one method every group would pair with itself: no difference columns
+    diffs = [c for c in DIFFS if any(c in r.values for r in records)] if len(set(methods)) > 1 else []
     files = [_markdown(groups, columns, diffs, reference, notes, out / "table.md"),
              _csv(groups, columns, diffs, reference, out / "table.csv"), _runs_csv(records, out / "runs.csv")]
     files += [p for p in (_plot_members(groups, out / "metric_vs_members.png"),
@@ -329,11 +330,12 @@ def _markdown(groups: list[Group], columns: list, diffs: list[str], reference: s
         cells = [*_axis_cells(g), *(_cell(g, c[0], c[2]) for c in columns),
                  *(_diff_cell(g, groups, reference, d) for d in diffs)]
         lines.append("| " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n\n"
-    text += (f"Mean ± std over seeds. Δ: the paired difference (same seed) against {reference} at the same M, τ and "
-             "λ where both methods have them, with the 95% t interval; it excludes 0 when both ends have the same "
-             "sign. Train compute: optimiser steps × global batch × M (images × members through the backbone); "
-             "inference passes: backbone passes per predicted image.\n")
+    text = "\n".join(lines) + "\n\nMean ± std over seeds. "
+    text += (f"Δ: the paired difference (same seed) against {reference} at the same M, τ and λ where both methods "
+             "have them, with the 95% t interval; it excludes 0 when both ends have the same sign. " if diffs else
+             "One method only: no paired differences (a study with `--methods sigma,single` has a reference). ")
+    text += ("Train compute: optimiser steps × global batch × M (images × members through the backbone); inference "
+             "passes: backbone passes per predicted image.\n")
     if notes:
         text += "\nIncomplete:\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
     path.write_text(text)
