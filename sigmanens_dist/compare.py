@@ -204,12 +204,13 @@ def _record(run: Any) -> RunRecord:
     n_params = metrics.get("final/params", _float(tags.get("params")))
     if n_params is not None:
         values["params"] = n_params
-    steps = metrics.get("final/steps")
-    if steps is not None:
-        global_batch = (int(params.get("train.batch_size", 0)) * int(params.get("train.grad_accum", 1))
-                        * int(tags.get("world_size") or 1))
-        values["train_images"] = steps * global_batch
-        values["train_compute"] = steps * global_batch * members  # images × members through the backbone
+    images = metrics.get("final/train_images")
+    if images is None and "final/steps" in metrics:  # runs from before final/train_images: from the params
+        images = metrics["final/steps"] * (int(params.get("train.batch_size", 0))
+                                           * int(params.get("train.grad_accum", 1)) * int(tags.get("world_size") or 1))
+    if images is not None:
+        values["train_images"] = images
+        values["train_compute"] = images * members  # images × members through the backbone
     values["inference_passes"] = float(members)  # backbone passes per predicted image
     auroc = sorted(k for k in metrics if "auroc" in k.lower())
     if auroc:

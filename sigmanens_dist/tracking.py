@@ -92,6 +92,7 @@ class Tracker:
         self.run_id: str | None = None
         self._mlflow: Any = None
         self._local = self.run_dir / "metrics.jsonl"
+        self._global_batch = 0
 
     def start(self, run_name: str, run_id: str | None, params: dict[str, Any], tags: dict[str, str]) -> str | None:
         """Start (or, given the id saved in a checkpoint, continue) the MLflow run; returns its id.
@@ -105,6 +106,9 @@ class Tracker:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         parent = params.get("tracking.parent_run_id")
+        # the global batch of this (possibly resumed, re-batched) run: per-rank batch × accumulation × world size
+        self._global_batch = (int(params.get("train.batch_size", 0)) * int(params.get("train.grad_accum", 1))
+                              * int(tags.get("world_size") or 1))
 
         def _start() -> str:
             import mlflow
@@ -137,9 +141,12 @@ class Tracker:
             self._guard("log metrics", lambda: self._mlflow.log_metrics(values, step=step))
 
     def log_final(self, metrics: dict[str, float], step: int) -> None:
-        """The final evaluation's extras that only ``final_metrics.json`` had (parameter count, training img/s), and
-        the step count, as ``final/*`` metrics, so ``sigmanens compare`` can read everything from MLflow."""
+        """The final evaluation's extras that only ``final_metrics.json`` had (parameter count, training img/s), the
+        step count and the images trained on, as ``final/*`` metrics, so ``sigmanens compare`` reads it all from
+        MLflow."""
         extras = {f"final/{k}": v for k, v in metrics.items() if k in ("params", "train_img_per_s")}
+        if self._global_batch:
+            extras["final/train_images"] = float(step * self._global_batch)
         self.log_metrics({**extras, "final/steps": float(step)}, step)
 
     def log_artifact(self, path: Path) -> None:
