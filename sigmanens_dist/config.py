@@ -13,6 +13,7 @@ import json
 import os
 import re
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -49,6 +50,9 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+_PACKED_EXAMPLES = ("resnet10t", "resnet18", "resnet50", "wide_resnet50_2", "resnext50_32x4d")
+
+
 class ModelConfig(_Section):
     """The backbone and how it becomes a σN-Ens ensemble.
 
@@ -63,8 +67,17 @@ class ModelConfig(_Section):
     num_classes: int | None = Field(None, ge=1)  # None: the dataset's
     in_chans: int | None = Field(None, ge=1)  # None: the dataset's
     kwargs: dict[str, Any] = Field(default_factory=dict)  # more timm.create_model kwargs, e.g. img_size, patch_size
-    ensemble: bool = True  # False: train the plain backbone as a single-model baseline
-    num_members: int = Field(4, ge=1)
+    # sigma: σN-Ens; single: the plain backbone; deep: Deep Ensemble; batch: BatchEnsemble; packed: Packed-Ensembles
+    # (timm ResNet family); film: per-member norms without σ gate or L_div (docs/methods.md)
+    method: Literal["sigma", "single", "deep", "batch", "packed", "film"] = "sigma"
+    num_members: int = Field(4, ge=1)  # M (not used by method=single)
+    # independent: each member reads its own data order (member k that of a run with seed+k); shared: every member
+    # sees the same batch. None: the method's default (independent for deep, shared for the others)
+    member_batches: Literal["shared", "independent"] | None = None
+    packed_alpha: float = Field(2.0, gt=0, allow_inf_nan=False)  # packed: width factor α
+    packed_gamma: int = Field(1, ge=1)  # packed: sub-groups per member γ
+    fast_weight_init_std: float = Field(0.5, ge=0, allow_inf_nan=False)  # batch: r, s ~ N(1, std)
+    film_init_std: float = Field(0.1, ge=0, allow_inf_nan=False)  # film: member scales = source × N(1, std)
     gamma_init_mean: float = Field(0.0, allow_inf_nan=False)
     gamma_init_std: float = Field(1.0, ge=0, allow_inf_nan=False)
     layers: list[str] | None = None  # fnmatch patterns of norm layers to convert; None: every norm
@@ -89,6 +102,44 @@ class ModelConfig(_Section):
         if clash:
             raise ValueError(f"set {', '.join(clash)} as model.<key>, not inside model.kwargs")
         return kwargs
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ensemble_is_method(cls, data: Any) -> Any:
+        """Deprecated ``model.ensemble: true|false`` still reads as ``model.method: sigma|single``."""
+        if isinstance(data, dict) and "ensemble" in data:
+            data = dict(data)
+            flag = data.pop("ensemble")
+            if not isinstance(flag, bool):
+                raise _cross_field("ensemble", "deprecated boolean; use model.method", flag)
+            implied = "sigma" if flag else "single"
+            if data.get("method", implied) != implied:
+                raise _cross_field("ensemble", f"model.ensemble={flag} (deprecated) contradicts model.method="
+                                               f"{data['method']!r}; keep only model.method", flag)
+            data["method"] = implied
+            warnings.warn("model.ensemble is deprecated; use model.method: sigma | single", DeprecationWarning,
+                          stacklevel=2)
+        return data
+
+    @model_validator(mode="after")
+    def _method_knobs(self) -> ModelConfig:
+        """A knob of another method changed from its default (a saved config repeats the defaults), or a family the
+        method does not support, is an error before anything runs."""
+        owners = {"packed_alpha": "packed", "packed_gamma": "packed", "fast_weight_init_std": "batch",
+                  "film_init_std": "film"}
+        for key, method in owners.items():
+            value = getattr(self, key)
+            if self.method != method and value != type(self).model_fields[key].default:
+                raise _cross_field(key, f"applies to model.method={method} only, not {self.method!r}", value)
+        if self.method == "packed":
+            import timm
+
+            family = timm.list_models(module="resnet")
+            if self.source != "timm" or self.name not in family:
+                raise _cross_field("method", f"packed supports the timm ResNet family (timm.models.resnet: "
+                                             f"{', '.join(n for n in family if n in _PACKED_EXAMPLES)}, …); got "
+                                             f"model.name={self.name!r}", self.method)
+        return self
 
     @model_validator(mode="after")
     def _hf_kwargs_from_elsewhere(self) -> ModelConfig:
@@ -167,6 +218,9 @@ class TrainConfig(_Section):
     mixup_alpha: float = Field(0.0, ge=0, allow_inf_nan=False)
     cutmix_alpha: float = Field(0.0, ge=0, allow_inf_nan=False)
     randaugment: str | None = None  # a timm auto-augment string, e.g. "rand-m9-mstd0.5-inc1"
+    # torch.compile the model (not the DDP/FSDP wrapper); state-dict keys stay the same, so checkpoints are too
+    compile: bool = False
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"  # aot_eager: tracing without codegen
 
     @model_validator(mode="before")
     @classmethod

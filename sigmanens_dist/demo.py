@@ -22,7 +22,7 @@ from rich.table import Table
 from sigmanens_dist.metrics import reliability_diagrams
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
-RUNS = {"single model": ["model.ensemble=false"], "σN-Ens M=4": ["model.ensemble=true", "model.num_members=4"]}
+RUNS = {"single model": ["model.method=single"], "σN-Ens M=4": ["model.method=sigma", "model.num_members=4"]}
 
 
 def train(run_dir: Path, nproc: int, overrides: Sequence[str], config: Path) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import copy
 import fnmatch
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -17,15 +18,49 @@ from sigmanens_dist.layers import (
     SigmaNorm,
     SigmaStore,
     looks_like_norm,
+    shared_by_default,
     sigma_class_for,
     supported_names,
 )
+from sigmanens_dist.methods.base import EnsembleMethod, Inputs, logits_of, map_tensors
 from sigmanens_dist.regularizer import diversity_loss, members_on
 
-__all__ = ["SigmaEnsemble", "check_num_members", "convert_to_sigma_ensemble", "logits_of",
-           "map_tensors"]
+__all__ = [
+    "ConversionSummary",
+    "SigmaEnsemble",
+    "check_num_members",
+    "convert_to_sigma_ensemble",
+    "count_params",
+    "logits_of",
+    "map_tensors",
+]
 
-Inputs = torch.Tensor | Mapping[str, Any]
+
+@dataclass
+class ConversionSummary:
+    """What a conversion did: which norm layers became σ layers, which stayed shared by all members (GRN by
+    default, or norms not matched by ``layers=``), and the parameter count against the source model's."""
+
+    converted: list[str]
+    shared: list[str]
+    source_params: int
+    params: int = 0
+    shared_types: dict[str, str] = field(default_factory=dict)  # name -> type of every shared norm
+
+    @property
+    def param_ratio(self) -> float:
+        return self.params / max(self.source_params, 1)
+
+    def __str__(self) -> str:
+        shared = ", ".join(f"{n} ({self.shared_types.get(n, '?')})" for n in self.shared[:6])
+        more = f" … (+{len(self.shared) - 6})" if len(self.shared) > 6 else ""
+        return (f"{len(self.converted)} norm layers converted, {len(self.shared)} left shared"
+                f"{': ' + shared + more if self.shared else ''}; parameters {self.params:,} = "
+                f"{self.param_ratio:.4f}x the source model's {self.source_params:,}")
+
+def count_params(model: nn.Module) -> int:
+    """Parameter count; lazy parameters not yet materialised (``nn.LazyLinear`` before its first call) count 0."""
+    return sum(p.numel() for p in model.parameters() if not nn.parameter.is_lazy(p))
 
 
 def check_num_members(num_members: int) -> int:
@@ -34,7 +69,7 @@ def check_num_members(num_members: int) -> int:
     return num_members
 
 
-class SigmaEnsemble(nn.Module):
+class SigmaEnsemble(EnsembleMethod):
     """A shared backbone whose norms are σ layers of M members; all σ state lives in ``self.sigma``.
 
     ``forward(x)`` replicates a batch ``(B, …)`` for every member and returns member logits ``(M, B, K)`` from ONE
@@ -42,12 +77,17 @@ class SigmaEnsemble(nn.Module):
     samples); ``predict`` is the mean of member softmaxes.
     """
 
-    def __init__(self, backbone: nn.Module, sigma: SigmaStore) -> None:
+    name = "sigma"
+
+    def __init__(self, backbone: nn.Module, sigma: SigmaStore, summary: ConversionSummary | None = None) -> None:
         super().__init__()
         self.sigma = sigma  # first, so a mismatched checkpoint is refused before the backbone is touched
         self.backbone = backbone
         self._bound_ptr = -1
         self.rebind()
+        self.summary = summary
+        if summary is not None:
+            summary.params = count_params(self)
 
     @property
     def num_members(self) -> int:
@@ -70,9 +110,9 @@ class SigmaEnsemble(nn.Module):
         return out
 
     # -- forward ---------------------------------------------------------------------------------------------
-    def forward(self, x: Inputs) -> torch.Tensor:
-        """Member logits ``(M, B, K)`` for a batch ``(B, …)`` seen by every member."""
-        return self.forward_members(map_tensors(x, self._replicate))
+    def forward(self, x: Inputs, *, member_major: bool = False) -> torch.Tensor:
+        """Member logits ``(M, B, K)`` for a batch ``(B, …)`` seen by every member (or a member-major one)."""
+        return self.forward_members(x if member_major else map_tensors(x, self._replicate))
 
     def forward_members(self, x: Inputs) -> torch.Tensor:
         """Member logits ``(M, B, K)`` for a member-major batch ``(M·B, …)``."""
@@ -88,11 +128,6 @@ class SigmaEnsemble(nn.Module):
     def _replicate(self, t: torch.Tensor) -> torch.Tensor:
         return t.unsqueeze(0).expand(self.num_members, *t.shape).reshape(-1, *t.shape[1:])
 
-    @torch.no_grad()
-    def predict(self, x: Inputs) -> torch.Tensor:
-        """Ensemble predictive distribution ``(B, K)``: the mean of the member softmaxes."""
-        return self(x).float().softmax(dim=-1).mean(dim=0)
-
     # -- σ state ---------------------------------------------------------------------------------------------
     def gamma(self, regularized_only: bool = True) -> torch.Tensor:
         """The ``(M, F)`` importance logits (a view of the flat parameter; differentiable)."""
@@ -106,6 +141,13 @@ class SigmaEnsemble(nn.Module):
         """``L_div`` over all regularised layers in one op (multiply by λ yourself)."""
         return diversity_loss(self.gamma(), tau)
 
+    def aux_loss(self, reg: Any) -> torch.Tensor:
+        """``reg.lam · L_div(reg.tau)``: the regulariser the training loss adds."""
+        return reg.lam * self.diversity_loss(reg.tau)
+
+    def extra_metrics(self) -> dict[str, float]:
+        return {"sharing/members_on": self.sharing()["all"]}
+
     def sharing(self, threshold: float = 0.5) -> dict[str, float]:
         """Measured sharing: mean number of members "on" (σ(γ) > threshold) per feature, per regularised layer,
         plus ``"all"`` over every regularised feature."""
@@ -116,8 +158,7 @@ class SigmaEnsemble(nn.Module):
 
     def member(self, index: int) -> nn.Module:
         """Member ``index`` as a plain model of the source architecture (σ(γ) folded into ordinary norms)."""
-        if not 0 <= index < self.num_members:
-            raise IndexError(f"member index {index} out of range for num_members={self.num_members}")
+        self.check_index(index)
         memo: dict[int, Any] = {id(layer): layer.plain_member(index) for _, layer in self.sigma_layers()}
         return copy.deepcopy(self.backbone, memo)
 
@@ -151,7 +192,8 @@ def convert_to_sigma_ensemble(
     if any(isinstance(m, SigmaNorm) for m in model.modules()):
         raise ValueError("model already contains σ layers: it was converted before")
     backbone = model if inplace else copy.deepcopy(model)
-    targets = _find_norms(backbone, layers)
+    source_params = count_params(model)
+    targets, shared = _find_norms(backbone, layers)
     if not targets:
         raise ValueError(f"no normalization layer to convert in {type(model).__name__}; supported types: "
                          + ", ".join(supported_names()))
@@ -168,18 +210,26 @@ def convert_to_sigma_ensemble(
         layer.bind(store, slot)
         parent, _, attr = name.rpartition(".")
         setattr(backbone.get_submodule(parent) if parent else backbone, attr, layer)
-    return SigmaEnsemble(backbone, store)
+    summary = ConversionSummary(names, [n for n, _ in shared], source_params,
+                                shared_types={n: type(m).__name__ for n, m in shared})
+    return SigmaEnsemble(backbone, store, summary)
 
 
 # -- conversion helpers ----------------------------------------------------------------------------------------
-def _find_norms(model: nn.Module, patterns: Sequence[str] | None) -> list[tuple[str, nn.Module]]:
+def _find_norms(model: nn.Module, patterns: Sequence[str] | None
+                ) -> tuple[list[tuple[str, nn.Module]], list[tuple[str, nn.Module]]]:
+    """The norms to convert, and the norms left shared by every member (statistics-free norms such as ConvNeXt-V2's
+    GlobalResponseNorm by default, plus anything ``patterns`` leaves out)."""
     found: list[tuple[str, nn.Module]] = []
     unsupported: list[tuple[str, nn.Module]] = []
+    shared: list[tuple[str, nn.Module]] = []
 
     def walk(module: nn.Module, prefix: str) -> None:
         for child_name, child in module.named_children():
             name = prefix + child_name
-            if sigma_class_for(child) is not None:
+            if shared_by_default(child):
+                shared.append((name, child))
+            elif sigma_class_for(child) is not None:
                 found.append((name, child))
             elif looks_like_norm(child):
                 unsupported.append((name, child))
@@ -189,6 +239,7 @@ def _find_norms(model: nn.Module, patterns: Sequence[str] | None) -> list[tuple[
     walk(model, "")
     if patterns is not None:
         keep = set(_match([n for n, _ in found + unsupported], patterns, "layers"))
+        shared += [(n, m) for n, m in found + unsupported if n not in keep]
         found = [(n, m) for n, m in found if n in keep]
         unsupported = [(n, m) for n, m in unsupported if n in keep]
     if unsupported:
@@ -200,7 +251,7 @@ def _find_norms(model: nn.Module, patterns: Sequence[str] | None) -> list[tuple[
         warnings.warn("SyncBatchNorm layers become σBatchNorm with per-rank statistics (each member normalises "
                       "over its own samples on each rank; statistics are not synchronised across ranks)",
                       stacklevel=3)
-    return found
+    return found, shared
 
 
 def _match(names: list[str], patterns: Sequence[str], what: str) -> list[str]:
@@ -266,16 +317,7 @@ def _initialise(store: SigmaStore, layers: list[tuple[str, SigmaNorm, nn.Module]
     store.running_stats.copy_(stats)
 
 
-# -- inputs and outputs of arbitrary backbones -------------------------------------------------------------------
-def map_tensors(x: Inputs, fn: Callable[[torch.Tensor], torch.Tensor]) -> Inputs:
-    """``fn`` applied to an input tensor, or to every tensor of a tokenizer-style mapping."""
-    if isinstance(x, torch.Tensor):
-        return fn(x)
-    if isinstance(x, Mapping):
-        return type(x)({k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in x.items()})
-    raise TypeError(f"inputs must be a Tensor or a mapping of Tensors (e.g. tokenizer output), got {type(x).__name__}")
-
-
+# -- inputs of arbitrary backbones ------------------------------------------------------------------------------
 def _batch_size(x: Inputs) -> int:
     if isinstance(x, torch.Tensor):
         return x.shape[0]
@@ -283,14 +325,3 @@ def _batch_size(x: Inputs) -> int:
     if len(sizes) != 1:
         raise ValueError(f"input tensors disagree on the batch size: {sorted(sizes)}")
     return sizes.pop()
-
-
-def logits_of(out: Any) -> torch.Tensor:
-    """Logits from a backbone's output: a tensor, a Hugging Face ``ModelOutput`` (``.logits``) or a tuple."""
-    if isinstance(out, torch.Tensor):
-        return out
-    if hasattr(out, "logits"):
-        return out.logits
-    if isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
-    raise TypeError(f"cannot find logits in the backbone output of type {type(out).__name__}")

@@ -1,59 +1,39 @@
-"""Build the trained model from the config: a σN-Ens ensemble, or the plain backbone as a single-model baseline.
+"""Build the trained model from the config: the backbone, then the ensemble method ``model.method`` names.
 
-Both answer the same interface (``forward(x) -> (M, B, K)``, ``num_members``, ``diversity_loss(tau)``), so the train
-loop never asks which one it has.
+Every method answers :class:`sigmanens_dist.methods.EnsembleMethod` (``forward(x) -> (M, B, K)``, ``num_members``,
+``aux_loss``, ``no_weight_decay``…), so the train loop never asks which one it has.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import timm
-import torch
 from torch import nn
 
-from sigmanens_dist.ensemble import Inputs, SigmaEnsemble, convert_to_sigma_ensemble, logits_of
 from sigmanens_dist.layers import SigmaStore, sigma_class_for
+from sigmanens_dist.methods import EnsembleMethod, build_method
+from sigmanens_dist.methods.single import SingleModel
 
 __all__ = ["SingleModel", "build_model", "param_groups"]
 
 
-class SingleModel(nn.Module):
-    """A plain backbone seen as an ensemble of one member (the baseline σN-Ens is compared with)."""
-
-    num_members = 1
-
-    def __init__(self, backbone: nn.Module) -> None:
-        super().__init__()
-        self.backbone = backbone
-
-    def forward(self, x: Inputs) -> torch.Tensor:
-        out = self.backbone(**x) if isinstance(x, Mapping) else self.backbone(x)  # tokenizer dicts are kwargs
-        return logits_of(out).unsqueeze(0)
-
-    def diversity_loss(self, tau: float) -> torch.Tensor:
-        return torch.zeros((), device=next(self.parameters()).device)
-
-
-def build_model(cfg: Any, num_classes: int, in_chans: int, vocab_size: int | None = None
-                ) -> SigmaEnsemble | SingleModel:
-    """The backbone (``timm.create_model``, or a Hugging Face sequence classifier for ``model.source=hf``, whose
-    embeddings must cover the tokenizer's ``vocab_size``) then, unless ``model.ensemble`` is false,
-    ``convert_to_sigma_ensemble``."""
+def build_model(cfg: Any, num_classes: int, in_chans: int, vocab_size: int | None = None) -> EnsembleMethod:
+    """The ensemble ``model.method`` names (:mod:`sigmanens_dist.methods`), around backbones built by
+    ``timm.create_model`` (or, for ``model.source=hf``, a Hugging Face sequence classifier whose embeddings must
+    cover the tokenizer's ``vocab_size``). Methods with several backbones (Deep Ensemble) call the factory once per
+    member."""
     model_cfg = cfg.model
-    if model_cfg.source == "hf":
-        backbone = _hf_backbone(model_cfg, model_cfg.num_classes or num_classes, vocab_size)
-    else:
-        backbone = timm.create_model(model_cfg.name, pretrained=model_cfg.pretrained,
-                                     num_classes=model_cfg.num_classes or num_classes,
-                                     in_chans=model_cfg.in_chans or in_chans, **model_cfg.kwargs)
-    if not model_cfg.ensemble:
-        return SingleModel(backbone)
-    return convert_to_sigma_ensemble(backbone, model_cfg.num_members, gamma_init_mean=model_cfg.gamma_init_mean,
-                                     gamma_init_std=model_cfg.gamma_init_std, layers=model_cfg.layers,
-                                     regularize=cfg.reg.regularize, seed=cfg.seed, inplace=True)
+
+    def make_backbone() -> nn.Module:
+        if model_cfg.source == "hf":
+            return _hf_backbone(model_cfg, model_cfg.num_classes or num_classes, vocab_size)
+        return timm.create_model(model_cfg.name, pretrained=model_cfg.pretrained,
+                                 num_classes=model_cfg.num_classes or num_classes,
+                                 in_chans=model_cfg.in_chans or in_chans, **model_cfg.kwargs)
+
+    return build_method(cfg, make_backbone)
 
 
 def _hf_backbone(model_cfg: Any, num_labels: int, vocab_size: int | None) -> nn.Module:
@@ -87,7 +67,8 @@ def _hf_backbone(model_cfg: Any, num_labels: int, vocab_size: int | None) -> nn.
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Weight decay on shared weights only: none on the σ store (by type: decaying γ would pull every importance to
     σ(0)=½ and fight the regulariser), on plain norm layers, on biases, or on what a module names in its
-    ``no_weight_decay()`` (timm ViT's ``pos_embed`` and ``cls_token``, as timm's optimizer factory does)."""
+    ``no_weight_decay()`` (timm ViT's ``pos_embed`` and ``cls_token``, as timm's optimizer factory does; an ensemble
+    method's own, e.g. BatchEnsemble's fast weights and member biases)."""
     no_decay: set[int] = set()
     for module in model.modules():
         if isinstance(module, SigmaStore) or sigma_class_for(module) is not None:

@@ -19,9 +19,10 @@ __all__ = ["SAME_RUN_KEYS", "BatchLayout", "check_same_run"]
 log = logging.getLogger(__name__)
 
 # Changing any of these makes the checkpoint a different run's: refused, naming the key and both values.
-SAME_RUN_KEYS = ("model.source", "model.name", "model.pretrained", "model.kwargs", "model.ensemble",
-                 "model.num_members", "model.layers", "reg.regularize", "data.dataset", "data.train_subset",
-                 "data.img_size", "seed")
+SAME_RUN_KEYS = ("model.source", "model.name", "model.pretrained", "model.kwargs", "model.method",
+                 "model.num_members", "model.member_batches", "model.packed_alpha", "model.packed_gamma",
+                 "model.fast_weight_init_std", "model.film_init_std", "model.layers", "reg.regularize",
+                 "data.dataset", "data.train_subset", "data.img_size", "seed")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
@@ -35,7 +34,8 @@ from sigmanens_dist.config import Config, flatten, load_config, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.distributed import DistEnv, all_gather_object, init_distributed
 from sigmanens_dist.ema import EMA
-from sigmanens_dist.ensemble import SigmaEnsemble, map_tensors
+from sigmanens_dist.ensemble import map_tensors
+from sigmanens_dist.methods import member_major, member_train_stream, task_loss
 from sigmanens_dist.metrics import EnsembleMetrics, reliability_diagram
 from sigmanens_dist.models import build_model, param_groups
 from sigmanens_dist.preemption import EXIT_PREEMPTED, PreemptionCheck, PreemptionFlag, clear_marker, write_marker
@@ -90,7 +90,12 @@ class Trainer:
         # -- model, strategy, optimiser (model init is identical on every rank; later randomness is per rank) -------
         torch.manual_seed(cfg.seed)
         model = build_model(cfg, self.data.num_classes, self.data.in_chans, self.data.vocab_size)
+        self.data = member_train_stream(cfg, env, self.data, model)  # member-major when members read their own data
+        self.member_major = member_major(cfg, model)
         torch.manual_seed(cfg.seed + env.rank)
+        if cfg.train.compile:
+            model.compile(backend=cfg.train.compile_backend)  # in place: the module, its keys and hooks stay
+            log.info("model compiled with torch.compile(backend=%r)", cfg.train.compile_backend)
         self.strategy = build_strategy(cfg.strategy.name, env, amp=cfg.train.amp)
         self.wrapped = self.strategy.wrap(model)
         self.model = self.strategy.model
@@ -151,7 +156,7 @@ class Trainer:
                 "strategy": cfg.strategy.name, "world_size": str(env.world_size),
                 "params": str(sum(p.numel() for p in self.model.parameters())),
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "model": cfg.model.name,
-                "ensemble": str(cfg.model.ensemble)}
+                "method": cfg.model.method}
 
     # -- one optimiser step ----------------------------------------------------------------------------------------
     def train_step(self, batches: Iterator[tuple[Any, int, int]]) -> torch.Tensor:
@@ -166,10 +171,10 @@ class Trainer:
                 x, y = self.mixup(x, y)
             with self.strategy.micro_batch(last=micro == accum - 1):
                 with self.strategy.autocast():
-                    logits = self.wrapped(x)  # (M, B, K)
-                    task = _member_loss(logits, y, cfg.train.label_smoothing)
-                div = self.model.diversity_loss(cfg.reg.tau)  # fp32: σ(γ) and L_div stay out of autocast
-                loss = task + cfg.reg.lam * div
+                    logits = self.wrapped(x, member_major=self.member_major)  # (M, B, K)
+                    task = task_loss(self.model, logits, y, cfg.train.label_smoothing)
+                div = self.model.aux_loss(cfg.reg)  # σN-Ens: λ·L_div (fp32, out of autocast); other methods: 0
+                loss = task + div
                 self.strategy.backward(loss / accum)
             stats += torch.stack([loss.detach(), task.detach(), div.detach()]).float() / accum
         self.strategy.step(cfg.train.clip_grad)
@@ -197,8 +202,7 @@ class Trainer:
                     probs.append(logits.softmax(-1).mean(0).cpu())
                     targets.append(y.cpu())
         out = metrics.compute()
-        if isinstance(scored, SigmaEnsemble):
-            out["sharing/members_on"] = scored.sharing()["all"]
+        out.update(scored.extra_metrics())
         if final:
             self._write_predictions(probs, targets, scored.num_members)
         self.tracker.log_metrics({f"val/{k}": v for k, v in out.items()}, self.pos.step)
@@ -332,15 +336,6 @@ def run(cfg: Config) -> int:
 def _due(step: int, every: int | None, epoch_done: bool) -> bool:
     """Every ``every`` steps, or at each epoch end when ``every`` is None."""
     return step % every == 0 if every else epoch_done
-
-
-def _member_loss(logits: torch.Tensor, y: torch.Tensor, smoothing: float) -> torch.Tensor:
-    """Mean over members of each member's task loss (hard labels, or soft labels from mixup)."""
-    m = logits.shape[0]
-    flat = logits.float().flatten(0, 1)
-    if y.ndim == 2:  # soft targets
-        return torch.sum(-y.repeat(m, 1) * F.log_softmax(flat, dim=-1), dim=-1).mean()
-    return F.cross_entropy(flat, y.repeat(m), label_smoothing=smoothing)
 
 
 def _micro_batches(stream: TrainStream, pos: Position) -> Iterator[tuple[Any, int, int]]:

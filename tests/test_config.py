@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sigmanens_dist.config import Config, ConfigError, check_paths, flatten, load_config, save_config
+from sigmanens_dist.config import Config, ConfigError, TrainConfig, check_paths, flatten, load_config, save_config
 from sigmanens_dist.data.idx import FASHION_MNIST_ROOT
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,7 +27,7 @@ def _problem_paths(err: ConfigError) -> list[str]:
 def test_defaults_are_valid() -> None:
     cfg = load_config(None, check_data=False)
     assert cfg == Config()
-    assert (cfg.model.name, cfg.model.num_members, cfg.model.ensemble) == ("resnet18", 4, True)
+    assert (cfg.model.name, cfg.model.num_members, cfg.model.method) == ("resnet18", 4, "sigma")
     assert (cfg.reg.tau, cfg.reg.lam) == (0.5, 1e-3)
     assert (cfg.train.epochs, cfg.train.max_steps) == (1, None)
     assert cfg.run_dir == Path("runs/default") and cfg.optim.betas == (0.9, 0.999)
@@ -184,4 +184,4 @@ def test_flatten_gives_dotted_scalar_keys() -> None:
     assert flat["run_dir"] == "runs/default" and flat["data.root"] is None and flat["seed"] == 0
     assert all(isinstance(v, (str, int, float, bool, type(None))) for v in flat.values())
     assert "model" not in flat and "model.kwargs" not in flat
-    assert len([k for k in flat if k.startswith("train.")]) == 13
+    assert len([k for k in flat if k.startswith("train.")]) == len(TrainConfig.model_fields)

@@ -153,7 +153,7 @@ def test_hf_model_has_every_layernorm_converted(tmp_path: Path) -> None:
     assert len(model.sigma_layers()) == 3
     x = {"input_ids": torch.randint(0, 90, (5, 12)), "attention_mask": torch.ones(5, 12, dtype=torch.long)}
     assert model(x).shape == (3, 5, 2)
-    single = build_model(_cfg(tmp_path, "model.ensemble=false"), 2, 0, vocab_size=90)
+    single = build_model(_cfg(tmp_path, "model.method=single"), 2, 0, vocab_size=90)
     assert isinstance(single, SingleModel) and single(x).shape == (1, 5, 2)
 
 

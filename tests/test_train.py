@@ -126,3 +126,17 @@ def test_bad_config_fails_before_anything_starts(tmp_path: Path) -> None:
     for needle in ("model.num_members", "reg.tau", "model.nmembers"):
         assert needle in proc.stderr, needle
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_compiled_model_trains_like_eager(tmp_path: Path) -> None:
+    # aot_eager: dynamo captures the σ layers' graphs (views of the flat store, member-major batches) and AOT
+    # autograd derives the backward, without inductor's minutes of C++ code generation on a CPU test machine.
+    common = [*BASE, "train.max_steps=3", "optim.name=sgd", "optim.lr=0.05"]
+    run_train(tmp_path / "eager", *common)
+    proc = run_train(tmp_path / "compiled", *common, "train.compile=true", "train.compile_backend=aot_eager")
+    assert "model compiled with torch.compile(backend='aot_eager')" in proc.stderr
+    eager, compiled = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
+    assert eager.keys() == compiled.keys() == {1, 2, 3}
+    for step in eager:
+        assert compiled[step] == pytest.approx(eager[step], rel=1e-5, abs=1e-6), step

@@ -3,12 +3,20 @@
 from sigmanens_dist.layers.batchnorm import SigmaBatchNorm
 from sigmanens_dist.layers.groupnorm import SigmaGroupNorm
 from sigmanens_dist.layers.layernorm import SigmaLayerNorm, SigmaLayerNorm2d
-from sigmanens_dist.layers.registry import SUPPORTED, looks_like_norm, sigma_class_for, supported_names
+from sigmanens_dist.layers.registry import (
+    SHARED_BY_DEFAULT,
+    SUPPORTED,
+    looks_like_norm,
+    shared_by_default,
+    sigma_class_for,
+    supported_names,
+)
 from sigmanens_dist.layers.rmsnorm import SigmaRmsNorm, SigmaRmsNorm2d
 from sigmanens_dist.layers.sigma_norm import SigmaNorm
 from sigmanens_dist.layers.store import LayerSlot, SigmaStore
 
 __all__ = [
+    "SHARED_BY_DEFAULT",
     "SUPPORTED",
     "LayerSlot",
     "SigmaBatchNorm",
@@ -20,6 +28,7 @@ __all__ = [
     "SigmaRmsNorm2d",
     "SigmaStore",
     "looks_like_norm",
+    "shared_by_default",
     "sigma_class_for",
     "supported_names",
 ]

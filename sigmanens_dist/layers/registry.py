@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from timm.layers import grn as timm_grn
 from timm.layers import norm as timm_norm
 from timm.layers import norm_act as timm_norm_act
 from torch import nn
@@ -14,7 +15,8 @@ from sigmanens_dist.layers.layernorm import SigmaLayerNorm, SigmaLayerNorm2d
 from sigmanens_dist.layers.rmsnorm import SigmaRmsNorm, SigmaRmsNorm2d
 from sigmanens_dist.layers.sigma_norm import SigmaNorm
 
-__all__ = ["SUPPORTED", "looks_like_norm", "sigma_class_for", "supported_names"]
+__all__ = ["SHARED_BY_DEFAULT", "SUPPORTED", "looks_like_norm", "shared_by_default", "sigma_class_for",
+           "supported_names"]
 
 # Exact source type -> σ layer. Subclasses come before their bases (LayerNorm2d before LayerNorm), as in timm's
 # converters; a subclass not listed here is only accepted when it keeps its base's forward (same semantics).
@@ -51,6 +53,10 @@ SUPPORTED: dict[type[nn.Module], type[SigmaNorm]] = {
     nn.RMSNorm: SigmaRmsNorm,
 }
 
+# Norms that keep no statistics and are left shared by every member unless asked otherwise: ConvNeXt-V2's
+# GlobalResponseNorm (a per-channel response normalisation with a residual, not a standardisation).
+SHARED_BY_DEFAULT: tuple[type[nn.Module], ...] = (timm_grn.GlobalResponseNorm,)
+
 _NORM_NAME = re.compile(r"(Norm(Act)?(\dd)?(Fp32)?|EvoNorm\w*|FilterResponseNorm\w*)$")
 _NORM_BASES = (nn.modules.batchnorm._NormBase, nn.LocalResponseNorm, nn.CrossMapLRN2d)
 
@@ -80,3 +86,8 @@ def looks_like_norm(module: nn.Module) -> bool:
         return True
     leaf = all(name in ("act", "drop") for name, _ in module.named_children())
     return leaf and bool(_NORM_NAME.search(type(module).__name__))
+
+
+def shared_by_default(module: nn.Module) -> bool:
+    """A norm the conversion leaves shared by all members (see :data:`SHARED_BY_DEFAULT`)."""
+    return isinstance(module, SHARED_BY_DEFAULT)

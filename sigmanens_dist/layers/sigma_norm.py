@@ -66,9 +66,12 @@ class SigmaNorm(nn.Module):
         return None if self._slot.bias is None else self.store.columns(self._slot.bias)
 
     def gated_affine(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Member affine with the σ gate folded in: ``(σ(γ)·w, σ(γ)·b)``, each ``(M, C)``."""
-        gate = torch.sigmoid(self.gamma)
+        """Member affine with the σ gate folded in: ``(σ(γ)·w, σ(γ)·b)``, each ``(M, C)`` (``(w, b)`` when the store
+        is ungated)."""
         bias = self.bias
+        if not self.store.gated:
+            return self.weight, bias
+        gate = torch.sigmoid(self.gamma)
         return gate * self.weight, None if bias is None else gate * bias
 
     # -- forward helpers -----------------------------------------------------------------------------------
@@ -100,6 +103,7 @@ class SigmaNorm(nn.Module):
     def plain_member(self, member: int) -> nn.Module:
         """Member ``member`` as an ordinary layer of the source type, with σ(γ) folded into its affine."""
         layer = copy.deepcopy(self._template[0]).to_empty(device=self.weight.device)
+        layer.train(self.training)  # the template kept the source's mode at conversion time
         with torch.no_grad():
             scale, shift = self.gated_affine()
             self.fill_plain(layer, member, scale[member], None if shift is None else shift[member])

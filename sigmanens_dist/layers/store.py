@@ -50,6 +50,8 @@ class SigmaStore(nn.Module):
     def __init__(self, num_members: int, slots: list[LayerSlot], num_columns: int, num_stats: int) -> None:
         super().__init__()
         self.num_members = num_members
+        # False: layers apply their member affine without the σ(γ) gate (the FiLM-style ablation; γ unused).
+        self.gated = True
         self.slots = slots
         self.num_gamma = sum(s.num_features for s in slots)
         self.num_regularized = sum(s.num_features for s in slots if s.regularized)

@@ -1,0 +1,127 @@
+"""Ensemble methods behind one interface (:class:`EnsembleMethod`), chosen by ``model.method``.
+
+========  ==============================================================  ===================
+method    what                                                            module
+========  ==============================================================  ===================
+sigma     σN-Ens: per-member σ norms over a shared backbone + L_div        ``methods.sigma``
+single    the plain backbone (one member)                                 ``methods.single``
+deep      Deep Ensemble: M independent backbones                          ``methods.deep``
+batch     BatchEnsemble: shared weights, rank-1 per-member fast weights   ``methods.batch``
+packed    Packed-Ensembles: grouped layers, width α, γ sub-groups         ``methods.packed``
+film      σN-Ens without σ gate and L_div (per-member norms only)         ``methods.film``
+========  ==============================================================  ===================
+
+The method modules import the σ layers (and ``ensemble.py`` imports :mod:`methods.base`), so the registry is
+built on first use rather than at import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sigmanens_dist.methods.base import EnsembleMethod, Inputs, call_backbone, logits_of, map_tensors, member_chunks
+
+__all__ = ["METHOD_NAMES", "EnsembleMethod", "Inputs", "MemberStream", "build_method", "call_backbone",
+           "logits_of", "map_tensors", "member_chunks", "member_major", "member_train_stream", "method_module",
+           "task_loss"]
+
+log = logging.getLogger(__name__)
+
+# model.method -> module defining ``build(cfg, make_backbone) -> EnsembleMethod``: the one place methods are listed.
+METHODS: dict[str, str] = {name: f"sigmanens_dist.methods.{name}"
+                           for name in ("sigma", "single", "deep", "batch", "packed", "film")}
+METHOD_NAMES = tuple(METHODS)
+
+
+def method_module(name: str) -> Any:
+    if name not in METHODS:
+        raise ValueError(f"unknown model.method {name!r}; choose one of {', '.join(METHOD_NAMES)}")
+    return importlib.import_module(METHODS[name])
+
+
+def build_method(cfg: Any, make_backbone: Callable[[], nn.Module]) -> EnsembleMethod:
+    """The ensemble ``cfg.model.method`` asks for, built around fresh backbones from ``make_backbone``."""
+    model = method_module(cfg.model.method).build(cfg, make_backbone)
+    summary = getattr(model, "summary", None)
+    if summary is not None:
+        log.info("model.method=%s: %s", cfg.model.method, summary)
+    else:
+        log.info("model.method=%s: %d members, %s parameters", cfg.model.method, model.num_members,
+                 f"{sum(p.numel() for p in model.parameters()):,}")
+    return model
+
+
+def member_major(cfg: Any, model: EnsembleMethod) -> bool:
+    """Whether training batches are member-major (each member its own samples): ``model.member_batches``, or the
+    method's default when unset."""
+    choice = cfg.model.member_batches or type(model).default_member_batches
+    return choice == "independent" and model.num_members > 1
+
+
+def task_loss(model: EnsembleMethod, logits: torch.Tensor, y: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
+    """Each member's cross-entropy (hard labels, or soft labels from mixup), combined as the method needs: the mean
+    over members, or the sum (Deep Ensemble: every member trains exactly as a single run). ``y`` holds ``B`` labels
+    (shared batches) or ``M·B`` member-major ones."""
+    m, b = logits.shape[:2]
+    if y.shape[0] == b and m > 1:
+        y = y.repeat(m, *([1] * (y.ndim - 1)))
+    elif y.shape[0] != m * b:
+        raise ValueError(f"{y.shape[0]} labels for {m} members × {b} samples")
+    flat = logits.float().flatten(0, 1)
+    if y.ndim == 2:  # soft targets
+        per_sample = torch.sum(-y * F.log_softmax(flat, dim=-1), dim=-1)
+    else:
+        per_sample = F.cross_entropy(flat, y, label_smoothing=smoothing, reduction="none")
+    per_member = per_sample.view(m, b).mean(dim=1)
+    return per_member.sum() if type(model).loss_reduction == "sum" else per_member.mean()
+
+
+class MemberStream:
+    """M train streams, one per member, read in lockstep and concatenated member-major: batch ``(M·B, …)``.
+
+    Member k's stream is the one a single run with ``seed = cfg.seed + k`` reads, so every member keeps its own
+    data order (and augmentation draws); all have the same length, and ``iter_epoch(epoch, start)`` replays like
+    the underlying streams do, so exact resume holds."""
+
+    def __init__(self, streams: list[Any]) -> None:
+        lengths = {len(s) for s in streams}
+        if len(lengths) != 1:
+            raise ValueError(f"member streams differ in length: {sorted(lengths)}")
+        self.streams = streams
+
+    def __len__(self) -> int:
+        return len(self.streams[0])
+
+    def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Any]:
+        for batches in zip(*(s.iter_epoch(epoch, start_batch) for s in self.streams), strict=True):
+            xs, ys = zip(*batches, strict=True)
+            if isinstance(xs[0], torch.Tensor):
+                x = torch.cat(xs)
+            else:
+                x = type(xs[0])({k: torch.cat([xi[k] for xi in xs]) for k in xs[0]})
+            yield x, torch.cat(ys)
+
+
+def member_train_stream(cfg: Any, env: Any, data: Any, model: EnsembleMethod) -> Any:
+    """``data`` with a member-major train stream when members get their own batches (``member_major``), else
+    ``data`` unchanged. Member 0 reuses ``data.train``; member k reads the stream of seed ``cfg.seed + k`` (a raw
+    dataset is shared by all members; a converted format gets one loader per member)."""
+    if not member_major(cfg, model):
+        return data
+    from sigmanens_dist.data.loaders import MapStyleStream, build_data
+
+    def stream(seed: int) -> Any:
+        if isinstance(data.train, MapStyleStream):
+            return MapStyleStream(data.train.dataset, cfg.train.batch_size, env, seed, data.train.num_workers)
+        return build_data(cfg.data, cfg.train.batch_size, seed, env, cfg.train.randaugment).train
+
+    streams = [data.train] + [stream(cfg.seed + k) for k in range(1, model.num_members)]
+    return replace(data, train=MemberStream(streams))

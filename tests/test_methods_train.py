@@ -1,0 +1,76 @@
+"""Every method under the real trainer: a few steps each (in-process, to keep CI time down), a Deep Ensemble equal to
+its members' single runs, and a Deep Ensemble with independent member batches under 2-process DDP."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from sigmanens_dist.train import main
+from tests.helpers import SYNTHETIC, TINY_VIT, final_state, losses, run_train
+
+BASE = [*TINY_VIT, *SYNTHETIC, "optim.name=sgd", "optim.lr=0.05", "train.max_steps=3", "train.log_every_steps=1",
+        "checkpoint.every_steps=3", "tracking.enabled=false", "model.num_members=2"]
+
+
+def _train(run_dir: Path, *overrides: str) -> dict[str, float]:
+    assert main([f"run_dir={run_dir}", *BASE, *overrides]) == 0
+    metrics = json.loads((run_dir / "final_metrics.json").read_text())
+    assert all(math.isfinite(v) for v in losses(run_dir).values())
+    assert math.isfinite(metrics["nll"])
+    return metrics
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["sigma", "batch", "packed", "film"])
+def test_method_trains_a_few_steps(tmp_path: Path, method: str) -> None:
+    extra = ["model.name=resnet10t", "model.kwargs={}"] if method == "packed" else []
+    metrics = _train(tmp_path / method, f"model.method={method}", "train.batch_size=8", *extra)
+    assert "member1/nll" in metrics
+    assert ("sharing/members_on" in metrics) == (method == "sigma")
+
+
+@pytest.fixture(scope="module")
+def deep_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two single runs (seeds 0 and 1) and a 2-member Deep Ensemble (seed 0), one process, batch 16."""
+    root = tmp_path_factory.mktemp("deep")
+    common = ["train.batch_size=16", "optim.weight_decay=5e-4"]
+    for name, overrides in {"single0": ["model.method=single", "seed=0"], "single1": ["model.method=single", "seed=1"],
+                            "deep": ["model.method=deep", "seed=0"]}.items():
+        _train(root / name, *common, *overrides)
+    return {name: root / name for name in ("single0", "single1", "deep")}
+
+
+@pytest.mark.slow
+def test_deep_ensemble_in_one_job_equals_single_runs_through_the_trainer(deep_runs: dict[str, Path]) -> None:
+    """Member k of the ensemble trained by the CLI equals the single run with seed k (init, data order, SGD with
+    momentum and coupled weight decay), to 1e-6; and the logged ensemble loss is the sum of theirs."""
+    deep = final_state(deep_runs["deep"])
+    for k in (0, 1):
+        single = final_state(deep_runs[f"single{k}"])
+        for name, value in single.items():
+            if value.is_floating_point():
+                theirs = deep[name.replace("backbone.", f"members.{k}.", 1)]
+                torch.testing.assert_close(theirs, value, atol=1e-6, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+    single_losses = [losses(deep_runs[f"single{k}"]) for k in (0, 1)]
+    for step, loss in losses(deep_runs["deep"]).items():
+        assert loss == pytest.approx(single_losses[0][step] + single_losses[1][step], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_deep_ensemble_under_two_process_ddp_matches_one_process(tmp_path: Path, deep_runs: dict[str, Path]) -> None:
+    """Independent member batches sharded over 2 ranks (8 per rank) train as the 1-process run with 16 does."""
+    run = tmp_path / "ddp"
+    run_train(run, *BASE, "model.method=deep", "seed=0", "train.batch_size=8", "optim.weight_decay=5e-4", nproc=2)
+    assert (run / "final_metrics.json").is_file()
+    one = losses(deep_runs["deep"])
+    for step, loss in losses(run).items():
+        assert loss == pytest.approx(one[step], rel=1e-4), step
+    a, b = final_state(run), final_state(deep_runs["deep"])
+    for k in a:
+        if a[k].is_floating_point():
+            torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=lambda m, k=k: f"{k}: {m}")
