@@ -195,8 +195,8 @@ def _pick_runs(runs: list[Any], expected: list[str] | None) -> tuple[list[RunRec
 
 def _record(run: Any) -> RunRecord:
     params, tags, metrics = run.data.params, run.data.tags, run.data.metrics
-    method = tags.get("sigmanens.method") or params.get("model.method") or (
-        "sigma" if params.get("model.ensemble", "True") == "True" else "single")
+    method = (tags.get("sigmanens.method") or params.get("model.method") or tags.get("method")
+              or ("sigma" if params.get("model.ensemble", "True") == "True" else "single"))  # runs before model.method
     members = int(tags.get("num_members") or params.get("model.num_members", 1))
     tau = _float(tags.get("sigmanens.grid.tau") or params.get("reg.tau")) if _uses(method, "reg") else None
     lam = _float(tags.get("sigmanens.grid.lambda") or params.get("reg.lambda")) if _uses(method, "reg") else None

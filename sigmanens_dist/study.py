@@ -55,15 +55,15 @@ class Method:
     regularised: bool
 
 
-# The one table of methods. A method is offered when the config schema has every key its overrides set, so entries
-# that need `model.method` (added with the baselines) become usable as soon as that key exists.
+# The one table of methods: a new method is one line here (and its `model.method` value in the config). A method is
+# offered when the config schema has every key its overrides set.
 METHODS: dict[str, Method] = {
-    "sigma": Method({"model.ensemble": True}, members=True, regularised=True),
-    "single": Method({"model.ensemble": False}, members=False, regularised=False),
+    "sigma": Method({"model.method": "sigma"}, members=True, regularised=True),
+    "single": Method({"model.method": "single"}, members=False, regularised=False),
     "deep": Method({"model.method": "deep"}, members=True, regularised=False),
     "batch": Method({"model.method": "batch"}, members=True, regularised=False),
     "packed": Method({"model.method": "packed"}, members=True, regularised=False),
-    "film": Method({"model.method": "film"}, members=True, regularised=True),
+    "film": Method({"model.method": "film"}, members=True, regularised=False),  # σN-Ens without σ gate or L_div
 }
 
 # What each kind sweeps by default; any axis can also be given explicitly (then it is part of the grid too).
@@ -161,13 +161,13 @@ def build_definition(kind: str, config: Path | None, axes: dict[str, list[Any] |
 
 _AXIS_KEYS = {"members": "model.num_members", "taus": "reg.tau", "lambdas": "reg.lambda"}
 _OWNED = {"run_dir", "seed", "tracking.parent_run_id", "tracking.run_name", "checkpoint.resume",
-          "model.ensemble", "model.method"}
+          "model.method"}
 
 
 def _grid_axes(kind: str, axes: dict[str, list[Any] | None], base: Config, problems: list[str]) -> dict[str, list]:
     """Each axis: given values, else the kind's default sweep, else the base config's single value; checked."""
     known = available_methods()
-    defaults: dict[str, list[Any]] = {"methods": ["sigma"] if base.model.ensemble else ["single"],
+    defaults: dict[str, list[Any]] = {"methods": [base.model.method],
                                       "members": [base.model.num_members], "taus": [base.reg.tau],
                                       "lambdas": [base.reg.lam], "seeds": [0, 1, 2]}
     kind_defaults = {**KINDS[kind], **({"methods": known} if kind == "methods" else {})}

@@ -28,10 +28,8 @@ from sigmanens_dist.compare import (
 )
 from sigmanens_dist.compare import main as compare_main
 from sigmanens_dist.study import (
-    Child,
     StudyError,
     _command,
-    _validate_children,
     build_definition,
     child_state,
     run_one,
@@ -153,12 +151,13 @@ def test_invalid_grid_is_refused_before_anything_starts(tmp_path: Path, capsys: 
     assert status == 2
     err = capsys.readouterr().err
     assert "--taus: -1.0 is not a number > 0" in err
-    assert "unknown method 'foo'; available: sigma, single" in err
+    assert "unknown method 'foo'; available: sigma, single, deep, batch, packed, film" in err
     assert "override 'reg.tau=2': reg.tau is set by the study" in err
     assert not out.exists()
     # every child goes through the trainer's own validation; its problems come back named by child
-    with pytest.raises(StudyError, match=r"sigma-M2-s0:\n.*reg.tau: must be > 0"):
-        _validate_children(None, BASE, [Child(0, "sigma-M2-s0", {}, ["reg.tau=0"])])
+    with pytest.raises(StudyError, match=r"packed-M2-s0:\n.*model.method: packed supports the timm ResNet family"):
+        build_definition("methods", None, {"methods": ["sigma", "packed"], "members": [2], "seeds": [0]}, BASE, out)
+    assert not out.exists()
 
 
 def test_changed_grid_in_the_same_folder_is_an_error(tmp_path: Path) -> None:
@@ -181,7 +180,7 @@ def test_grid_collapses_axes_a_method_does_not_have_and_keeps_the_global_batch(t
     m8 = d["children"][2]["overrides"]
     assert "reg.lambda=0.000125" in m8  # per-member policy: λ / M
     assert "train.batch_size=4" in m8 and "train.grad_accum=4" in m8  # 16 × 8 > 32 images: split, same global batch
-    assert "model.ensemble=false" in d["children"][4]["overrides"]
+    assert "model.method=single" in d["children"][4]["overrides"]
     assert not any(o.startswith(("reg.", "model.num_members")) for o in d["children"][4]["overrides"])
     d["nproc"], d["base_config"], d["tracking"]["parent_run_id"] = 2, "base_config.yaml", "abc"
     cmd = _command(d, d["children"][0], tmp_path / "s" / "study.yaml")
