@@ -7,6 +7,7 @@
     sigmanens study m-scaling --config configs/demo.yaml --members 1,2,4,8 --seeds 0,1,2   (a grid of child runs)
     sigmanens study run-one --definition runs/study-m-scaling/study.yaml --index 3       (one child: Slurm array)
     sigmanens compare --parent RUN_ID --uri sqlite:///runs/study-m-scaling/mlflow.db    (table + plots from MLflow)
+    sigmanens eval --checkpoint runs/x/checkpoints/best.pt --corruptions all --ood digits   (test-set evaluation)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _params(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("train", "demo", "params", "data", "study", "compare")
+    commands = ("train", "demo", "params", "data", "eval", "study", "compare")
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__)
         if argv and argv[0] not in ("-h", "--help"):
@@ -61,6 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sigmanens_dist.compare import main as compare_main
 
         return compare_main(rest)
+    if cmd == "eval":
+        from sigmanens_dist.eval.cli import main as eval_main
+
+        return eval_main(rest)
     if cmd == "train":
         from sigmanens_dist.train import main as train_main
 

@@ -24,8 +24,8 @@ from pydantic_core import PydanticCustomError
 
 from sigmanens_dist.datasets import DATASETS, DatasetName, resolve_root
 
-__all__ = ["CheckpointConfig", "Config", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig", "RegConfig",
-           "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig", "check_paths", "flatten",
+__all__ = ["CheckpointConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig",
+           "RegConfig", "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig", "check_paths", "flatten",
            "load_config", "save_config"]
 
 
@@ -249,13 +249,46 @@ class DataConfig(_Section):
     num_workers: int = Field(2, ge=0)
     img_size: int | None = Field(None, ge=1)  # None: the dataset's native size
     train_subset: int | None = Field(None, ge=1)  # only the first N train samples
-    val_subset: int | None = Field(None, ge=1)
+    val_subset: int | None = Field(None, ge=1)  # only the first N samples of the validation split
+    test_subset: int | None = Field(None, ge=1)  # only the first N samples of the test set (what `eval` scores)
+    # The validation split, carved from the training set (after train_subset) by a permutation drawn from the run's
+    # seed: a fraction in (0, 1) or a count ≥ 1. It is what the loop evaluates and what picks best.pt. 0 uses the
+    # test set as validation instead, and only with val_from_test: true (a warning is logged).
+    val_split: float | int = 0.1
+    val_from_test: bool = False
     max_length: int = Field(64, ge=8)  # text: tokens per sample, padded or truncated to it
     # text: a local Hugging Face tokenizer folder (a pretrained backbone's own); None: <root>/tokenizer/, which a raw
     # run trains (WordPiece, on the training sentences) when absent and `sigmanens data convert` writes
     tokenizer: Path | None = None
     # an unreadable sample or out-of-range label: stop naming it, or skip it and count it (logged data/bad_samples)
     on_bad_sample: Literal["error", "skip"] = "error"
+
+    @field_validator("val_split", mode="before")
+    @classmethod
+    def _fraction_or_count(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError("must be a fraction in (0, 1), a count ≥ 1, or 0")
+        if isinstance(value, float) and value.is_integer() and value >= 1:
+            raise ValueError("a fraction must be < 1; write a count as an integer (e.g. 5000)")
+        if value < 0 or (isinstance(value, float) and not value < 1):
+            raise ValueError("must be a fraction in (0, 1), a count ≥ 1, or 0")
+        return value
+
+    @model_validator(mode="after")
+    def _honest_validation(self) -> DataConfig:
+        """The test set doubles as validation only when asked for; converted formats cannot carve a split yet."""
+        if self.format != "raw" and self.val_split != 0:
+            raise _cross_field("val_split", f"data.format={self.format} cannot carve a validation split from the "
+                                            "training set (only format raw can); set data.val_split=0 and "
+                                            "data.val_from_test=true to validate (and pick best.pt) on the "
+                                            "converted val split, which is the test set", self.val_split)
+        if self.val_split == 0 and not self.val_from_test:
+            raise _cross_field("val_split", "0 means validating on the test set; say so with "
+                                            "data.val_from_test=true, or carve a split (e.g. 0.1)", self.val_split)
+        if self.val_split != 0 and self.val_from_test:
+            raise _cross_field("val_from_test", f"true needs data.val_split=0 (got {self.val_split}): the "
+                                                "validation set is either carved or the test set", True)
+        return self
 
     @model_validator(mode="after")
     def _ffcv_cannot_skip(self) -> DataConfig:
@@ -292,6 +325,41 @@ class TrackingConfig(_Section):
     parent_run_id: str | None = Field(None, min_length=1)
 
 
+class EvalConfig(_Section):
+    """``sigmanens eval`` run at the end of training (``at_end``), with these options (see docs/eval.md)."""
+
+    at_end: bool = False
+    split: Literal["test", "val"] = "test"
+    corruptions: list[str] = Field(default_factory=list)  # names from data.corruptions.CORRUPTIONS, or ["all"]
+    severities: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5])
+    ood: str | None = None  # an OOD set name (eval.ood_sets), e.g. digits for Fashion-MNIST, svhn for CIFAR
+    ood_root: Path | None = None  # where the OOD set's files are (svhn)
+    members: int | None = Field(None, ge=1)  # score the first K members (default: all)
+    imagenet_c: Path | None = None  # a pre-generated ImageNet-C folder: <dir>/<corruption>/<severity>/<class>/<img>
+    batch_size: int | None = Field(None, ge=1)  # None: train.batch_size
+
+    @field_validator("corruptions")
+    @classmethod
+    def _known_corruptions(cls, names: list[str]) -> list[str]:
+        if not names:
+            return names
+        from sigmanens_dist.data.corruptions import CORRUPTIONS  # only when asked for: it imports torch
+
+        bad = [n for n in names if n not in (*CORRUPTIONS, "all")]
+        if bad:
+            raise ValueError(f"unknown corruption(s) {', '.join(map(repr, bad))}; allowed: all, "
+                             + ", ".join(CORRUPTIONS))
+        return names
+
+    @field_validator("severities")
+    @classmethod
+    def _known_severities(cls, values: list[int]) -> list[int]:
+        bad = [v for v in values if v not in (1, 2, 3, 4, 5)]
+        if bad or not values:
+            raise ValueError(f"severities must be a non-empty list of 1..5, got {values}")
+        return values
+
+
 class Config(_Section):
     """A whole run. Build it with :func:`load_config`, which also checks that the data is where the config says."""
 
@@ -304,8 +372,17 @@ class Config(_Section):
     strategy: StrategyConfig = Field(default_factory=StrategyConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     run_dir: Path = Path("runs/default")
     seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _eval_members_exist(self) -> Config:
+        """Checked here so that eval.at_end cannot fail only after the whole training run."""
+        if self.eval.members is not None and self.eval.members > self.model.num_members:
+            raise _cross_field("eval.members", f"the model has only model.num_members={self.model.num_members} "
+                                               "members", self.eval.members)
+        return self
 
     @model_validator(mode="after")
     def _text_needs_text_model(self) -> Config:

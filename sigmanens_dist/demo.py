@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pred = torch.load(run_dir / "val_predictions.pt")
         curves[label] = (pred["probs"], pred["targets"])
 
-    table = Table(title=f"Fashion-MNIST test set, {args.nproc}-process DDP on CPU")
+    table = Table(title=f"Fashion-MNIST validation split (carved from training data), {args.nproc}-process DDP on CPU")
     columns = [("params", "{:,.0f}"), ("acc", "{:.4f}"), ("nll", "{:.4f}"), ("ece", "{:.4f}"),
                ("brier", "{:.4f}"), ("disagreement", "{:.4f}"), ("train_img_per_s", "{:.0f}")]
     table.add_column("model", no_wrap=True)

@@ -1,7 +1,10 @@
 """Evaluation of member-vectorised ensembles: the ensemble predicts with the mean of its members' softmaxes.
 
-Every state lives in a torchmetrics metric, so :meth:`EnsembleMetrics.compute` syncs across ranks under
-torch.distributed. Loss sums accumulate in float64: feeding the data in one batch or in many gives the same numbers.
+The one place for every metric definition. :class:`EnsembleMetrics` streams the loop's cheap metrics;
+:class:`SampleMetrics` keeps a few numbers per sample (confidence, correctness, losses, uncertainty scores) for the
+metrics that need the whole set (adaptive ECE, AURC, OOD detection). Both are torchmetrics metrics, so ``compute``
+syncs across ranks under torch.distributed. Loss sums accumulate in float64: feeding the data in one batch or in many
+gives the same numbers.
 """
 
 from __future__ import annotations
@@ -15,9 +18,84 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 from torchmetrics import Metric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError
-from torchmetrics.functional.classification import multiclass_calibration_error
+from torchmetrics.functional.classification import (
+    binary_auroc,
+    binary_average_precision,
+    binary_calibration_error,
+    binary_roc,
+)
+from torchmetrics.utilities import dim_zero_cat
 
-__all__ = ["EnsembleMetrics", "reliability_diagram", "reliability_diagrams"]
+__all__ = ["EnsembleMetrics", "SampleMetrics", "adaptive_calibration_error", "aurc", "calibration_error",
+           "ensemble_log_probs", "entropy", "mutual_information", "ood_detection", "predictive_entropy",
+           "reliability_diagram", "reliability_diagrams", "reliability_diagrams_from_confidence"]
+
+
+# -- per-sample quantities ---------------------------------------------------------------------------------------
+def ensemble_log_probs(member_logits: Tensor) -> Tensor:
+    """log of the mean member softmax, ``(M, B, K) -> (B, K)``, computed stably (logsumexp over members − log M)."""
+    return member_logits.float().log_softmax(-1).logsumexp(0) - math.log(member_logits.shape[0])
+
+
+def entropy(log_probs: Tensor) -> Tensor:
+    """Shannon entropy (nats) over the last dim from log-probabilities; ``0·log 0 = 0``."""
+    return torch.special.entr(log_probs.exp()).sum(-1)
+
+
+def predictive_entropy(member_logits: Tensor) -> Tensor:
+    """Entropy of the ensemble prediction (mean of member softmaxes) per sample: ``(M, B, K) -> (B,)``."""
+    return entropy(ensemble_log_probs(member_logits))
+
+
+def mutual_information(member_logits: Tensor) -> Tensor:
+    """Mutual information between prediction and member, per sample: entropy of the mean minus the mean member
+    entropy, ``(M, B, K) -> (B,)``. Zero when all members agree; the ensemble's epistemic uncertainty."""
+    member = entropy(member_logits.float().log_softmax(-1)).mean(0)
+    return (predictive_entropy(member_logits) - member).clamp_min(0)
+
+
+# -- whole-set metrics from (confidence, correct) ----------------------------------------------------------------
+def calibration_error(confidence: Tensor, correct: Tensor, n_bins: int = 15) -> float:
+    """ECE with ``n_bins`` equal-width bins (torchmetrics' l1 definition): the same number as
+    ``multiclass_calibration_error(probs, target)``, from the top-1 confidence and its correctness alone."""
+    return float(binary_calibration_error(confidence.float().contiguous(), correct.long().contiguous(), n_bins=n_bins,
+                                          norm="l1"))
+
+
+def adaptive_calibration_error(confidence: Tensor, correct: Tensor, n_bins: int = 15) -> float:
+    """Adaptive ECE (Nguyen & O'Connor 2015): like ECE but with equal-mass bins, the samples sorted by confidence
+    and split into ``n_bins`` groups of sizes differing by at most one; ``Σ_b |B_b|/N · |acc_b − conf_b|``."""
+    order = confidence.argsort(stable=True)
+    conf, corr = confidence[order].double(), correct[order].double()
+    total = conf.new_zeros(())
+    for c, a in zip(conf.tensor_split(n_bins), corr.tensor_split(n_bins), strict=True):
+        if len(c):
+            total += (a.sum() - c.sum()).abs()
+    return float(total / len(conf))
+
+
+def aurc(confidence: Tensor, correct: Tensor) -> float:
+    """Area under the risk-coverage curve (Geifman et al. 2019): keep the most confident i of N samples, measure the
+    error rate among them, average over i = 1..N. Lower is better; ties keep dataset order."""
+    order = confidence.argsort(descending=True, stable=True)
+    errors = 1.0 - correct[order].double()
+    risk = errors.cumsum(0) / torch.arange(1, len(errors) + 1, dtype=torch.float64, device=errors.device)
+    return float(risk.mean())
+
+
+def ood_detection(score_in: Tensor, score_out: Tensor) -> dict[str, float]:
+    """How well a score (higher: more likely OOD) separates OOD samples (the positive class) from in-distribution
+    ones: AUROC, AUPR-out (OOD positive), AUPR-in (in-distribution positive, score negated) and the FPR on
+    in-distribution samples at the first threshold that detects 95 % of the OOD ones."""
+    if len(score_in) == 0 or len(score_out) == 0:
+        raise ValueError(f"ood_detection needs samples on both sides, got {len(score_in)} in and {len(score_out)} out")
+    scores = torch.cat([score_in, score_out]).double()
+    is_out = torch.cat([torch.zeros(len(score_in)), torch.ones(len(score_out))]).long()
+    fpr, tpr, _ = binary_roc(scores, is_out)
+    return {"auroc": float(binary_auroc(scores, is_out)),
+            "aupr_out": float(binary_average_precision(scores, is_out)),
+            "aupr_in": float(binary_average_precision(-scores, 1 - is_out)),
+            "fpr95": float(fpr[tpr >= 0.95].min())}
 
 
 def _sum() -> SumMetric:
@@ -60,8 +138,7 @@ class EnsembleMetrics(nn.Module):
         m, b, _ = member_logits.shape
         log_probs = member_logits.float().log_softmax(-1)  # (M, B, K)
         probs = log_probs.exp()
-        # log of the mean probability, stably: logsumexp over members − log M.
-        log_mean = log_probs.logsumexp(0) - math.log(m)  # (B, K)
+        log_mean = ensemble_log_probs(member_logits)  # (B, K)
         mean = probs.mean(0)
         rows = torch.arange(b, device=target.device)
 
@@ -71,7 +148,7 @@ class EnsembleMetrics(nn.Module):
         self.nll.update(-log_mean[rows, target])
         onehot = nn.functional.one_hot(target, self.num_classes).to(mean.dtype)
         self.brier.update((mean - onehot).square().sum(-1))
-        self.entropy.update(torch.special.entr(mean).sum(-1))  # −p·log p, 0 where p = 0
+        self.entropy.update(entropy(log_mean))
         if m > 1:
             preds = probs.argmax(-1)  # (M, B)
             # Each unordered pair is counted twice by the full M×M comparison; the diagonal never differs.
@@ -139,6 +216,16 @@ def reliability_diagrams(curves: dict[str, tuple[Tensor, Tensor]], path: Path | 
     """
     if not curves:
         raise ValueError("curves is empty; give at least one {name: (probs, target)}")
+    return reliability_diagrams_from_confidence({name: _top1(name, p, t) for name, (p, t) in curves.items()}, path,
+                                                n_bins)
+
+
+def reliability_diagrams_from_confidence(curves: dict[str, tuple[Tensor, Tensor]], path: Path | str,
+                                         n_bins: int = 15) -> Path:
+    """:func:`reliability_diagrams` from each model's top-1 confidence ``(N,)`` and correctness ``(N,)`` (what
+    :meth:`SampleMetrics.scores` keeps, so evaluation need not hold ``(N, K)`` probabilities)."""
+    if not curves:
+        raise ValueError("curves is empty; give at least one {name: (confidence, correct)}")
     if n_bins < 1:
         raise ValueError(f"n_bins={n_bins} must be at least 1")
     path = Path(path)
@@ -146,14 +233,14 @@ def reliability_diagrams(curves: dict[str, tuple[Tensor, Tensor]], path: Path | 
     width = 1.0 / n_bins
     fig = Figure(figsize=(4.2 * len(curves), 5.4), layout="constrained")
     grid = fig.add_gridspec(2, len(curves), height_ratios=(3, 1))
-    for col, (name, (probs, target)) in enumerate(curves.items()):
-        acc, conf, count, ece = _bins(name, probs, target, n_bins)
+    for col, (name, (conf, correct)) in enumerate(curves.items()):
+        acc, mean_conf, count, ece = _bins(conf, correct, n_bins)
         top = fig.add_subplot(grid[0, col])
         bottom = fig.add_subplot(grid[1, col], sharex=top)
         filled = count > 0
         top.bar(edges[:-1], acc, width=width, align="edge", color="tab:blue", edgecolor="black", linewidth=0.6,
                 label="accuracy")
-        top.bar(edges[:-1][filled], (conf - acc)[filled], bottom=acc[filled], width=width, align="edge",
+        top.bar(edges[:-1][filled], (mean_conf - acc)[filled], bottom=acc[filled], width=width, align="edge",
                 color="tab:red", alpha=0.3, edgecolor="tab:red", hatch="//", linewidth=0.6, label="gap to confidence")
         top.plot([0, 1], [0, 1], linestyle="--", color="gray", label="perfect calibration")
         top.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy", title=f"{name}\nECE = {100 * ece:.2f}%".lstrip())
@@ -166,8 +253,8 @@ def reliability_diagrams(curves: dict[str, tuple[Tensor, Tensor]], path: Path | 
     return path
 
 
-def _bins(name: str, probs: Tensor, target: Tensor, n_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """Per-bin accuracy, mean confidence and count (bins as torchmetrics draws them), and the ECE."""
+def _top1(name: str, probs: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    """Checked top-1 confidence and correctness of ``probs`` ``(N, K)`` against ``target`` ``(N,)``."""
     if probs.ndim != 2 or target.ndim != 1 or probs.shape[0] != target.shape[0] or probs.shape[0] == 0:
         raise ValueError(f"{name!r}: expected probs (N, K) and target (N,) with N ≥ 1, got {tuple(probs.shape)} "
                          f"and {tuple(target.shape)}")
@@ -179,13 +266,92 @@ def _bins(name: str, probs: Tensor, target: Tensor, n_bins: int) -> tuple[np.nda
     if target.min() < 0 or target.max() >= num_classes:
         raise ValueError(f"{name!r}: target values must lie in 0..{num_classes - 1}, got min {int(target.min())}, "
                          f"max {int(target.max())}")
-    ece = float(multiclass_calibration_error(probs, target, num_classes, n_bins=n_bins, norm="l1"))
     conf, pred = probs.max(1)
-    correct = (pred == target).double()
+    return conf, (pred == target).float()
+
+
+def _bins(conf: Tensor, correct: Tensor, n_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """Per-bin accuracy, mean confidence and count (bins as torchmetrics draws them), and the ECE."""
+    conf, correct = conf.detach().double().cpu(), correct.detach().double().cpu()
+    ece = calibration_error(conf, correct, n_bins)
     # Same edges and right-closed bucketing as torchmetrics; a confidence of exactly 1 joins the last bin.
-    index = (torch.bucketize(conf, torch.linspace(0, 1, n_bins + 1), right=True) - 1).clamp(max=n_bins - 1)
+    index = (torch.bucketize(conf, torch.linspace(0, 1, n_bins + 1, dtype=torch.float64), right=True) - 1).clamp(
+        max=n_bins - 1)
     count = torch.bincount(index, minlength=n_bins).double()
     safe = count.clamp(min=1)
     acc = torch.bincount(index, weights=correct, minlength=n_bins) / safe
-    mean_conf = torch.bincount(index, weights=conf.double(), minlength=n_bins) / safe
+    mean_conf = torch.bincount(index, weights=conf, minlength=n_bins) / safe
     return acc.numpy(), mean_conf.numpy(), count.numpy(), ece
+
+
+class SampleMetrics(Metric):
+    """Everything ``sigmanens eval`` reports for one pass, from a few numbers kept per sample.
+
+    ``update(member_logits (M, B, K), target (B,))``; :meth:`compute` gives, for the ensemble and for each member,
+    accuracy, NLL, ECE, adaptive ECE, Brier and AURC, plus the ensemble's entropy, mutual information and member
+    disagreement; :meth:`scores` gives the per-sample OOD scores (max-softmax, entropy, mutual information) and the
+    ensemble's confidence and correctness (reliability diagrams). ``sync_on_compute=False`` for a single rank scoring
+    alone inside a distributed job.
+    """
+
+    full_state_update = False
+    _FIELDS = ("conf", "correct", "nll", "brier", "pred")  # each (B, M + 1): column 0 the ensemble, then members
+    _SCORES = ("entropy", "mutual_information")  # each (B,)
+
+    def __init__(self, num_classes: int, num_members: int, n_bins: int = 15, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.num_classes, self.num_members, self.n_bins = num_classes, num_members, n_bins
+        for name in (*self._FIELDS, *self._SCORES):
+            self.add_state(name, default=[], dist_reduce_fx="cat")
+
+    def update(self, member_logits: Tensor, target: Tensor) -> None:
+        m, _, k = member_logits.shape
+        if m != self.num_members or k != self.num_classes or target.shape != member_logits.shape[1:2]:
+            raise ValueError(f"expected member_logits (M={self.num_members}, B, K={self.num_classes}) and target "
+                             f"(B,), got {tuple(member_logits.shape)} and {tuple(target.shape)}")
+        log_probs = torch.cat([ensemble_log_probs(member_logits)[None], member_logits.float().log_softmax(-1)])
+        probs = log_probs.exp()  # (M + 1, B, K)
+        conf, pred = probs.max(-1)
+        index = target.view(1, -1, 1).expand(m + 1, -1, 1)
+        onehot = nn.functional.one_hot(target, k).to(probs.dtype)
+        values = {"conf": conf, "correct": (pred == target).float(), "nll": -log_probs.gather(-1, index)[..., 0],
+                  "brier": (probs - onehot).square().sum(-1), "pred": pred.float()}
+        for name, value in values.items():
+            getattr(self, name).append(value.T)
+        self.entropy.append(entropy(log_probs[0]))
+        self.mutual_information.append(mutual_information(member_logits))
+
+    def _cat(self, name: str) -> Tensor:
+        value = getattr(self, name)
+        return dim_zero_cat(value) if isinstance(value, list) else value
+
+    def compute(self) -> dict[str, float]:
+        if isinstance(self.conf, list) and not self.conf:
+            raise RuntimeError("SampleMetrics.compute() called before any update(): there are no samples to score")
+        cols = {name: self._cat(name) for name in self._FIELDS}
+        out: dict[str, float] = {}
+        for j, prefix in enumerate(["", *(f"member{i}/" for i in range(self.num_members))]):
+            conf, correct = cols["conf"][:, j], cols["correct"][:, j]
+            out |= {f"{prefix}acc": float(correct.double().mean()), f"{prefix}nll": float(cols["nll"][:, j].double()
+                    .mean()), f"{prefix}ece": calibration_error(conf, correct, self.n_bins),
+                    f"{prefix}aece": adaptive_calibration_error(conf, correct, self.n_bins),
+                    f"{prefix}brier": float(cols["brier"][:, j].double().mean()), f"{prefix}aurc": aurc(conf, correct)}
+        m = self.num_members
+        for key in ("acc", "nll", "ece", "aece", "brier", "aurc"):
+            out[f"member_mean/{key}"] = sum(out[f"member{i}/{key}"] for i in range(m)) / m
+        preds = cols["pred"][:, 1:]
+        pairs = m * (m - 1) / 2
+        differ = (preds[:, :, None] != preds[:, None, :]).sum((1, 2)).double() / 2
+        out["disagreement"] = float(differ.mean() / pairs) if m > 1 else 0.0
+        out["entropy"] = float(self._cat("entropy").double().mean())
+        out["mutual_information"] = float(self._cat("mutual_information").double().mean())
+        out["num_samples"] = float(len(preds))
+        return out
+
+    def scores(self) -> dict[str, Tensor]:
+        """Per-sample OOD scores, higher meaning more likely OOD (``msp`` is minus the max softmax), and the
+        ensemble's confidence and correctness; gathered from every rank like :meth:`compute`."""
+        with self.sync_context(should_sync=self.sync_on_compute):
+            conf, correct = self._cat("conf")[:, 0], self._cat("correct")[:, 0]
+            return {"msp": -conf, "entropy": self._cat("entropy"),
+                    "mutual_information": self._cat("mutual_information"), "confidence": conf, "correct": correct}

@@ -92,6 +92,9 @@ class Trainer:
         model = build_model(cfg, self.data.num_classes, self.data.in_chans, self.data.vocab_size)
         self.data = member_train_stream(cfg, env, self.data, model)  # member-major when members read their own data
         self.member_major = member_major(cfg, model)
+        if cfg.eval.at_end:  # hook: refuse bad eval options now, not after training (sigmanens_dist/eval)
+            from sigmanens_dist.eval.run import check_options
+            check_options(cfg, model, cfg.eval)
         torch.manual_seed(cfg.seed + env.rank)
         if cfg.train.compile:
             model.compile(backend=cfg.train.compile_backend)  # in place: the module, its keys and hooks stay
@@ -293,6 +296,10 @@ class Trainer:
             self.tracker.log_final(metrics, pos.step)
             self.tracker.log_artifact(self.run_dir / "reliability.png")
             _print_summary(metrics, self.model.num_members)
+            if cfg.eval.at_end:  # hook: the test-set evaluation of sigmanens eval, on rank 0 (docs/eval.md)
+                from sigmanens_dist.eval import run_eval
+                run_eval(cfg, self.model, None if self.ema is None else self.ema.module, out_dir=self.run_dir / "eval",
+                         run_id=self.run_id, step=pos.step)
         return 0
 
     def _train_row(self, stats: torch.Tensor, lr: float, window: Throughput) -> dict[str, float]:

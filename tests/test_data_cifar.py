@@ -62,7 +62,8 @@ def _write(root: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, 
 @pytest.mark.parametrize("name", ["cifar10", "cifar100"])
 def test_reads_the_official_pickle_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     truth = _write(tmp_path, name, monkeypatch)
-    cfg = load_config(None, [f"data.dataset={name}", f"data.root={tmp_path}"])
+    cfg = load_config(None, [f"data.dataset={name}", f"data.root={tmp_path}", "data.val_split=0",
+                             "data.val_from_test=true"])
     bundle = build_datasets(cfg.data, cfg.data_root())
     classes = LAYOUT[name][-1]
     assert (bundle.num_classes, bundle.in_chans) == (classes, 3)

@@ -115,13 +115,14 @@ def test_tokenizer_is_saved_once_and_reloaded(tmp_path: Path) -> None:
 def test_dataset_items_are_fixed_length_dicts(tmp_path: Path) -> None:
     root = write_sst2(tmp_path / "sst2", n_train=60, n_dev=20)
     bundle = build_datasets(_cfg(root, "data.train_subset=40").data, root)
-    assert (len(bundle.train), len(bundle.val), bundle.num_classes) == (40, 20, 2)
+    # val_split 0.1 of the 40-sentence training pool; dev.tsv is the test set
+    assert (len(bundle.train), len(bundle.val), len(bundle.test), bundle.num_classes) == (36, 4, 20, 2)
     assert bundle.vocab_size == len(load_tokenizer(None, root))
     x, y = bundle.train[(3, 12345)]
     assert set(x) == {"input_ids", "attention_mask"} and y in (0, 1)
     assert x["input_ids"].shape == x["attention_mask"].shape == (16,)
     assert int(x["input_ids"].max()) < bundle.vocab_size
-    batch = next(iter(torch.utils.data.DataLoader(bundle.val, batch_size=8)))
+    batch = next(iter(torch.utils.data.DataLoader(bundle.test, batch_size=8)))
     assert batch[0]["input_ids"].shape == (8, 16) and batch[1].shape == (8,)
     with pytest.raises(ValueError, match="3 sentences but 2 labels"):
         Sst2Dataset(["a", "b", "c"], [0, 1], load_tokenizer(None, root), 8)

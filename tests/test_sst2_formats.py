@@ -41,7 +41,8 @@ def converted(tmp_path_factory: pytest.TempPathFactory, source: Path) -> Path:
 
 def _data(root: Path, fmt: str, env: DistEnv, *extra: str) -> Data:
     cfg = load_config(None, [*TINY_BERT, "data.dataset=sst2", f"data.format={fmt}", f"data.root={root}",
-                             f"data.max_length={MAX_LENGTH}", "train.batch_size=8", "data.num_workers=2", *extra])
+                             f"data.max_length={MAX_LENGTH}", "train.batch_size=8", "data.num_workers=2",
+                             "data.val_split=0", "data.val_from_test=true", *extra])
     return build_data(cfg.data, cfg.train.batch_size, cfg.seed, env)
 
 
@@ -124,7 +125,7 @@ def test_two_rank_text_training_on_converted_format(converted: Path, tmp_path: P
     run = tmp_path / fmt
     run_train(run, *TINY_BERT, "data.dataset=sst2", f"data.format={fmt}", f"data.root={converted / fmt}",
               f"data.max_length={MAX_LENGTH}", "data.num_workers=1", "model.num_members=2", "train.batch_size=8",
-              "train.max_steps=6", "train.log_every_steps=1", nproc=2)
+              "train.max_steps=6", "train.log_every_steps=1", "data.val_split=0", "data.val_from_test=true", nproc=2)
     assert sorted(losses(run)) == list(range(1, 7))
     metrics = json.loads((run / "final_metrics.json").read_text())
     assert 0.0 <= metrics["acc"] <= 1.0 and metrics["nll"] > 0

@@ -37,8 +37,10 @@ def convert(dataset: str, root: Path | None, fmt: str, out: Path, *, max_count: 
         raise ValueError(f"--format {fmt!r}: choose ffcv or webdataset")
     text = dataset == "sst2"
     overrides = [f"data.dataset={dataset}", "data.format=raw", f"data.train_subset={train_subset or 'null'}",
-                 f"data.val_subset={val_subset or 'null'}", *(["model.source=hf", "model.name=bert"] if text else []),
-                 *([f"data.root={root}"] if root else [])]
+                 f"data.test_subset={val_subset or 'null'}",
+                 # every training sample goes into train, the test set into val (converted data's only eval split)
+                 "data.val_split=0", "data.val_from_test=true",
+                 *(["model.source=hf", "model.name=bert"] if text else []), *([f"data.root={root}"] if root else [])]
     cfg = load_config(None, overrides)  # the same validation (and missing-path errors) as a training run
     out.mkdir(parents=True, exist_ok=True)
     if text:
@@ -49,7 +51,7 @@ def convert(dataset: str, root: Path | None, fmt: str, out: Path, *, max_count: 
         num_classes = len(train.classes)
     else:
         bundle = build_datasets(cfg.data, cfg.data_root())
-        train, val, num_classes = bundle.train, bundle.val, bundle.num_classes
+        train, val, num_classes = bundle.train, bundle.test, bundle.num_classes  # the test set is converted val
     classes = source_classes(unwrap_source(train)) or [str(i) for i in range(num_classes)]
     for split, ds in (("train", train), ("val", val)):
         if fmt == "ffcv":

@@ -18,6 +18,7 @@ Converted SST-2 holds sentences, tokenised per batch by the same ``TextBatcher``
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,8 @@ __all__ = ["CLASSES_FILE", "Data", "MapStyleStream", "TrainStream", "build_data"
 
 CLASSES_FILE = "classes.json"
 
+log = logging.getLogger("sigmanens")
+
 Batch = tuple[torch.Tensor | dict[str, torch.Tensor], torch.Tensor]  # images, or tokenizer tensors for text
 
 
@@ -49,6 +52,7 @@ class TrainStream(Protocol):
 class Data:
     train: TrainStream
     val: Callable[[], Iterable[Batch]]  # a fresh pass over this rank's share of the validation set
+    test: Callable[[], Iterable[Batch]]  # the same over the test set (scored only by `sigmanens eval`)
     num_classes: int
     in_chans: int
     vocab_size: int | None = None  # text datasets: the tokenizer's vocabulary size
@@ -79,17 +83,26 @@ def build_data(d: Any, batch_size: int, seed: int, env: DistEnv, randaugment: st
     and augmentation of every epoch."""
     batch, root = batch_size, resolve_root(d.dataset, d.root)
     bad = BadSamples(d.on_bad_sample)
+    if d.val_from_test and env.is_main:
+        log.warning("data.val_from_test=true: the loop validates and picks best.pt on the TEST set, so test "
+                    "numbers of this run are not held out")
     if d.format == "raw":
-        bundle = build_datasets(d, root, randaugment)
+        bundle = build_datasets(d, root, randaugment, seed=seed)
         train = MapStyleStream(Checked(bundle.train, bundle.num_classes, bad, "train"), batch, env, seed,
                                d.num_workers)
-        val_set = Checked(bundle.val, bundle.num_classes, bad, "val")
 
-        def val() -> Iterable[Batch]:
-            sampler = EvalShardSampler(len(val_set), batch, env.rank, env.world_size)
-            return DataLoader(val_set, batch_sampler=sampler, num_workers=d.num_workers, collate_fn=collate_present)
+        def eval_pass(dataset: Dataset, split: str) -> Callable[[], Iterable[Batch]]:
+            checked = Checked(dataset, bundle.num_classes, bad, split)
 
-        return Data(train, val, bundle.num_classes, bundle.in_chans, bundle.vocab_size, bad)
+            def one_pass() -> Iterable[Batch]:
+                sampler = EvalShardSampler(len(checked), batch, env.rank, env.world_size)
+                return DataLoader(checked, batch_sampler=sampler, num_workers=d.num_workers,
+                                  collate_fn=collate_present)
+
+            return one_pass
+
+        return Data(train, eval_pass(bundle.val, "val"), eval_pass(bundle.test, "test"), bundle.num_classes,
+                    bundle.in_chans, bundle.vocab_size, bad)
 
     if d.dataset not in convertible():
         raise ValueError(f"data.format={d.format!r} needs a converted dataset, one of "
@@ -113,15 +126,19 @@ def build_data(d: Any, batch_size: int, seed: int, env: DistEnv, randaugment: st
                       seed=seed, img_size=size, mean=mean, std=std, device=env.device)
         train = FFCVLoader(root / "train.beton", train=True, **common)
         val_loader = FFCVLoader(root / "val.beton", train=False, **common)
-        return Data(train, lambda: val_loader.iter_epoch(0), num_classes, 3)
+        # Converted data has no carved validation split (the config requires data.val_from_test): val is test.
+        return Data(train, lambda: val_loader.iter_epoch(0), lambda: val_loader.iter_epoch(0), num_classes, 3)
 
     from sigmanens_dist.data.webdataset_io import WebDatasetLoader, image_transform, iter_eval
 
     train = WebDatasetLoader(root / "train" / "manifest.json", batch, env.rank, env.world_size, d.num_workers,
                              seed, image_transform(True, size, mean, std), bad=bad)
     val_tf = image_transform(False, size, mean, std)
-    return Data(train, lambda: iter_eval(root / "val" / "manifest.json", env.rank, env.world_size, batch, val_tf,
-                                         bad), num_classes, len(mean), bad=bad)
+
+    def test() -> Iterable[Batch]:
+        return iter_eval(root / "val" / "manifest.json", env.rank, env.world_size, batch, val_tf, bad)
+
+    return Data(train, test, test, num_classes, len(mean), bad=bad)
 
 
 def _converted_text(d: Any, batch: int, seed: int, env: DistEnv, root: Path, num_classes: int, bad: BadSamples
@@ -141,11 +158,15 @@ def _converted_text(d: Any, batch: int, seed: int, env: DistEnv, root: Path, num
                       seed=seed, batcher=batcher)
         train = FFCVTextLoader(root / "train.beton", train=True, **common)
         val_loader = FFCVTextLoader(root / "val.beton", train=False, **common)
-        return Data(train, lambda: val_loader.iter_epoch(0), num_classes, 0, len(tokenizer))
+        return Data(train, lambda: val_loader.iter_epoch(0), lambda: val_loader.iter_epoch(0), num_classes, 0,
+                    len(tokenizer))
 
     from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, iter_eval
 
     train = WebDatasetLoader(root / "train" / MANIFEST, batch, env.rank, env.world_size, d.num_workers, seed,
                              None, bad=bad, collate=batcher)
-    return Data(train, lambda: iter_eval(root / "val" / MANIFEST, env.rank, env.world_size, batch, None, bad,
-                                         collate=batcher), num_classes, 0, len(tokenizer), bad=bad)
+
+    def test() -> Iterable[Batch]:
+        return iter_eval(root / "val" / MANIFEST, env.rank, env.world_size, batch, None, bad, collate=batcher)
+
+    return Data(train, test, test, num_classes, 0, len(tokenizer), bad=bad)

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
-from torchmetrics.classification import BinaryAUROC
 
 from sigmanens_dist.data.idx import FASHION_MNIST_MEAN, FASHION_MNIST_STD
+from sigmanens_dist.metrics import ood_detection, predictive_entropy
 
 __all__ = ["SVHNOOD", "DigitsOOD", "ood_scores", "predictive_entropy"]
 
@@ -75,12 +75,6 @@ class SVHNOOD(Dataset):
         return self.svhn[index]
 
 
-def predictive_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the ensemble prediction (mean of member softmaxes) per sample: ``(M, B, K) -> (B,)``."""
-    probs = logits.float().softmax(-1).mean(0)
-    return -(probs * probs.clamp_min(1e-12).log()).sum(-1)
-
-
 @torch.no_grad()
 def _entropies(model: nn.Module, loader: Iterable[Any], device: torch.device, which: str) -> torch.Tensor:
     out = []
@@ -109,8 +103,6 @@ def ood_scores(model: nn.Module, in_loader: Iterable[Any], out_loader: Iterable[
         ent_out = _entropies(model, out_loader, device, "out_loader")
     finally:
         model.train(was_training)
-    scores = torch.cat([ent_in, ent_out])
-    target = torch.cat([torch.zeros(len(ent_in), dtype=torch.long), torch.ones(len(ent_out), dtype=torch.long)])
-    auroc = BinaryAUROC()(scores, target)
-    return {"auroc_entropy": float(auroc), "entropy_in": float(ent_in.mean()), "entropy_out": float(ent_out.mean()),
+    auroc = ood_detection(ent_in, ent_out)["auroc"]
+    return {"auroc_entropy": auroc, "entropy_in": float(ent_in.mean()), "entropy_out": float(ent_out.mean()),
             "num_in": float(len(ent_in)), "num_out": float(len(ent_out))}

@@ -218,10 +218,10 @@ def read_sst2(root: Path, train_subset: int | None = None, val_subset: int | Non
 
 
 def build_sst2(data_cfg: Any, root: Path) -> tuple[Sst2Dataset, Sst2Dataset, int]:
-    """Train and dev sets (first ``train_subset`` / ``val_subset`` samples) and the tokenizer's vocabulary size,
-    which a from-scratch backbone's embedding table must match."""
+    """Train (first ``train_subset`` samples) and dev sets and the tokenizer's vocabulary size, which a from-scratch
+    backbone's embedding table must match. Dev is the test set; the registry carves validation from train."""
     root = Path(root)
     tokenizer = load_tokenizer(data_cfg.tokenizer, root)
-    train, val = read_sst2(root, data_cfg.train_subset, data_cfg.val_subset)
+    train, val = read_sst2(root, data_cfg.train_subset)
     return (Sst2Dataset(train.sentences, train.labels, tokenizer, data_cfg.max_length),
             Sst2Dataset(val.sentences, val.labels, tokenizer, data_cfg.max_length), len(tokenizer))

@@ -1,0 +1,463 @@
+"""``sigmanens eval``: score a trained ensemble on the held-out test set, under shift and against OOD data.
+
+For each set of weights (raw, and EMA when the run kept one) :func:`run_eval` runs:
+
+* the k-member sub-ensembles, k = 1…K, each a real k-member model (:func:`sub_ensemble`), with accuracy, NLL, ECE,
+  adaptive ECE, Brier, AURC and the measured forward time; the K-member one gives the headline metrics, per member
+  and for the ensemble, and member disagreement and mutual information;
+* corruptions (CIFAR-C style, applied to [0, 1] pixels before normalisation) at each severity, or a pre-generated
+  ImageNet-C folder;
+* OOD detection against an OOD set (OOD positive) for the max-softmax, entropy and mutual-information scores;
+
+then writes ``eval.json``, ``eval.md`` and PNG plots into ``out_dir`` and logs them to the run's MLflow run.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from sigmanens_dist.config import Config, EvalConfig
+from sigmanens_dist.data.corruptions import CORRUPTIONS, corrupt
+from sigmanens_dist.datasets import DATASETS
+from sigmanens_dist.distributed import DistEnv
+from sigmanens_dist.ensemble import SigmaEnsemble, map_tensors
+from sigmanens_dist.eval.load import method_of
+from sigmanens_dist.layers import SigmaStore
+from sigmanens_dist.metrics import SampleMetrics, ood_detection
+
+__all__ = ["OOD_SETS", "check_options", "flat_metrics", "layer_importances", "markdown", "run_eval", "score_pass",
+           "sub_ensemble"]
+
+log = logging.getLogger("sigmanens")
+
+OOD_SETS = {"digits": ("fashion_mnist",), "svhn": ("cifar10", "cifar100")}  # OOD set → datasets it is OOD for
+OOD_SCORES = ("msp", "entropy", "mutual_information")
+SHIFT_KEYS = ("acc", "nll", "ece")
+SUB_KEYS = ("acc", "nll", "ece", "aece", "brier", "aurc")
+IMAGENET_C_DATASETS = ("imagenet", "imagefolder")
+
+
+# -- sub-ensembles -------------------------------------------------------------------------------------------------
+def sub_ensemble(model: nn.Module, members: Sequence[int]) -> nn.Module:
+    """A model of only ``members`` (indices into ``model``'s M), which really runs ``len(members)`` members.
+
+    σN-Ens: a copy whose σ store keeps only those rows (σ parameters and running statistics), every σ layer rebound
+    to it; shared weights are copied unchanged. Other methods answer through their own ``sub_ensemble(members)``;
+    a one-member model is its own only sub-ensemble."""
+    m = model.num_members
+    members = list(members)
+    if not members or len(set(members)) != len(members) or not all(0 <= i < m for i in members):
+        raise ValueError(f"members {members} must be distinct indices in 0..{m - 1}")
+    if members == list(range(m)):
+        return model
+    if not isinstance(model, SigmaEnsemble):
+        if hasattr(model, "sub_ensemble"):
+            return model.sub_ensemble(members)
+        raise TypeError(f"{type(model).__name__} has no sub_ensemble(members); cannot evaluate {len(members)} of its "
+                        f"{m} members")
+    old, k = model.sigma, len(members)
+    slots, num_stats = [], 0
+    for slot in old.slots:  # running statistics are laid out per layer as (M, C) blocks: re-pack them for k rows
+        offset = None
+        if slot.stats is not None:
+            offset, num_stats = num_stats, num_stats + 2 * k * slot.num_features
+        slots.append(dataclasses.replace(slot, stats=offset))
+    store = SigmaStore(k, slots, old.flat.shape[1], num_stats).to(device=old.flat.device, dtype=old.flat.dtype)
+    store.gated = old.gated  # FiLM's store is ungated
+    rows = torch.tensor(members, device=old.flat.device)
+    with torch.no_grad():
+        store.flat.copy_(old.flat.index_select(0, rows))
+        for before, after in zip(old.slots, slots, strict=True):
+            if before.stats is not None:
+                for src, dst in zip(old.stats(before.stats, before.num_features),
+                                    store.stats(after.stats, after.num_features), strict=True):
+                    dst.copy_(src.index_select(0, rows))
+    backbone = copy.deepcopy(model.backbone, {id(old): store})
+    for slot in slots:
+        layer = backbone.get_submodule(slot.name)
+        layer.num_members = k
+        layer.bind(store, slot)
+    return type(model)(backbone, store).eval()  # the same class: σN-Ens or FiLM
+
+
+def _has_sharing(model: nn.Module) -> bool:
+    """σN-Ens proper: a σ store whose gates are used (FiLM's store is ungated, its γ meaningless)."""
+    return isinstance(model, SigmaEnsemble) and model.sigma.gated
+
+
+def supports_sub_ensembles(model: nn.Module) -> bool:
+    return isinstance(model, SigmaEnsemble) or hasattr(model, "sub_ensemble") or model.num_members == 1
+
+
+def layer_importances(model: nn.Module) -> tuple[list[str], torch.Tensor] | None:
+    """Mean importance σ(γ) per member and σ layer, ``(M, L)``, with the layer names; None without σ gates."""
+    if not _has_sharing(model):
+        return None
+    with torch.no_grad():
+        imp = model.importances(regularized_only=False).float().cpu()
+        cols = [imp[:, s.gamma[0]: s.gamma[1]].mean(1) for s in model.sigma.slots]
+    return [s.name for s in model.sigma.slots], torch.stack(cols, dim=1)
+
+
+# -- one pass over a dataset ---------------------------------------------------------------------------------------
+Transform = Callable[[torch.Tensor, int], torch.Tensor]  # (normalised batch, batch index) -> batch
+
+
+@torch.no_grad()
+def score_pass(model: nn.Module, batches: Iterable[Any], num_classes: int, device: torch.device, desc: str,
+               transform: Transform | None = None, sync: bool = False) -> tuple[SampleMetrics, float]:
+    """Run ``model`` over ``batches`` of ``(x, y)``; returns the filled :class:`SampleMetrics` and the seconds spent
+    in the model's forward passes alone (data loading and corruption excluded)."""
+    model.eval()
+    metrics = SampleMetrics(num_classes, model.num_members, sync_on_compute=sync).to(device)
+    seconds = 0.0
+    for i, (x, y) in enumerate(tqdm(batches, desc=desc, unit="batch", leave=False, dynamic_ncols=True)):
+        x, y = map_tensors(x, lambda t: t.to(device)), y.to(device)
+        if transform is not None:
+            x = transform(x, i)
+        _synchronize(device)
+        start = time.perf_counter()
+        logits = model(x)
+        _synchronize(device)
+        seconds += time.perf_counter() - start
+        metrics.update(logits.float(), y)
+    return metrics, seconds
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _corruption(name: str, severity: int, mean: Sequence[float], std: Sequence[float], seed: int) -> Transform:
+    """Undo the normalisation, corrupt the [0, 1] pixels, normalise again (a seed per batch: reproducible)."""
+    def apply(x: torch.Tensor, batch: int) -> torch.Tensor:
+        m = torch.tensor(mean, device=x.device, dtype=x.dtype).view(-1, 1, 1)
+        s = torch.tensor(std, device=x.device, dtype=x.dtype).view(-1, 1, 1)
+        pixels = (x * s + m).clamp(0, 1)
+        return (corrupt(pixels, name, severity, seed=seed * 100_003 + batch) - m) / s
+
+    return apply
+
+
+# -- checks before any work ----------------------------------------------------------------------------------------
+def check_options(cfg: Config, model: nn.Module, options: EvalConfig) -> list[str]:
+    """Every problem with ``options`` for this model and data, in one ``ValueError``; returns the corruption names
+    to run (``all`` expanded)."""
+    problems = []
+    m = model.num_members
+    if options.members is not None and options.members > m:
+        problems.append(f"--members {options.members}: the model has only M={m} members (choose 1..{m})")
+    elif options.members not in (None, m) and not supports_sub_ensembles(model):
+        problems.append(f"--members {options.members}: model.method={method_of(cfg)!r} cannot run a sub-ensemble "
+                        f"(no sub_ensemble(members)); score all {m} members")
+    # corruption names and severities are already checked by EvalConfig
+    names = list(CORRUPTIONS) if "all" in options.corruptions else list(options.corruptions)
+    images = [name for name, spec in DATASETS.items() if spec.kind == "image"]
+    if names and cfg.data.dataset not in images:
+        problems.append(f"corruptions need an image dataset with known pixel statistics ({', '.join(images)}); "
+                        f"data.dataset={cfg.data.dataset!r}")
+    if options.ood is not None:
+        allowed = [k for k, ds in OOD_SETS.items() if cfg.data.dataset in ds]
+        if options.ood not in allowed:
+            problems.append(f"--ood {options.ood!r}: for data.dataset={cfg.data.dataset!r} the OOD sets are "
+                            f"{', '.join(allowed) or 'none yet'} (all: {', '.join(OOD_SETS)})")
+        elif options.ood == "svhn" and options.ood_root is None:
+            problems.append("--ood svhn needs --ood-root, the folder with SVHN's test_32x32.mat")
+    if options.imagenet_c is not None:
+        if cfg.data.dataset not in IMAGENET_C_DATASETS:
+            problems.append(f"--imagenet-c is for data.dataset in {IMAGENET_C_DATASETS}, not {cfg.data.dataset!r}")
+        elif not Path(options.imagenet_c).is_dir():
+            problems.append(f"--imagenet-c {options.imagenet_c}: no such folder")
+        else:
+            problems.extend(_imagenet_c_problems(Path(options.imagenet_c), names, options.severities))
+    if problems:
+        raise ValueError("sigmanens eval: " + "; ".join(problems))
+    return names
+
+
+def _imagenet_c_problems(root: Path, names: list[str], severities: list[int]) -> list[str]:
+    wanted = names or sorted(p.name for p in root.iterdir() if p.is_dir())
+    missing = [f"{root / n / str(s)}" for n in wanted for s in severities if not (root / n / str(s)).is_dir()]
+    return [f"--imagenet-c: missing folder(s) {', '.join(missing[:5])}{' …' if len(missing) > 5 else ''} (layout: "
+            "<dir>/<corruption>/<severity>/<class>/<image>)"] if missing else []
+
+
+# -- the evaluation ------------------------------------------------------------------------------------------------
+def run_eval(cfg: Config, model: nn.Module, ema: nn.Module | None = None, options: EvalConfig | None = None, *,
+             out_dir: Path, run_id: str | None = None, step: int = 0, checkpoint: Path | None = None,
+             env: DistEnv | None = None) -> dict[str, Any]:
+    """Evaluate ``model`` (and ``ema``) as ``options`` (default ``cfg.eval``) says; write ``eval.json``, ``eval.md``
+    and plots into ``out_dir``; log them to MLflow run ``run_id`` when tracking is on. Returns the report.
+
+    Single process by default (``env`` None: every sample on this rank, no cross-rank sync), which is what the end
+    of training calls on rank 0. With a multi-rank ``env`` every rank must call it; each scores its own shard."""
+    from sigmanens_dist.data.loaders import build_data
+
+    options = options or cfg.eval
+    device = next(model.parameters()).device
+    env = env or DistEnv(0, 1, 0, device)
+    names = check_options(cfg, model, options)
+    k_max = options.members or model.num_members
+    batch = options.batch_size or cfg.train.batch_size
+    data = build_data(cfg.data, batch, cfg.seed, env)
+    eval_set = data.test if options.split == "test" else data.val
+    ood_batches = _ood_batches(cfg, options, batch) if options.ood else None
+    sync = env.world_size > 1
+    notes = _notes(cfg, options)
+
+    report: dict[str, Any] = {"checkpoint": str(checkpoint) if checkpoint else None, "step": step,
+                              "method": method_of(cfg), "dataset": cfg.data.dataset, "split": options.split,
+                              "num_members": model.num_members, "members": k_max, "notes": notes, "weights": {}}
+    plots: list[Path] = []
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    variants = {"raw": model} | ({"ema": ema} if ema is not None else {})
+    for variant, weights in variants.items():
+        part: dict[str, Any] = {"sub_ensembles": []}
+        scored = None
+        # methods that cannot run k of their members are scored with all of them only
+        for k in range(1, k_max + 1) if supports_sub_ensembles(weights) else [k_max]:
+            sub = sub_ensemble(weights, range(k))
+            metrics, seconds = score_pass(sub, eval_set(), data.num_classes, device,
+                                          f"{variant} {options.split} k={k}", sync=sync)
+            values = metrics.compute()
+            n = values["num_samples"]
+            part["sub_ensembles"].append({"k": k, **{key: values[key] for key in SUB_KEYS},
+                                          "forward_s": seconds, "ms_per_image": 1000 * seconds / n})
+            if k == k_max:
+                part["metrics"], scored = values, metrics
+        scores = scored.scores()
+        if names or options.imagenet_c:
+            part["shift"] = _shift(cfg, options, names, sub_ensemble(weights, range(k_max)), eval_set, data.num_classes,
+                                   device, variant, batch, sync)
+        if ood_batches is not None:
+            part["ood"] = _ood(sub_ensemble(weights, range(k_max)), scores, ood_batches, data.num_classes, device,
+                               variant, options.ood)
+        sharing = weights.sharing() if _has_sharing(weights) else None
+        if sharing is not None:
+            part["sharing"] = sharing
+        report["weights"][variant] = part
+        if env.is_main:
+            plots += _plots(out_dir, variant, weights, scores, part)
+    if env.is_main:
+        files = _write(out_dir, report) + plots
+        if run_id is not None and cfg.tracking.enabled:
+            _log_mlflow(cfg, run_id, report, files, step, checkpoint)
+    return report
+
+
+def _notes(cfg: Config, options: EvalConfig) -> list[str]:
+    notes = []
+    if cfg.data.val_from_test:
+        notes.append("this run validated on the test set (data.val_from_test): best.pt and any tuning saw the "
+                     "test set, so test numbers are not held out")
+    if options.split == "val":
+        notes.append("scored on the validation split (carved from the training data), not the test set")
+    return notes
+
+
+def _shift(cfg: Config, options: EvalConfig, names: list[str], model: nn.Module, eval_set: Callable[[], Iterable],
+           num_classes: int, device: torch.device, variant: str, batch: int, sync: bool) -> dict[str, Any]:
+    """``{corruption: {severity: {acc, nll, ece}}, "mean": {severity: …}}`` over the corruptions asked for."""
+    out: dict[str, Any] = {}
+    if options.imagenet_c is not None:
+        for name, severity, dataset in _imagenet_c_sets(cfg, Path(options.imagenet_c), names, options.severities):
+            loader = DataLoader(dataset, batch_size=batch, num_workers=cfg.data.num_workers)
+            # not sharded: every rank scores the whole folder, so nothing is synced (or counted twice)
+            metrics, _ = score_pass(model, loader, num_classes, device, f"{variant} {name} s{severity}")
+            out.setdefault(name, {})[str(severity)] = _pick(metrics.compute(), SHIFT_KEYS)
+    else:
+        mean, std = DATASETS[cfg.data.dataset].mean, DATASETS[cfg.data.dataset].std
+        for name in names:
+            for severity in options.severities:
+                transform = _corruption(name, severity, mean, std, cfg.seed)
+                metrics, _ = score_pass(model, eval_set(), num_classes, device, f"{variant} {name} s{severity}",
+                                        transform, sync=sync)
+                out.setdefault(name, {})[str(severity)] = _pick(metrics.compute(), SHIFT_KEYS)
+    corruptions = list(out)
+    out["mean"] = {str(s): {key: sum(out[c][str(s)][key] for c in corruptions) / len(corruptions)
+                            for key in SHIFT_KEYS} for s in options.severities}
+    return out
+
+
+def _pick(values: dict[str, float], keys: Sequence[str]) -> dict[str, float]:
+    return {k: values[k] for k in keys}
+
+
+def _imagenet_c_sets(cfg: Config, root: Path, names: list[str], severities: list[int]
+                     ) -> Iterable[tuple[str, int, Dataset]]:
+    """ImageNet-C's ``<root>/<corruption>/<severity>/<class>/<image>`` folders, read like the test set (resized to
+    the model's input size, normalised); class folders must match the training classes."""
+    from torchvision import datasets
+    from torchvision.transforms import v2
+
+    spec = DATASETS[cfg.data.dataset]
+    mean, std, size = spec.mean, spec.std, cfg.data.img_size or spec.size
+    classes = sorted(p.name for p in (Path(cfg.data_root()) / "train").iterdir() if p.is_dir())
+    transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Resize(size, antialias=True),
+                            v2.CenterCrop(size), v2.Normalize(mean, std)])
+    for name in names or sorted(p.name for p in root.iterdir() if p.is_dir()):
+        for severity in severities:
+            folder = root / name / str(severity)
+            dataset = datasets.ImageFolder(str(folder), transform=transform)
+            if dataset.classes != classes:
+                raise ValueError(f"{folder}: class folders {dataset.classes[:5]}… differ from the training classes "
+                                 f"{classes[:5]}… of {cfg.data_root()}/train")
+            yield name, severity, dataset
+
+
+def _ood_batches(cfg: Config, options: EvalConfig, batch: int) -> Callable[[], Iterable]:
+    from sigmanens_dist.data.ood import SVHNOOD, DigitsOOD
+    from sigmanens_dist.data.registry import _Resized
+
+    if options.ood == "digits":
+        dataset: Dataset = DigitsOOD()
+        if cfg.data.img_size and cfg.data.img_size != 28:
+            dataset = _Resized(dataset, cfg.data.img_size)
+    else:
+        dataset = SVHNOOD(options.ood_root, cfg.data.dataset)
+    return lambda: DataLoader(dataset, batch_size=batch, num_workers=cfg.data.num_workers)
+
+
+def _ood(model: nn.Module, in_scores: dict[str, torch.Tensor], batches: Callable[[], Iterable], num_classes: int,
+         device: torch.device, variant: str, name: str) -> dict[str, Any]:
+    metrics, _ = score_pass(model, ((x, torch.zeros(len(x), dtype=torch.long)) for x, _ in batches()), num_classes,
+                            device, f"{variant} ood {name}")
+    out_scores = metrics.scores()
+    report: dict[str, Any] = {"set": name, "num_in": len(in_scores["msp"]), "num_out": len(out_scores["msp"])}
+    for score in OOD_SCORES:
+        report[score] = ood_detection(in_scores[score].cpu(), out_scores[score].cpu())
+    report["_scores"] = {s: (in_scores[s].cpu(), out_scores[s].cpu()) for s in OOD_SCORES}  # for the plots only
+    return report
+
+
+# -- outputs -------------------------------------------------------------------------------------------------------
+def _plots(out_dir: Path, variant: str, model: nn.Module, scores: dict[str, torch.Tensor], part: dict[str, Any]
+           ) -> list[Path]:
+    from sigmanens_dist.eval import plots
+    from sigmanens_dist.metrics import reliability_diagrams_from_confidence
+
+    files = [reliability_diagrams_from_confidence({f"ensemble ({variant} weights)": (scores["confidence"].cpu(),
+                                                                                     scores["correct"].cpu())},
+                                                  out_dir / f"reliability_{variant}.png")]
+    if "shift" in part:
+        files.append(plots.severity_curves(part["shift"], out_dir / f"shift_{variant}.png", variant))
+    if "ood" in part:
+        files.append(plots.ood_histograms(part["ood"].pop("_scores"), out_dir / f"ood_{variant}.png",
+                                          part["ood"]["set"]))
+    importances = layer_importances(model)
+    if importances is not None:
+        files.append(plots.sharing_heatmap(*importances, out_dir / f"sharing_{variant}.png"))
+    return files
+
+
+def _write(out_dir: Path, report: dict[str, Any]) -> list[Path]:
+    json_path, md_path = out_dir / "eval.json", out_dir / "eval.md"
+    for part in report["weights"].values():
+        part.get("ood", {}).pop("_scores", None)
+    json_path.write_text(json.dumps(report, indent=2))
+    md_path.write_text(markdown(report))
+    return [json_path, md_path]
+
+
+def _fmt(value: float) -> str:
+    return "nan" if isinstance(value, float) and math.isnan(value) else f"{value:.4f}"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown tables (what ``eval.md`` holds)."""
+    lines = [f"# Evaluation: {report['checkpoint'] or 'end of training'} (step {report['step']})", "",
+             f"method {report['method']}, {report['dataset']} {report['split']} split, "
+             f"{report['members']} of {report['num_members']} members", ""]
+    lines += [f"> {note}" for note in report["notes"]] + ([""] if report["notes"] else [])
+    keys = ("acc", "nll", "ece", "aece", "brier", "aurc")
+    for variant, part in report["weights"].items():
+        m = part["metrics"]
+        lines += [f"## {variant} weights ({int(m['num_samples'])} samples)", "",
+                  "| | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
+        rows = [("ensemble", "")] + [(f"member {i}", f"member{i}/") for i in range(report["members"])]
+        rows += [("mean of members", "member_mean/")] if report["members"] > 1 else []
+        for label, prefix in rows:
+            lines.append(f"| {label} | " + " | ".join(_fmt(m[prefix + k]) for k in keys) + " |")
+        lines += ["", f"disagreement {_fmt(m['disagreement'])}, mutual information {_fmt(m['mutual_information'])}, "
+                      f"predictive entropy {_fmt(m['entropy'])}"
+                  + (f", members on per feature {_fmt(part['sharing']['all'])}" if "sharing" in part else ""), ""]
+        lines += ["### Sub-ensembles", "", "| k | " + " | ".join(SUB_KEYS) + " | ms/image |",
+                  "|---:|" + "---:|" * (len(SUB_KEYS) + 1)]
+        for row in part["sub_ensembles"]:
+            lines.append(f"| {row['k']} | " + " | ".join(_fmt(row[k]) for k in SUB_KEYS)
+                         + f" | {row['ms_per_image']:.3f} |")
+        if "shift" in part:
+            lines += ["", "### Shift (acc / NLL / ECE)", "", "| corruption | " + " | ".join(
+                f"s{s}" for s in part["shift"]["mean"]) + " |", "|---|" + "---|" * len(part["shift"]["mean"])]
+            for name, by_sev in part["shift"].items():
+                lines.append(f"| {name} | " + " | ".join(
+                    " / ".join(_fmt(v[k]) for k in SHIFT_KEYS) for v in by_sev.values()) + " |")
+        if "ood" in part:
+            ood = part["ood"]
+            lines += ["", f"### OOD: {ood['set']} ({ood['num_out']} OOD vs {ood['num_in']} in-distribution, OOD "
+                          "positive)", "", "| score | AUROC | AUPR-in | AUPR-out | FPR@95TPR |",
+                      "|---|---:|---:|---:|---:|"]
+            for score in OOD_SCORES:
+                r = ood[score]
+                lines.append(f"| {score} | {_fmt(r['auroc'])} | {_fmt(r['aupr_in'])} | {_fmt(r['aupr_out'])} | "
+                             f"{_fmt(r['fpr95'])} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def flat_metrics(report: dict[str, Any]) -> dict[str, float]:
+    """The report's numbers under MLflow-safe keys, ``eval/<split>/<variant>/…``."""
+    out: dict[str, float] = {}
+    for variant, part in report["weights"].items():
+        base = f"eval/{report['split']}/{variant}"
+        out |= {f"{base}/{k}": v for k, v in part["metrics"].items()}
+        for row in part["sub_ensembles"]:
+            out |= {f"{base}/k{row['k']}/{k}": row[k] for k in (*SUB_KEYS, "ms_per_image")}
+        for name, by_sev in part.get("shift", {}).items():
+            for severity, values in by_sev.items():
+                out |= {f"{base}/shift/{name}/s{severity}/{k}": v for k, v in values.items()}
+        if "ood" in part:
+            for score in OOD_SCORES:
+                out |= {f"{base}/ood_{part['ood']['set']}/{score}/{k}": v for k, v in part["ood"][score].items()}
+        if "sharing" in part:
+            out[f"{base}/sharing/members_on"] = part["sharing"]["all"]
+    return {k: float(v) for k, v in out.items()}
+
+
+def _log_mlflow(cfg: Config, run_id: str, report: dict[str, Any], files: list[Path], step: int,
+                checkpoint: Path | None) -> None:
+    """Metrics and files into the training run's MLflow run; a failure is a warning (the files are on disk)."""
+    from sigmanens_dist.tracking import default_tracking_uri
+
+    run_dir = checkpoint.parent.parent if checkpoint is not None else Path(cfg.run_dir)
+    uri = default_tracking_uri(run_dir, cfg.tracking.uri)
+    try:
+        from mlflow.entities import Metric
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, v, now, step) for k, v in flat_metrics(report).items()]
+        for i in range(0, len(metrics), 500):
+            client.log_batch(run_id, metrics=metrics[i: i + 500])
+        folder = "eval" if checkpoint is None else f"eval/{checkpoint.stem}"
+        for path in files:
+            client.log_artifact(run_id, str(path), artifact_path=folder)
+    except Exception as err:  # the evaluation is done and written; tracking must not undo that
+        log.warning("could not log the evaluation to MLflow run %s at %s (%s: %s); the files are in %s", run_id, uri,
+                    type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "", files[0].parent)

@@ -1,0 +1,73 @@
+"""Honest splits: validation is carved from the training pool by the seed, disjoint from train; test is untouched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sigmanens_dist.config import ConfigError, load_config
+from sigmanens_dist.data.idx import FASHION_MNIST_ROOT, IdxImageDataset
+from sigmanens_dist.data.registry import build_datasets, split_indices
+
+needs_fmnist = pytest.mark.skipif(not FASHION_MNIST_ROOT.is_dir(),
+                                  reason="needs Debian's dataset-fashion-mnist (launch/setup.sh installs it)")
+
+
+def test_split_indices_disjoint_complete_and_seeded() -> None:
+    train, val = split_indices(1000, 0.1, seed=3)
+    assert len(val) == 100 and len(train) == 900
+    assert not set(train) & set(val) and sorted(train + val) == list(range(1000))
+    assert (train, val) == split_indices(1000, 0.1, seed=3)
+    assert val != split_indices(1000, 0.1, seed=4)[1]
+    assert len(split_indices(1000, 250, seed=0)[1]) == 250  # a count
+    assert len(split_indices(5, 0.01, seed=0)[1]) == 1  # a fraction never rounds to an empty split
+    assert split_indices(10, 0, seed=0) == (list(range(10)), [])
+    with pytest.raises(ValueError, match=r"data.val_split=10 takes 10 of the 10 training samples"):
+        split_indices(10, 10, seed=0)
+
+
+@needs_fmnist
+def test_fashion_mnist_val_is_carved_from_train_and_test_is_untouched() -> None:
+    cfg = load_config(None, ["data.train_subset=1000", "data.val_split=0.2", "data.test_subset=300", "seed=7"])
+    bundle = build_datasets(cfg.data, cfg.data_root(), seed=cfg.seed)
+    assert (len(bundle.train), len(bundle.val), len(bundle.test)) == (800, 200, 300)
+    train_idx = bundle.train.dataset.indices  # SeededAugment(Subset(pool, train positions))
+    assert not set(train_idx) & set(bundle.val_indices)
+    assert sorted([*train_idx, *bundle.val_indices]) == list(range(1000))
+    # val reads the training images without augmentation; test is the t10k file
+    pool = IdxImageDataset(FASHION_MNIST_ROOT, "train", subset=1000)
+    for i in (0, 57, 199):
+        x, y = bundle.val[i]
+        torch.testing.assert_close(x, pool[bundle.val_indices[i]][0])
+        assert y == pool[bundle.val_indices[i]][1]
+    test = IdxImageDataset(FASHION_MNIST_ROOT, "test", subset=300)
+    assert torch.equal(torch.stack([bundle.test[i][0] for i in range(300)]), test.tensors()[0])
+    # fixed by the seed
+    again = build_datasets(cfg.data, cfg.data_root(), seed=7)
+    assert again.val_indices == bundle.val_indices
+    assert build_datasets(cfg.data, cfg.data_root(), seed=8).val_indices != bundle.val_indices
+
+
+@needs_fmnist
+def test_test_as_validation_only_on_request() -> None:
+    with pytest.raises(ConfigError, match=r"data.val_split: 0 means validating on the test set; say so with "
+                                          r"data.val_from_test=true"):
+        load_config(None, ["data.val_split=0"])
+    cfg = load_config(None, ["data.val_split=0", "data.val_from_test=true", "data.train_subset=100",
+                             "data.val_subset=50"])
+    bundle = build_datasets(cfg.data, cfg.data_root())
+    assert (len(bundle.train), len(bundle.val), bundle.val_indices) == (100, 50, [])
+    torch.testing.assert_close(bundle.val[3][0], bundle.test[3][0])
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    (["data.format=ffcv"], r"data.val_split: data.format=ffcv cannot carve a validation split .* set "
+                           r"data.val_split=0 and data.val_from_test=true"),
+    (["data.format=webdataset"], r"data.format=webdataset cannot carve"),
+    (["data.val_split=1.0"], r"a fraction must be < 1"),
+    (["data.val_split=-3"], r"must be a fraction in \(0, 1\), a count ≥ 1, or 0"),
+    (["data.val_split=0.2", "data.val_from_test=true"], r"data.val_from_test: true needs data.val_split=0"),
+])
+def test_split_config_errors(overrides: list[str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, overrides, check_data=False)
