@@ -39,7 +39,9 @@ METRICS = {"acc": "val/acc", "nll": "val/nll", "ece": "val/ece", "brier": "val/b
            "disagreement": "val/disagreement", "sharing": "val/sharing/members_on",
            "train_img_per_s": "final/train_img_per_s"}
 DIFFS = ("acc", "nll", "ece", "brier", "ood_auroc")  # paired against the reference
-_SEVERITY = re.compile(r"sev(?:erity)?[_=-]?(\d+)", re.IGNORECASE)
+# what `sigmanens eval` logs: eval/<split>/<weights>/shift/<corruption>/s<k>/ece and .../ood_<set>/<score>/auroc
+_SEVERITY = re.compile(r"^(eval/[^/]+/[^/]+)/shift/[^/]+/s(\d+)/ece$")
+_AUROC = re.compile(r"^(eval/[^/]+/[^/]+)/ood_[^/]+/entropy/auroc$")  # predictive entropy, the README's OOD score
 
 
 class CompareError(ValueError):
@@ -212,11 +214,19 @@ def _record(run: Any) -> RunRecord:
         values["train_images"] = images
         values["train_compute"] = images * members  # images × members through the backbone
     values["inference_passes"] = float(members)  # backbone passes per predicted image
-    auroc = sorted(k for k in metrics if "auroc" in k.lower())
+    def raw_first(key: str) -> tuple[bool, str]:  # the trained weights before their EMA
+        return not key.endswith("/raw"), key
+
+    auroc = sorted((k for k in metrics if _AUROC.match(k)), key=lambda k: raw_first(_AUROC.match(k).group(1)))
     if auroc:
         values["ood_auroc"] = metrics[auroc[0]]
-    severity = {int(m.group(1)): v for k, v in metrics.items()
-                if "ece" in k.lower() and (m := _SEVERITY.search(k)) is not None}
+    shifted = [(m.group(1), int(m.group(2)), v) for k, v in metrics.items() if (m := _SEVERITY.match(k))]
+    first = min((prefix for prefix, _, _ in shifted), key=raw_first, default=None)
+    by_severity: dict[int, list[float]] = defaultdict(list)
+    for prefix, sev, v in shifted:
+        if prefix == first:
+            by_severity[sev].append(v)
+    severity = {sev: float(np.mean(vs)) for sev, vs in by_severity.items()}  # mean over corruptions
     return RunRecord(run.info.run_id, run.info.run_name, run.info.status, method, members, tau, lam,
                      int(params.get("seed", 0)), values, severity)
 

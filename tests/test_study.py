@@ -255,3 +255,23 @@ def test_report_has_ood_and_severity_when_runs_log_them(tmp_path: Path) -> None:
     with pytest.raises(CompareError, match="--reference 'deep': no finished runs of that method; methods here: "
                                            "sigma, single"):
         write_report(records, [], tmp_path, "deep")
+
+
+def test_run_record_reads_what_train_and_eval_log() -> None:
+    from types import SimpleNamespace
+
+    from sigmanens_dist.compare import _record
+
+    metrics = {"val/acc": 0.8, "final/params": 1000.0, "final/train_images": 320.0, "final/train_img_per_s": 50.0,
+               "eval/test/raw/ood_digits/entropy/auroc": 0.9, "eval/test/raw/ood_digits/msp/auroc": 0.1,
+               "eval/test/ema/ood_digits/entropy/auroc": 0.2, "eval/test/raw/shift/blur/s1/ece": 0.1,
+               "eval/test/raw/shift/noise/s1/ece": 0.3, "eval/test/raw/shift/noise/s2/ece": 0.5,
+               "eval/test/ema/shift/noise/s1/ece": 9.0}
+    run = SimpleNamespace(info=SimpleNamespace(run_id="r", run_name="deep-M4-s1", status="FINISHED"),
+                          data=SimpleNamespace(params={"model.method": "deep", "model.num_members": "4", "seed": "1",
+                                                       "reg.tau": "0.5", "reg.lambda": "0.001"},
+                                               tags={"num_members": "4"}, metrics=metrics))
+    r = _record(run)
+    assert (r.method, r.members, r.tau, r.lam, r.seed) == ("deep", 4, None, None, 1)  # deep has no τ, λ
+    assert r.values["ood_auroc"] == 0.9 and r.values["train_compute"] == 320 * 4 and r.values["acc"] == 0.8
+    assert r.severity_ece == pytest.approx({1: 0.2, 2: 0.5})  # mean over corruptions, raw weights only
