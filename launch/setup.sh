@@ -29,11 +29,11 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     aarch64|arm64) TORCH=(torch==2.9.1 torchvision==0.24.1) ;;
     *) TORCH=(torch==2.14.1 torchvision==0.29.1) ;;
   esac
-  echo "[setup] installing ${TORCH[*]} and sigmanens-dist[dev,mlflow,ffcv,webdataset] into $VENV (a few minutes the first time)"
+  echo "[setup] installing ${TORCH[*]} and sigmanens-dist[dev,mlflow,ffcv,webdataset,deepspeed] into $VENV (a few minutes the first time)"
   "$VENV/bin/pip" install -q --disable-pip-version-check "${TORCH[@]}" 2>&1 | grep -v "^WARNING: Location" || true
-  "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[dev,mlflow,ffcv,webdataset]" 2>&1 \
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[dev,mlflow,ffcv,webdataset,deepspeed]" 2>&1 \
     | grep -v "^WARNING: Location" || true
-  "$VENV/bin/python" -c "import torch, torchvision, timm, ffcv, webdataset, mlflow, sigmanens_dist" \
+  "$VENV/bin/python" -c "import torch, torchvision, timm, ffcv, webdataset, mlflow, deepspeed, sigmanens_dist" \
     || { echo "[setup] install failed: see pip output above" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi

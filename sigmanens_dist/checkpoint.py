@@ -1,9 +1,11 @@
 """Checkpoints that survive crashes and preemption: atomic writes, keep-last-k + best, ``--resume auto``.
 
-A checkpoint is one file ``step_<N>.pt`` under ``<run_dir>/checkpoints``. It is written to a temporary name and
-renamed into place, so a reader sees either the old set or the new set, never a half file; older ones are deleted only
-after the new one is complete. ``best.pt`` is a copy of the best-so-far (by a metric, lower is better), made the
-same way.
+One policy, two backends. A checkpoint is either one file ``step_<N>.pt`` under ``<run_dir>/checkpoints`` (written by
+rank 0: DDP) or one folder ``step_<N>/`` every rank writes its shards into (FSDP2 through torch.distributed.checkpoint,
+DeepSpeed through its engine), with the trainer's own state in ``step_<N>/trainer.pt``. Both are written under a
+temporary name and renamed into place, so a reader sees either the old set or the new set, never a half checkpoint;
+older ones are deleted only after the new one is complete. ``best.pt`` / ``best/`` is a copy of the best-so-far (by
+a metric, lower is better), made the same way.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,11 @@ __all__ = ["CheckpointManager", "capture_rng", "restore_rng"]
 
 log = logging.getLogger(__name__)
 
-_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+_STEP_FILE = re.compile(r"^step_(\d+)(\.pt)?$")
+#: The trainer's non-tensor state inside a checkpoint folder (position, RNG of all ranks, schedule, config…).
+TRAINER_STATE = "trainer.pt"
+#: Key under which :meth:`CheckpointManager.read` records the folder of a folder checkpoint (for the strategy).
+FOLDER_KEY = "checkpoint_folder"
 
 
 def capture_rng() -> dict[str, Any]:
@@ -67,18 +74,57 @@ class CheckpointManager:
         ``best.pt`` when ``metric`` improves; then delete all but the newest ``keep_last`` older than it."""
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"step_{step:08d}.pt"
-        improved = metric is not None and (self.best_metric is None or metric < self.best_metric)
-        if improved:
-            self.best_metric = metric
+        improved = self._improves(metric)
         _atomic_torch_save({**state, "best": self.best_metric}, path)
         if improved:
             tmp = self.directory / ".best.pt.tmp"
             shutil.copyfile(path, tmp)
             os.replace(tmp, self.directory / "best.pt")
+        self._rotate(step)
+        return path
+
+    def save_folder(self, write_shards: Callable[[Path], None], state: dict[str, Any], step: int,
+                    metric: float | None, *, is_main: bool, barrier: Callable[[], None]) -> Path:
+        """Called on EVERY rank: ``write_shards(tmp)`` writes each rank's part into a temporary folder, rank 0 adds
+        the trainer's ``state`` and, once every rank is done (``barrier``), renames the folder into place, copies it
+        to ``best/`` when ``metric`` improves and rotates like :meth:`save`."""
+        path = self.directory / f"step_{step:08d}"
+        tmp = self.directory / f".step_{step:08d}.tmp"
+        improved = self._improves(metric)
+        if is_main:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # left over by a crash during an earlier write
+            tmp.mkdir()
+        barrier()
+        write_shards(tmp)
+        if is_main:
+            _atomic_torch_save({**state, "best": self.best_metric}, tmp / TRAINER_STATE)
+        barrier()  # every rank's shards are on disk
+        if is_main:
+            _fsync_tree(tmp)
+            _replace_folder(tmp, path)
+            if improved:
+                best_tmp = self.directory / ".best.tmp"
+                shutil.rmtree(best_tmp, ignore_errors=True)
+                shutil.copytree(path, best_tmp)
+                _replace_folder(best_tmp, self.directory / "best")
+            self._rotate(step)
+        barrier()
+        return path
+
+    def _improves(self, metric: float | None) -> bool:
+        improved = metric is not None and (self.best_metric is None or metric < self.best_metric)
+        if improved:
+            self.best_metric = metric
+        return improved
+
+    def _rotate(self, step: int) -> None:
         older = [p for p in self.checkpoints() if _step_of(p) < step]
         for old in older[: max(0, len(older) - (self.keep_last - 1))]:
-            old.unlink(missing_ok=True)
-        return path
+            if old.is_dir():
+                shutil.rmtree(old)
+            else:
+                old.unlink(missing_ok=True)
 
     def checkpoints(self) -> list[Path]:
         """Step checkpoints, oldest first."""
@@ -93,8 +139,8 @@ class CheckpointManager:
             return None
         if resume != "auto":
             path = Path(resume)
-            if not path.is_file():
-                raise FileNotFoundError(f"checkpoint.resume={resume!r}: no such file")
+            if not path.exists():
+                raise FileNotFoundError(f"checkpoint.resume={resume!r}: no such file or folder")
             return self.read(path), path
         for path in reversed(self.checkpoints()):
             try:
@@ -106,15 +152,56 @@ class CheckpointManager:
 
     @staticmethod
     def read(path: Path) -> dict[str, Any]:
-        """One checkpoint file, or an error if it is unreadable or not ours."""
+        """One checkpoint, or an error if it is unreadable or not ours. A folder gives the trainer's state with the
+        folder under ``FOLDER_KEY`` (the strategy reads its shards from there), once its shard index is readable."""
+        path = Path(path)
+        if path.is_dir():
+            state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
+            if not isinstance(state, dict) or "format" not in state or "position" not in state:
+                raise ValueError(f"{path} is not a sigmanens checkpoint folder (missing 'format'/'position')")
+            check_folder(path, state["format"])
+            return {**state, FOLDER_KEY: path}
         state = torch.load(path, map_location="cpu", weights_only=False)
         if not isinstance(state, dict) or "model" not in state or "position" not in state:
             raise ValueError(f"{path} is not a sigmanens checkpoint (missing 'model'/'position')")
         return state
 
 
+def check_folder(path: Path, fmt: str) -> None:
+    """Raise if a checkpoint folder's shard index is missing or unreadable (a truncated or foreign folder)."""
+    if fmt == "dcp":
+        from torch.distributed.checkpoint import FileSystemReader
+
+        FileSystemReader(str(path)).read_metadata()
+    elif fmt == "deepspeed":
+        tag = path / "latest"
+        if not tag.is_file() or not (path / tag.read_text().strip()).is_dir():
+            raise FileNotFoundError(f"{path} has no complete DeepSpeed checkpoint ('latest' and its tag folder)")
+    else:
+        raise ValueError(f"{path}: unknown checkpoint folder format {fmt!r}")
+
+
 def _step_of(path: Path) -> int:
     return int(_STEP_FILE.match(path.name).group(1))
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file of a freshly written folder, so the rename cannot publish data still in the page cache."""
+    for file in folder.rglob("*"):
+        if file.is_file():
+            with file.open("rb") as f:
+                os.fsync(f.fileno())
+
+
+def _replace_folder(src: Path, dst: Path) -> None:
+    """Put ``src`` at ``dst``; an existing ``dst`` (a re-written step, the old best) is moved aside first and
+    deleted only once ``src`` is in place."""
+    old = dst.with_name(f".{dst.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if dst.exists():
+        os.replace(dst, old)
+    os.replace(src, dst)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:

@@ -8,6 +8,7 @@
     sigmanens study run-one --definition runs/study-m-scaling/study.yaml --index 3       (one child: Slurm array)
     sigmanens compare --parent RUN_ID --uri sqlite:///runs/study-m-scaling/mlflow.db    (table + plots from MLflow)
     sigmanens eval --checkpoint runs/x/checkpoints/best.pt --corruptions all --ood digits   (test-set evaluation)
+    sigmanens export runs/x/checkpoints/step_00001000 model.pt [--member K]   (any strategy's checkpoint)
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _params(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("train", "demo", "params", "data", "eval", "study", "compare")
+    commands = ("train", "demo", "params", "data", "eval", "export", "study", "compare")
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__)
         if argv and argv[0] not in ("-h", "--help"):
@@ -66,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sigmanens_dist.eval.cli import main as eval_main
 
         return eval_main(rest)
+    if cmd == "export":
+        from sigmanens_dist.export import main as export_main
+
+        return export_main(rest)
     if cmd == "train":
         from sigmanens_dist.train import main as train_main
 

@@ -256,6 +256,9 @@ class DataConfig(_Section):
     # test set as validation instead, and only with val_from_test: true (a warning is logged).
     val_split: float | int = 0.1
     val_from_test: bool = False
+    # The split is drawn from this seed, not from `seed`: runs of different seeds (and a Deep Ensemble's members,
+    # which read seed+k's data order) then validate on the same samples, as paired comparisons need.
+    split_seed: int = Field(0, ge=0)
     max_length: int = Field(64, ge=8)  # text: tokens per sample, padded or truncated to it
     # text: a local Hugging Face tokenizer folder (a pretrained backbone's own); None: <root>/tokenizer/, which a raw
     # run trains (WordPiece, on the training sentences) when absent and `sigmanens data convert` writes
@@ -302,8 +305,31 @@ class DataConfig(_Section):
 class StrategyConfig(_Section):
     """How the model is spread over ranks."""
 
-    name: Literal["ddp"] = "ddp"  # FSDP2 and DeepSpeed ZeRO join here when their strategies land
+    name: Literal["ddp", "fsdp", "deepspeed"] = "ddp"
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl with CUDA, else gloo
+    # fsdp only: reshard each block's parameters after its forward (less memory, one more all-gather in backward)
+    fsdp_reshard_after_forward: bool | None = None  # None: true
+    fsdp_replicate: int | None = Field(None, ge=1)  # fsdp only: HSDP, replicas × shards mesh (None: 1, plain FSDP)
+    zero_stage: Literal[1, 2, 3] | None = None  # deepspeed only (None: 2)
+    deepspeed_config: Path | None = None  # deepspeed only: a JSON merged over the config built from this one
+
+    @model_validator(mode="after")
+    def _options_apply(self) -> StrategyConfig:
+        owners = {"fsdp_reshard_after_forward": "fsdp", "fsdp_replicate": "fsdp", "zero_stage": "deepspeed",
+                  "deepspeed_config": "deepspeed"}
+        for key, owner in owners.items():
+            if getattr(self, key) is not None and self.name != owner:
+                raise _cross_field(key, f"strategy.{key} applies to strategy.name={owner} only, not "
+                                        f"strategy.name={self.name}", getattr(self, key))
+        if self.name == "deepspeed":
+            import importlib.util
+
+            if importlib.util.find_spec("deepspeed") is None:
+                raise _cross_field("name", "DeepSpeed is not installed: pip install 'sigmanens-dist[deepspeed]'",
+                                   self.name)
+            if self.deepspeed_config is not None and not self.deepspeed_config.is_file():
+                raise _cross_field("deepspeed_config", "no such file", str(self.deepspeed_config))
+        return self
 
 
 class CheckpointConfig(_Section):
@@ -375,6 +401,18 @@ class Config(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     run_dir: Path = Path("runs/default")
     seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _sharded_limits(self) -> Config:
+        """What the sharded strategies do not do (yet), refused before anything starts."""
+        if self.strategy.name != "ddp" and self.train.ema_decay is not None:
+            raise _cross_field("train.ema_decay", f"EMA keeps a full copy of the model on every rank and is not "
+                                                  f"supported with strategy.name={self.strategy.name}; use ddp or "
+                                                  "set it to null", self.train.ema_decay)
+        if self.strategy.name != "ddp" and self.train.amp == "fp16":
+            raise _cross_field("train.amp", f"fp16 loss scaling is not supported with strategy.name="
+                                            f"{self.strategy.name}; use bf16", self.train.amp)
+        return self
 
     @model_validator(mode="after")
     def _eval_members_exist(self) -> Config:

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 SAME_RUN_KEYS = ("model.source", "model.name", "model.pretrained", "model.kwargs", "model.method",
                  "model.num_members", "model.member_batches", "model.packed_alpha", "model.packed_gamma",
                  "model.fast_weight_init_std", "model.film_init_std", "model.layers", "reg.regularize",
-                 "data.dataset", "data.train_subset", "data.img_size", "seed")
+                 "data.dataset", "data.train_subset", "data.val_split", "data.split_seed", "data.img_size", "seed")
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from sigmanens_dist.metrics import EnsembleMetrics, reliability_diagram
 from sigmanens_dist.models import build_model, param_groups
 from sigmanens_dist.preemption import EXIT_PREEMPTED, PreemptionCheck, PreemptionFlag, clear_marker, write_marker
 from sigmanens_dist.resume import BatchLayout, check_same_run
-from sigmanens_dist.strategies import build_strategy
+from sigmanens_dist.strategies import build_strategy, strategy_options
 from sigmanens_dist.tracking import Tracker, git_commit
 
 __all__ = ["Position", "Trainer", "main", "run"]
@@ -99,7 +99,7 @@ class Trainer:
         if cfg.train.compile:
             model.compile(backend=cfg.train.compile_backend)  # in place: the module, its keys and hooks stay
             log.info("model compiled with torch.compile(backend=%r)", cfg.train.compile_backend)
-        self.strategy = build_strategy(cfg.strategy.name, env, amp=cfg.train.amp)
+        self.strategy = build_strategy(cfg.strategy.name, env, amp=cfg.train.amp, options=strategy_options(cfg))
         self.wrapped = self.strategy.wrap(model)
         self.model = self.strategy.model
         self.optimizer = self.strategy.build_optimizer(param_groups(self.model, cfg.optim.weight_decay),
@@ -157,7 +157,7 @@ class Trainer:
         cfg, env = self.cfg, self.env
         return {"git_commit": git_commit(), "num_members": str(self.model.num_members), "tau": str(cfg.reg.tau),
                 "strategy": cfg.strategy.name, "world_size": str(env.world_size),
-                "params": str(sum(p.numel() for p in self.model.parameters())),
+                "params": str(_num_params(self.model)),
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "model": cfg.model.name,
                 "method": cfg.model.method}
 
@@ -194,9 +194,10 @@ class Trainer:
         evaluation also the predictions and the reliability diagram."""
         scored = self.ema.module if self.ema is not None else self.model
         scored.eval()
+        self.strategy.sync_buffers()  # every rank scores the same running statistics
         metrics = EnsembleMetrics(self.data.num_classes, scored.num_members).to(self.env.device)
         probs, targets = [], []
-        with self.strategy.autocast():
+        with self.strategy.gathered(), self.strategy.autocast():
             for x, y in self.data.val():
                 x, y = map_tensors(x, lambda t: t.to(self.env.device)), y.to(self.env.device)
                 logits = scored(x).float()
@@ -204,8 +205,9 @@ class Trainer:
                 if final:
                     probs.append(logits.softmax(-1).mean(0).cpu())
                     targets.append(y.cpu())
+            extra = scored.extra_metrics()  # reads the σ parameters: inside gathered()
         out = metrics.compute()
-        out.update(scored.extra_metrics())
+        out.update(extra)
         if final:
             self._write_predictions(probs, targets, scored.num_members)
         self.tracker.log_metrics({f"val/{k}": v for k, v in out.items()}, self.pos.step)
@@ -227,16 +229,27 @@ class Trainer:
         returns the seconds it took (users size their preemption margin with it)."""
         start = time.perf_counter()
         rng = all_gather_object(capture_rng(), self.env)
+        self.strategy.sync_buffers()
+        trainer_state = {"scheduler": self.scheduler.state_dict(),
+                         "ema": None if self.ema is None else self.ema.state_dict(), "rng": rng,
+                         "position": asdict(self.pos), "batch": asdict(self.layout),
+                         "config": self.cfg.model_dump(mode="json"), "mlflow_run_id": self.run_id,
+                         "model_args": {"num_classes": self.data.num_classes, "in_chans": self.data.in_chans,
+                                        "vocab_size": self.data.vocab_size}}  # what `sigmanens export` rebuilds from
+        if self.strategy.checkpoint_format != "file":  # a folder: every rank writes its shards
+            trainer_state["format"] = self.strategy.checkpoint_format
+            self.ckpt.save_folder(self.strategy.save_shards, trainer_state, self.pos.step, metric,
+                                  is_main=self.env.is_main, barrier=self._barrier)
+            return time.perf_counter() - start
         state = self.strategy.state_dict()
         if self.env.is_main:
-            self.ckpt.save({**state, "scheduler": self.scheduler.state_dict(),
-                            "ema": None if self.ema is None else self.ema.state_dict(), "rng": rng,
-                            "position": asdict(self.pos), "batch": asdict(self.layout),
-                            "config": self.cfg.model_dump(mode="json"), "mlflow_run_id": self.run_id},
-                           self.pos.step, metric)
+            self.ckpt.save({**state, **trainer_state}, self.pos.step, metric)
+        self._barrier()
+        return time.perf_counter() - start
+
+    def _barrier(self) -> None:
         if self.env.distributed:
             dist.barrier()
-        return time.perf_counter() - start
 
     # -- the loop --------------------------------------------------------------------------------------------------
     def fit(self) -> int:
@@ -290,7 +303,7 @@ class Trainer:
         metrics = self.evaluate(final=True)
         self.save(metrics.get("nll"))
         if env.is_main:
-            metrics["params"] = float(sum(p.numel() for p in self.model.parameters()))
+            metrics["params"] = float(_num_params(self.model))
             metrics["train_img_per_s"] = window.total_rate()
             (self.run_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
             self.tracker.log_final(metrics, pos.step)
@@ -343,6 +356,11 @@ def run(cfg: Config) -> int:
 def _due(step: int, every: int | None, epoch_done: bool) -> bool:
     """Every ``every`` steps, or at each epoch end when ``every`` is None."""
     return step % every == 0 if every else epoch_done
+
+
+def _num_params(model: nn.Module) -> int:
+    """Parameter count of the whole model, also when ZeRO-3 has partitioned it (``ds_numel`` is the full size)."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
 
 
 def _micro_batches(stream: TrainStream, pos: Position) -> Iterator[tuple[Any, int, int]]:

@@ -244,7 +244,7 @@ def test_test_set_against_itself_is_chance(trained: Path) -> None:
     cfg, model, *_ = load_for_eval(trained / "checkpoints" / "best.pt")
     from sigmanens_dist.data.registry import build_datasets
 
-    test = build_datasets(cfg.data, cfg.data_root(), seed=cfg.seed).test
+    test = build_datasets(cfg.data, cfg.data_root()).test
     x = torch.stack([test[i][0] for i in range(len(test))])
     y = torch.tensor([test[i][1] for i in range(len(test))])
     halves = [score_pass(model, [(x[s], y[s])], 10, torch.device("cpu"), "half")[0].scores()

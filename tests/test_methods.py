@@ -301,7 +301,8 @@ def test_member_stream_gives_member_k_the_single_run_of_seed_k_and_replays_from_
     from sigmanens_dist.methods import member_major, member_train_stream
 
     cfg = load_config(None, ["model.method=deep", "model.num_members=2", "seed=3", "data.dataset=synthetic",
-                             "data.img_size=8", "data.train_subset=64", "data.num_workers=0", "train.batch_size=8"])
+                             "data.img_size=8", "data.train_subset=72", "data.val_split=8", "data.num_workers=0",
+                             "train.batch_size=8"])
     env = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     deep = DeepEnsemble([nn.Linear(1, 1) for _ in range(2)])
     assert member_major(cfg, deep)

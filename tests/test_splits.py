@@ -28,8 +28,9 @@ def test_split_indices_disjoint_complete_and_seeded() -> None:
 
 @needs_fmnist
 def test_fashion_mnist_val_is_carved_from_train_and_test_is_untouched() -> None:
-    cfg = load_config(None, ["data.train_subset=1000", "data.val_split=0.2", "data.test_subset=300", "seed=7"])
-    bundle = build_datasets(cfg.data, cfg.data_root(), seed=cfg.seed)
+    common = ["data.train_subset=1000", "data.val_split=0.2", "data.test_subset=300"]
+    cfg = load_config(None, [*common, "data.split_seed=7"])
+    bundle = build_datasets(cfg.data, cfg.data_root())
     assert (len(bundle.train), len(bundle.val), len(bundle.test)) == (800, 200, 300)
     train_idx = bundle.train.dataset.indices  # SeededAugment(Subset(pool, train positions))
     assert not set(train_idx) & set(bundle.val_indices)
@@ -42,10 +43,11 @@ def test_fashion_mnist_val_is_carved_from_train_and_test_is_untouched() -> None:
         assert y == pool[bundle.val_indices[i]][1]
     test = IdxImageDataset(FASHION_MNIST_ROOT, "test", subset=300)
     assert torch.equal(torch.stack([bundle.test[i][0] for i in range(300)]), test.tensors()[0])
-    # fixed by the seed
-    again = build_datasets(cfg.data, cfg.data_root(), seed=7)
-    assert again.val_indices == bundle.val_indices
-    assert build_datasets(cfg.data, cfg.data_root(), seed=8).val_indices != bundle.val_indices
+    # fixed by data.split_seed, whatever the run's seed
+    again = load_config(None, [*common, "data.split_seed=7", "seed=3"])
+    assert build_datasets(again.data, again.data_root()).val_indices == bundle.val_indices
+    other = load_config(None, [*common, "data.split_seed=8"])
+    assert build_datasets(other.data, other.data_root()).val_indices != bundle.val_indices
 
 
 @needs_fmnist

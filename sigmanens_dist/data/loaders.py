@@ -87,7 +87,7 @@ def build_data(d: Any, batch_size: int, seed: int, env: DistEnv, randaugment: st
         log.warning("data.val_from_test=true: the loop validates and picks best.pt on the TEST set, so test "
                     "numbers of this run are not held out")
     if d.format == "raw":
-        bundle = build_datasets(d, root, randaugment, seed=seed)
+        bundle = build_datasets(d, root, randaugment)
         train = MapStyleStream(Checked(bundle.train, bundle.num_classes, bad, "train"), batch, env, seed,
                                d.num_workers)
 

@@ -107,14 +107,14 @@ class _Parts:
     vocab_size: int | None = None
 
 
-def build_datasets(data_cfg: Any, root: Path | None, randaugment: str | None = None, seed: int = 0) -> DataBundle:
+def build_datasets(data_cfg: Any, root: Path | None, randaugment: str | None = None) -> DataBundle:
     """Train, validation and test datasets for ``data.dataset``; nothing downloads.
 
     The training pool is the first ``data.train_subset`` training samples; ``data.val_split`` of them become the
-    validation set (seeded by ``seed``), the rest the training set. The test set (``data.test_subset``) is never
-    trained on nor validated on, unless ``data.val_from_test`` makes it the validation set."""
+    validation set (drawn from ``data.split_seed``), the rest the training set. The test set (``data.test_subset``)
+    is never trained on nor validated on, unless ``data.val_from_test`` makes it the validation set."""
     parts = _parts(data_cfg, root, randaugment)
-    train_idx, val_idx = split_indices(len(parts.train), data_cfg.val_split, seed)
+    train_idx, val_idx = split_indices(len(parts.train), data_cfg.val_split, data_cfg.split_seed)
     train = SeededAugment(_take(parts.train, train_idx), parts.augment)
     test = _subset(parts.test, data_cfg.test_subset)
     val = (_subset(_take(parts.train_plain, val_idx), data_cfg.val_subset) if val_idx

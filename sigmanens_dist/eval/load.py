@@ -1,7 +1,7 @@
 """Reading a training checkpoint back as a model to evaluate: the one place that knows the checkpoint format.
 
-Today a checkpoint is one file (``step_N.pt`` / ``best.pt``) holding the model and EMA state dicts, the resolved
-config and the MLflow run id (see ``checkpoint.py``). Sharded formats plug in here and nowhere else.
+A checkpoint is a file (``step_N.pt`` / ``best.pt``, DDP) or a folder (FSDP2's DCP shards, DeepSpeed's engine
+files); ``export.consolidated_state_dict`` turns any of them into one state dict on one CPU process.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 import yaml
 from torch import nn
 
-from sigmanens_dist.checkpoint import CheckpointManager
 from sigmanens_dist.config import Config, load_config
+from sigmanens_dist.export import consolidated_state_dict
 
 __all__ = ["EvalCheckpoint", "load_for_eval", "method_of", "model_dims"]
 
@@ -42,14 +42,14 @@ def load_for_eval(path: Path | str, overrides: Sequence[str] = ()) -> EvalCheckp
     ``key=value`` strings such as ``data.root=/elsewhere``, are applied to that config first), and load the raw and
     EMA weights. Errors name the file: missing, not a checkpoint, weights of another method than its config says."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"--checkpoint {path}: no such file")
-    state = CheckpointManager.read(path)
+    if not path.exists():
+        raise FileNotFoundError(f"--checkpoint {path}: no such file or checkpoint folder")
+    weights, state = consolidated_state_dict(path)  # a file (DDP), a DCP or a DeepSpeed folder
     if not isinstance(state.get("config"), dict):
         raise ValueError(f"{path} holds no resolved config (key 'config'); it was not written by sigmanens train")
     cfg = _config(state["config"], overrides, path)
     num_classes, in_chans, vocab_size = model_dims(cfg)
-    model = _build(cfg, num_classes, in_chans, vocab_size, state["model"], path, "model")
+    model = _build(cfg, num_classes, in_chans, vocab_size, weights, path, "model")
     ema = None
     if state.get("ema") is not None:
         ema = _build(cfg, num_classes, in_chans, vocab_size, state["ema"], path, "ema")

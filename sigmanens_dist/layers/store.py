@@ -66,7 +66,7 @@ class SigmaStore(nn.Module):
             len(self.slots),
             self.num_gamma,
             self.num_regularized,
-            self.flat.shape[1],
+            getattr(self.flat, "ds_shape", self.flat.shape)[1],  # ZeRO-3 partitions it: its real shape is ds_shape
             self.running_stats.numel(),
             crc,
         ]

@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from sigmanens_dist.distributed import DistEnv
@@ -27,7 +29,7 @@ class Strategy(ABC):
     evaluation and the σ reads), ``wrapped`` (the one to call in training) and ``optimizer`` are set."""
 
     name: str = "base"
-    #: "file": one ``step_N.pt`` written by rank 0; "dcp": a folder every rank writes its shards into.
+    #: "file": one ``step_N.pt`` written by rank 0; "dcp" / "deepspeed": a folder every rank writes its shards into.
     checkpoint_format: str = "file"
 
     def __init__(self, env: DistEnv, *, amp: str = "none") -> None:
@@ -84,7 +86,30 @@ class Strategy(ABC):
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
+    # -- one model on every rank -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def sync_buffers(self) -> None:
+        """The running-statistics policy of every strategy: rank 0's floating buffers (BatchNorm running stats,
+        the σ store's flat stats buffer) on every rank. DDP does this itself before each forward; sharded
+        strategies call it before each micro-batch, and the trainer before evaluation and checkpoints, so every
+        rank evaluates and saves the same model and a BatchNorm run matches DDP's."""
+        if not self.env.distributed or self.model is None:
+            return
+        for buf in self.model.buffers():
+            if buf.is_floating_point() and buf._base is None and buf.numel():  # views follow their base
+                dist.broadcast(buf, src=0)
+
+    def gathered(self) -> contextlib.AbstractContextManager[Any]:
+        """Inside: every parameter of ``model`` is whole on every rank, so forwards need no collective (ranks may
+        run different numbers of evaluation batches) and the σ reads (``sharing()``, ``member(k)``…) see all of
+        the flat parameter. Entered by every rank together."""
+        return contextlib.nullcontext()
+
     # -- state -----------------------------------------------------------------------------------------------------
+    def save_shards(self, folder: Path) -> None:
+        """Folder formats only: every rank writes its part of model + optimiser state into ``folder``."""
+        raise NotImplementedError(f"strategy {self.name!r} writes one file (checkpoint_format='file')")
+
     def state_dict(self) -> dict[str, Any]:
         """Model, optimiser and loss-scaler state, in the form this strategy's checkpoint format stores."""
         assert self.model is not None and self.optimizer is not None

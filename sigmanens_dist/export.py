@@ -1,0 +1,78 @@
+"""``sigmanens export CKPT OUT [--member K]``: a checkpoint of any strategy → one plain state dict, on one CPU process
+without a process group.
+
+CKPT is a ``step_N.pt`` file (DDP), a DCP folder (FSDP2) or a DeepSpeed folder (ZeRO-1/2/3), e.g.
+``runs/x/checkpoints/step_00001000`` or ``.../best``. OUT receives either the whole σN-Ens state dict (what
+``convert_to_sigma_ensemble`` + ``load_state_dict`` accept) or, with ``--member K``, member K as a plain state dict of
+the source architecture (``SigmaEnsemble.member(K)``) that ``timm.create_model(name, **kwargs)`` loads directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sigmanens_dist.checkpoint import CheckpointManager
+
+__all__ = ["consolidated_state_dict", "load_model", "main"]
+
+
+def consolidated_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The full model state dict of a checkpoint and the trainer's state saved with it (config, model args…)."""
+    path = Path(path)
+    state = CheckpointManager.read(path)  # refuses an incomplete or foreign checkpoint
+    fmt = state.get("format", "file")
+    if fmt == "file":
+        return state["model"], state
+    if fmt == "dcp":
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+        return _load_state_dict_from_keys("model", checkpoint_id=str(path))["model"], state
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from sigmanens_dist.strategies.deepspeed import TAG
+
+    return get_fp32_state_dict_from_zero_checkpoint(str(path), tag=TAG), state
+
+
+def load_model(path: Path) -> torch.nn.Module:
+    """The trained model of a checkpoint, rebuilt from its config and loaded, on CPU."""
+    from sigmanens_dist.config import Config
+    from sigmanens_dist.models import build_model
+
+    weights, state = consolidated_state_dict(path)
+    if "model_args" not in state:
+        raise ValueError(f"{path} does not record the model's class count and input channels (written by an "
+                         "older version); rebuild the model yourself and load the state dict")
+    cfg = Config.model_validate(state["config"])
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"pretrained": False})})
+    model = build_model(cfg, **state["model_args"])
+    model.load_state_dict(weights)
+    return model.eval()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="sigmanens export", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoint", type=Path, help="step_N.pt file, or a DCP / DeepSpeed step folder")
+    ap.add_argument("out", type=Path, help="where to write the state dict (torch.save)")
+    ap.add_argument("--member", type=int, help="write only member K as a plain model of the source architecture")
+    args = ap.parse_args(argv)
+    if not args.checkpoint.exists():
+        ap.error(f"{args.checkpoint}: no such file or folder")
+    if args.member is None:
+        weights, _ = consolidated_state_dict(args.checkpoint)
+    else:
+        model = load_model(args.checkpoint)
+        if not hasattr(model, "member"):
+            ap.error(f"{args.checkpoint} is a single-model run (model.ensemble=false): it has no members; "
+                     "export it without --member")
+        weights = model.member(args.member).state_dict()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(weights, args.out)
+    print(f"wrote {len(weights)} tensors to {args.out}")
+    return 0

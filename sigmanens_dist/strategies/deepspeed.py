@@ -1,0 +1,205 @@
+"""DeepSpeed ZeRO stages 1-3 (``strategy.name=deepspeed strategy.zero_stage=1|2|3``), launched by torchrun like the
+other strategies.
+
+The engine's config is built from ours: the torch optimiser the trainer builds is handed to the engine (so CPU runs
+need no compiled DeepSpeed ops), the trainer's LambdaLR keeps driving its learning rate, accumulation runs through
+the engine (``gradient_accumulation_steps``; DeepSpeed's ``no_sync`` asserts under ZeRO-2/3), clipping is the
+engine's ``gradient_clipping``. ``strategy.deepspeed_config=FILE.json`` is merged over the built config; a key both
+set differently is an error naming both values, never silently won by either.
+
+Mixed precision: ``train.amp=bf16`` runs the forward under autocast with fp32 parameters, like DDP (DeepSpeed's own
+``bf16`` mode would cast the flat σ parameter and so σ(γ), the member affines and ``L_div`` to bf16).
+
+ZeRO-3 partitions every parameter, the σ store's flat one included, and gathers a parameter only while the module
+that owns it runs its forward; the store's forward never runs, and ``L_div`` reads the flat parameter after the
+forward. So each micro-batch (forward, ``L_div`` and backward) runs inside ``GatheredParameters([flat])``: the flat
+parameter (a small share of the model) is whole for the step and partitioned at rest, with its gradient and
+optimiser state partitioned like any other. Every other read goes through :meth:`gathered`.
+
+Checkpoints are the engine's own (``save_checkpoint`` into the step folder; the common keep-last/best/auto-resume
+policy applies). Resuming a ZeRO checkpoint on another world size is refused, naming DeepSpeed's universal-checkpoint
+conversion.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from sigmanens_dist.checkpoint import FOLDER_KEY
+from sigmanens_dist.distributed import DistEnv
+from sigmanens_dist.strategies.base import OptimizerFactory, Strategy
+
+__all__ = ["DeepSpeedStrategy", "build_ds_config", "merge_config"]
+
+TAG = "zero"  # the engine's checkpoint tag inside each step folder
+
+
+def build_ds_config(*, per_rank_batch: int, grad_accum: int, world_size: int, zero_stage: int,
+                    clip_grad: float | None) -> dict[str, Any]:
+    """The engine config our training config implies."""
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": per_rank_batch,
+        "gradient_accumulation_steps": grad_accum,
+        "train_batch_size": per_rank_batch * grad_accum * world_size,
+        "gradient_clipping": clip_grad or 0.0,
+        "zero_optimization": {"stage": zero_stage},
+        "zero_allow_untested_optimizer": True,  # the trainer's torch optimiser
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    return config
+
+
+def merge_config(ours: dict[str, Any], theirs: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """``theirs`` (the user's JSON) over ``ours``: new keys are added, equal ones kept; a key set to a different
+    value is an error naming both (the run must not silently train with other settings than either says)."""
+    merged = dict(ours)
+    conflicts: list[str] = []
+    for key, value in theirs.items():
+        name = f"{where}{key}"
+        if key not in ours:
+            merged[key] = value
+        elif isinstance(ours[key], dict) and isinstance(value, dict):
+            try:
+                merged[key] = merge_config(ours[key], value, f"{name}.")
+            except ValueError as err:
+                conflicts.append(str(err))
+        elif ours[key] != value:
+            conflicts.append(f"{name}: ours {ours[key]!r}, strategy.deepspeed_config {value!r}")
+    if conflicts:
+        raise ValueError("\n".join(conflicts))
+    return merged
+
+
+class _EngineCall(nn.Module):
+    """What the trainer calls in training: forwards to the engine once it exists (set-up builds it with the
+    optimiser), so the loop never sees DeepSpeed."""
+
+    def __init__(self, strategy: DeepSpeedStrategy) -> None:
+        super().__init__()
+        object.__setattr__(self, "_strategy", strategy)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._strategy.engine(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> _EngineCall:
+        target = self._strategy.engine or self._strategy.model
+        target.train(mode)
+        return self
+
+
+class DeepSpeedStrategy(Strategy):
+    name = "deepspeed"
+    checkpoint_format = "deepspeed"
+
+    def __init__(self, env: DistEnv, *, amp: str = "none", zero_stage: int = 2, config_file: Path | None = None,
+                 per_rank_batch: int = 1, grad_accum: int = 1, clip_grad: float | None = None) -> None:
+        os.environ.setdefault("DS_ACCELERATOR", "cuda" if env.device.type == "cuda" else "cpu")
+        try:
+            import deepspeed  # noqa: F401
+        except ImportError as err:
+            raise ImportError("strategy.name=deepspeed needs DeepSpeed: pip install 'sigmanens-dist[deepspeed]'"
+                              ) from err
+        super().__init__(env, amp=amp)
+        self.zero_stage = zero_stage
+        self.config = build_ds_config(per_rank_batch=per_rank_batch, grad_accum=grad_accum,
+                                      world_size=env.world_size, zero_stage=zero_stage, clip_grad=clip_grad)
+        if config_file is not None:
+            try:
+                self.config = merge_config(self.config, json.loads(Path(config_file).read_text()))
+            except ValueError as err:
+                raise ValueError(f"strategy.deepspeed_config={config_file} conflicts with the training config:\n"
+                                 f"{err}\nremove these keys from the file or change the training config") from err
+        for key in ("bf16", "fp16"):
+            if self.config.get(key, {}).get("enabled"):
+                raise ValueError(f"strategy.deepspeed_config enables {key}: DeepSpeed would cast the flat σ "
+                                 "parameter; use train.amp=bf16 (autocast over fp32 parameters) instead")
+        self.engine: Any = None
+        self._last = True
+
+    # -- set-up ----------------------------------------------------------------------------------------------------
+    def wrap(self, model: nn.Module) -> nn.Module:
+        self.model = model.to(self.env.device)
+        self.wrapped = _EngineCall(self)
+        return self.wrapped
+
+    def build_optimizer(self, groups: list[dict[str, Any]], factory: OptimizerFactory) -> torch.optim.Optimizer:
+        import deepspeed
+
+        if self.env.device.type == "cpu":
+            # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (minutes of C++ build) that only its
+            # inference all-reduce uses; training collectives go through the torch process group (gloo) anyway.
+            importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+        optimizer = factory(groups)
+        # A process group already exists (torchrun + init_distributed): the engine joins it.
+        self.engine, _, _, _ = deepspeed.initialize(model=self.model, optimizer=optimizer, config=self.config,
+                                                    dist_init_required=False)
+        self.optimizer = optimizer  # the trainer's LambdaLR drives the lr of the optimiser the engine steps
+        return self.optimizer
+
+    @property
+    def _flat(self) -> list[nn.Parameter]:
+        sigma = getattr(self.model, "sigma", None)
+        return [sigma.flat] if sigma is not None else []
+
+    # -- the step --------------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def micro_batch(self, last: bool) -> Iterator[None]:
+        self.sync_buffers()  # rank 0's running statistics before every forward, as DDP does
+        self._last = last
+        if self.zero_stage == 3 and self._flat:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(self._flat, modifier_rank=None):
+                yield
+        else:
+            yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss, scale_wrt_gas=False)  # the trainer already divided by grad_accum
+        if not self._last:
+            self.engine.step()  # not a boundary: the engine only counts the micro-step
+
+    def step(self, clip_grad: float | None) -> float | None:
+        self.engine.step()  # the accumulation boundary: reduce, clip (gradient_clipping), step, zero
+        norm = self.engine.get_global_grad_norm() if clip_grad else None
+        return None if norm is None else float(norm)
+
+    def gathered(self) -> contextlib.AbstractContextManager[Any]:
+        if self.zero_stage != 3:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None)
+
+    # -- state -----------------------------------------------------------------------------------------------------
+    def save_shards(self, folder: Path) -> None:
+        self.engine.save_checkpoint(str(folder), tag=TAG, save_latest=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError("DeepSpeed checkpoints are the engine's own folders: use save_shards")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        folder = state.get(FOLDER_KEY)
+        if folder is None or state.get("format") != "deepspeed":
+            raise ValueError("strategy.name=deepspeed resumes from its own checkpoint folders; this checkpoint was "
+                             "written by another strategy: resume it with that strategy")
+        saved = len(state["rng"])
+        if saved != self.env.world_size:
+            raise ValueError(f"{folder} is a ZeRO checkpoint of {saved} ranks and this run has {self.env.world_size}:"
+                             " DeepSpeed cannot reshard it here; convert it with `python -m "
+                             "deepspeed.checkpoint.ds_to_universal` and load the universal checkpoint, or resume "
+                             f"on {saved} ranks")
+        path, _ = self.engine.load_checkpoint(str(folder), tag=TAG, load_optimizer_states=True,
+                                              load_lr_scheduler_states=False)
+        if path is None:
+            raise RuntimeError(f"DeepSpeed could not load its checkpoint from {folder}")

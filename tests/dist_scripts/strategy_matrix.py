@@ -1,0 +1,147 @@
+"""The strategy matrix, run inside ONE launch per world size (tests/test_sharded.py compares what it writes).
+
+    python strategy_matrix.py single OUT          world 1: the reference (batch 2B) and 1-rank FSDP/DDP runs
+    torchrun --nproc_per_node 2 strategy_matrix.py two OUT
+                                                  every strategy at batch B per rank, straight and resumed from its
+                                                  mid-run checkpoint; the 1-rank runs resumed on 2 ranks; a BatchNorm
+                                                  ResNet under FSDP: every rank's running statistics
+    python strategy_matrix.py elastic OUT         world 1: the 2-rank DDP and FSDP checkpoints resumed on 1 rank
+
+Every run trains K=6 steps and checkpoints at step 3; a "resumed" run is a copy of a run directory cut back to its
+step-3 checkpoint and continued with ``--resume auto``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from sigmanens_dist.config import load_config
+from sigmanens_dist.distributed import init_distributed
+from sigmanens_dist.train import Trainer
+
+TINY_VIT = ["model.name=vit_tiny_patch16_224", "model.kwargs.img_size=16", "model.kwargs.patch_size=4",
+            "model.kwargs.depth=2", "model.kwargs.embed_dim=48", "model.kwargs.num_heads=2"]
+# SGD: Adam turns fp-noise gradients into full steps (see tests/test_train.py); eval only at the end.
+COMMON = [*TINY_VIT, "data.dataset=synthetic", "data.img_size=16", "data.train_subset=256", "data.val_subset=64",
+          "data.num_workers=0", "optim.name=sgd", "optim.lr=0.05", "optim.momentum=0.9", "schedule.warmup_steps=2",
+          "train.max_steps=6", "checkpoint.every_steps=3", "checkpoint.keep_last=3", "train.log_every_steps=1",
+          "reg.lam=0.01", "tracking.enabled=false", "train.clip_grad=5.0", "train.grad_accum=2"]
+B = 4  # per-rank micro-batch on 2 ranks; the reference takes 2B on one
+STRATEGIES = {
+    "ddp": ["strategy.name=ddp"],
+    "fsdp": ["strategy.name=fsdp"],
+    "zero1": ["strategy.name=deepspeed", "strategy.zero_stage=1"],
+    "zero2": ["strategy.name=deepspeed", "strategy.zero_stage=2"],
+    "zero3": ["strategy.name=deepspeed", "strategy.zero_stage=3", "strategy.deepspeed_config={zero3}"],
+}
+
+
+def train(run_dir: Path, *overrides: str) -> Trainer:
+    cfg = load_config(None, [*COMMON, f"run_dir={run_dir}", *overrides])
+    trainer = Trainer(cfg)
+    status = trainer.fit()
+    assert status == 0, status
+    return trainer
+
+
+def cut_back(src: Path, dst: Path, rank: int) -> None:
+    """``dst`` = ``src`` as it was right after its step-3 checkpoint (rank 0 copies; everyone waits)."""
+    if rank == 0:
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst)
+        for ckpt in (dst / "checkpoints").iterdir():
+            if not ckpt.name.startswith("step_00000003"):
+                shutil.rmtree(ckpt) if ckpt.is_dir() else ckpt.unlink()
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def bf16_dtypes(out: Path, rank: int) -> None:
+    """FSDP2 with train.amp=bf16: the dtypes a σ layer inside a block sees during the forward, and of L_div."""
+    import timm
+
+    from sigmanens_dist import convert_to_sigma_ensemble
+    from sigmanens_dist.strategies import build_strategy
+
+    env = init_distributed("gloo")
+    strategy = build_strategy("fsdp", env, amp="bf16")
+    model = convert_to_sigma_ensemble(timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=4, depth=2,
+                                                        embed_dim=48, num_heads=2, num_classes=10), 4)
+    wrapped = strategy.wrap(model)
+    seen: dict[str, str] = {}
+    norm = model.backbone.blocks[0].norm1
+
+    def hook(module, inputs) -> None:
+        seen["flat"] = str(module.store.flat.dtype)
+        seen["gate"] = str(module.gated_affine()[0].dtype)
+        seen["block_weight"] = str(model.backbone.blocks[0].attn.qkv.weight.dtype)
+        seen["block_input"] = str(inputs[0].dtype)
+
+    norm.register_forward_pre_hook(hook)
+    with strategy.autocast():
+        wrapped(torch.randn(2, 3, 16, 16))
+    seen["div"] = str(model.diversity_loss(0.5).dtype)
+    if rank == 0:
+        (out / "fsdp_bf16_dtypes.json").write_text(json.dumps(seen))
+
+
+def main() -> None:
+    phase, out = sys.argv[1], Path(sys.argv[2])
+    rank = int(os.environ.get("RANK", "0"))
+    if phase == "single":
+        train(out / "ref", "strategy.name=ddp", f"train.batch_size={2 * B}")
+        train(out / "fsdp_w1", "strategy.name=fsdp", f"train.batch_size={2 * B}")
+        return
+    if phase == "elastic":  # 2 ranks → 1: the recipe's per-rank batch B becomes 2B here
+        for name in ("ddp", "fsdp"):
+            cut_back(out / name, out / f"{name}_2to1", rank)
+            train(out / f"{name}_2to1", *STRATEGIES[name], f"train.batch_size={B}", "checkpoint.resume=auto")
+        return
+    assert phase == "two", phase
+    init_distributed("gloo")
+    zero3 = out / "zero3.json"
+    if rank == 0:
+        zero3.write_text(json.dumps({"zero_optimization": {"stage3_param_persistence_threshold": 0}}))
+    dist.barrier()
+    only = os.environ.get("MATRIX_ONLY")
+    for name, opts in STRATEGIES.items():
+        if only and name not in only.split(","):
+            continue
+        opts = [o.format(zero3=zero3) for o in opts]
+        trainer = train(out / name, *opts, f"train.batch_size={B}")
+        if name == "zero3" and rank == 0:  # the flat σ parameter really is partitioned: this rank holds half
+            flat = trainer.model.sigma.flat
+            (out / "zero3_flat.json").write_text(json.dumps({"local": flat.ds_tensor.numel(), "all": flat.ds_numel}))
+        cut_back(out / name, out / f"{name}_resumed", rank)
+        train(out / f"{name}_resumed", *opts, f"train.batch_size={B}", "checkpoint.resume=auto")
+    if only:
+        return
+    for name, strategy in (("ref", "ddp"), ("fsdp_w1", "fsdp")):  # 1 rank → 2
+        cut_back(out / name, out / f"{name}_1to2", rank)
+        train(out / f"{name}_1to2", f"strategy.name={strategy}", f"train.batch_size={2 * B}",
+              "checkpoint.resume=auto")
+    bf16_dtypes(out, rank)
+    # BatchNorm: running statistics are rank 0's on every rank at evaluation and in checkpoints.
+    bn = out / "fsdp_bn"
+    cfg = load_config(None, [*[o for o in COMMON if not o.startswith("model.")], "model.name=resnet10t",
+                             "strategy.name=fsdp", f"run_dir={bn}", f"train.batch_size={B}", "train.max_steps=3"])
+    trainer = Trainer(cfg)
+    assert trainer.fit() == 0
+    stats = trainer.model.sigma.running_stats.detach().clone()
+    gathered = [torch.empty_like(stats) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, stats)
+    if rank == 0:
+        torch.save({"stats": gathered, "units": trainer.strategy.units}, out / "fsdp_bn_stats.pt")
+
+
+if __name__ == "__main__":
+    main()
+    if dist.is_initialized():
+        dist.destroy_process_group()
