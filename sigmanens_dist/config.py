@@ -373,6 +373,8 @@ class TrackingConfig(_Section):
     uri: str | None = None
     experiment: str = Field("sigmanens", min_length=1)
     run_name: str | None = None  # None: the run directory's name
+    # Nest this run under another (a study's parent run, `sigmanens study`); it is logged in the parent's experiment
+    parent_run_id: str | None = Field(None, min_length=1)
 
 
 class EvalConfig(_Section):

@@ -307,6 +307,7 @@ class Trainer:
             metrics["params"] = float(_num_params(self.model))
             metrics["train_img_per_s"] = window.total_rate()
             (self.run_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
+            self.tracker.log_final(metrics, pos.step)
             self.tracker.log_artifact(self.run_dir / "reliability.png")
             _print_summary(metrics, self.model.num_members)
             if cfg.eval.at_end:  # hook: the test-set evaluation of sigmanens eval, on rank 0 (docs/eval.md)
