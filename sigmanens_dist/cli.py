@@ -4,6 +4,9 @@
     sigmanens demo                                                      (the embedded Fashion-MNIST demo)
     sigmanens params resnet50 --members 1 4 16                          (σN-Ens vs single-model parameter count)
     sigmanens data convert --dataset cifar10 --root /data/cifar10 --format ffcv --out /data/cifar10_ffcv
+    sigmanens study m-scaling --config configs/demo.yaml --members 1,2,4,8 --seeds 0,1,2   (a grid of child runs)
+    sigmanens study run-one --definition runs/study-m-scaling/study.yaml --index 3       (one child: Slurm array)
+    sigmanens compare --parent RUN_ID --uri sqlite:///runs/study-m-scaling/mlflow.db    (table + plots from MLflow)
     sigmanens eval --checkpoint runs/x/checkpoints/best.pt --corruptions all --ood digits   (test-set evaluation)
     sigmanens export runs/x/checkpoints/step_00001000 model.pt [--member K]   (any strategy's checkpoint)
 """
@@ -35,7 +38,7 @@ def _params(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("train", "demo", "params", "data", "eval", "export")
+    commands = ("train", "demo", "params", "data", "eval", "export", "study", "compare")
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__)
         if argv and argv[0] not in ("-h", "--help"):
@@ -52,6 +55,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sigmanens_dist.data.convert import main as convert_main
 
         return convert_main(rest[1:])
+    if cmd == "study":
+        from sigmanens_dist.study import main as study_main
+
+        return study_main(rest)
+    if cmd == "compare":
+        from sigmanens_dist.compare import main as compare_main
+
+        return compare_main(rest)
     if cmd == "eval":
         from sigmanens_dist.eval.cli import main as eval_main
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import re
 import tempfile
@@ -78,8 +79,12 @@ class ModelConfig(_Section):
     packed_gamma: int = Field(1, ge=1)  # packed: sub-groups per member γ
     fast_weight_init_std: float = Field(0.5, ge=0, allow_inf_nan=False)  # batch: r, s ~ N(1, std)
     film_init_std: float = Field(0.1, ge=0, allow_inf_nan=False)  # film: member scales = source × N(1, std)
-    gamma_init_mean: float = Field(0.0, allow_inf_nan=False)
-    gamma_init_std: float = Field(1.0, ge=0, allow_inf_nan=False)
+    # γ ~ N(mean, std²); 3 and 0.1 start every member "on" (σ(γ) ≈ 0.95), see docs/quality.md
+    gamma_init_mean: float = Field(3.0, allow_inf_nan=False)
+    gamma_init_std: float = Field(0.1, ge=0, allow_inf_nan=False)
+    # divide: member affine = source affine / σ(γ) (function preserving); plain: = source affine;
+    # auto: divide for a pretrained backbone, plain from scratch (there is no function to preserve)
+    affine_init: Literal["auto", "divide", "plain"] = "auto"
     layers: list[str] | None = None  # fnmatch patterns of norm layers to convert; None: every norm
 
     @field_validator("name")
@@ -142,6 +147,13 @@ class ModelConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _resolve_affine_init(self) -> ModelConfig:
+        """``auto`` becomes what it means here, so the saved config says what ran."""
+        if self.affine_init == "auto":
+            self.affine_init = "divide" if self.pretrained else "plain"
+        return self
+
+    @model_validator(mode="after")
     def _hf_kwargs_from_elsewhere(self) -> ModelConfig:
         """For text backbones the label count comes from num_classes and the vocabulary from the tokenizer."""
         if self.source == "hf":
@@ -157,7 +169,10 @@ class RegConfig(_Section):
     """The diversity regulariser: ``loss = task + lam * diversity(tau)``."""
 
     tau: float = Field(0.5, gt=0, allow_inf_nan=False)
-    lam: float = Field(1e-3, ge=0, allow_inf_nan=False, alias="lambda")
+    # 0: off, the best measured recipe (docs/quality.md); with normalize=members use λ·M of an unnormalised λ
+    lam: float = Field(0.0, ge=0, allow_inf_nan=False, alias="lambda")
+    # L_div as the sum over members and features (none), / M (members) or / (M·F) (mean); see regularizer.py
+    normalize: Literal["none", "members", "mean"] = "none"
     regularize: list[str] | None = None  # fnmatch patterns of σ layers the regulariser sees; None: all
 
     @model_validator(mode="before")
@@ -178,6 +193,15 @@ class OptimConfig(_Section):
     nesterov: bool = False  # SGD only
     weight_decay: float = Field(5e-4, ge=0, allow_inf_nan=False)
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW only
+    # lr multiplier of the σ store (γ, member affines); num_members: M, which undoes the 1/M of a member-mean loss
+    sigma_lr_scale: float | Literal["num_members"] = "num_members"
+
+    @field_validator("sigma_lr_scale")
+    @classmethod
+    def _positive_scale(cls, scale: float | str) -> float | str:
+        if isinstance(scale, float) and not (math.isfinite(scale) and scale > 0):
+            raise ValueError("must be a finite number > 0 or 'num_members'")
+        return scale
 
     @field_validator("betas")
     @classmethod
@@ -209,6 +233,8 @@ class TrainConfig(_Section):
     max_steps: int | None = Field(None, ge=1)
     batch_size: int = Field(128, ge=1)
     grad_accum: int = Field(1, ge=1)
+    # reduction of the member task losses over members (objective.py); None: the method's (sum for deep, else mean)
+    member_loss: Literal["mean", "sum"] | None = None
     clip_grad: float | None = Field(None, gt=0, allow_inf_nan=False)
     amp: Literal["none", "bf16", "fp16"] = "none"
     label_smoothing: float = Field(0.0, ge=0, lt=1)
@@ -347,6 +373,8 @@ class TrackingConfig(_Section):
     uri: str | None = None
     experiment: str = Field("sigmanens", min_length=1)
     run_name: str | None = None  # None: the run directory's name
+    # Nest this run under another (a study's parent run, `sigmanens study`); it is logged in the parent's experiment
+    parent_run_id: str | None = Field(None, min_length=1)
 
 
 class EvalConfig(_Section):

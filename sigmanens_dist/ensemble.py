@@ -26,6 +26,7 @@ from sigmanens_dist.methods.base import EnsembleMethod, Inputs, logits_of, map_t
 from sigmanens_dist.regularizer import diversity_loss, members_on
 
 __all__ = [
+    "AFFINE_INITS",
     "ConversionSummary",
     "SigmaEnsemble",
     "check_num_members",
@@ -58,6 +59,9 @@ class ConversionSummary:
                 f"{': ' + shared + more if self.shared else ''}; parameters {self.params:,} = "
                 f"{self.param_ratio:.4f}x the source model's {self.source_params:,}")
 
+AFFINE_INITS = ("divide", "plain")
+
+
 def count_params(model: nn.Module) -> int:
     """Parameter count; lazy parameters not yet materialised (``nn.LazyLinear`` before its first call) count 0."""
     return sum(p.numel() for p in model.parameters() if not nn.parameter.is_lazy(p))
@@ -78,6 +82,9 @@ class SigmaEnsemble(EnsembleMethod):
     """
 
     name = "sigma"
+    # Each member its own batches: the best recipe measured in docs/quality.md (shared batches leave the members one
+    # model, since identical members get identical gradients).
+    default_member_batches = "independent"
 
     def __init__(self, backbone: nn.Module, sigma: SigmaStore, summary: ConversionSummary | None = None) -> None:
         super().__init__()
@@ -137,13 +144,15 @@ class SigmaEnsemble(EnsembleMethod):
         """``σ(γ)`` of every converted layer (or only the regularised ones), ``(M, F)``."""
         return torch.sigmoid(self.gamma(regularized_only))
 
-    def diversity_loss(self, tau: float) -> torch.Tensor:
-        """``L_div`` over all regularised layers in one op (multiply by λ yourself)."""
-        return diversity_loss(self.gamma(), tau)
+    def diversity_loss(self, tau: float, normalize: str = "none") -> torch.Tensor:
+        """``L_div`` over all regularised layers in one op (multiply by λ yourself); ``normalize`` as in
+        :func:`sigmanens_dist.regularizer.diversity_loss`."""
+        return diversity_loss(self.gamma(), tau, normalize)
 
     def aux_loss(self, reg: Any) -> torch.Tensor:
-        """``reg.lam · L_div(reg.tau)``: the regulariser the training loss adds."""
-        return reg.lam * self.diversity_loss(reg.tau)
+        """``reg.lam · L_div(reg.tau)``, normalised as ``reg.normalize`` says: the regulariser the training loss
+        adds."""
+        return reg.lam * self.diversity_loss(reg.tau, reg.normalize)
 
     def extra_metrics(self) -> dict[str, float]:
         return {"sharing/members_on": self.sharing()["all"]}
@@ -169,6 +178,7 @@ def convert_to_sigma_ensemble(
     *,
     gamma_init_mean: float = 0.0,
     gamma_init_std: float = 1.0,
+    affine_init: str = "divide",
     layers: Sequence[str] | None = None,
     regularize: Sequence[str] | None = None,
     seed: int | None = 0,
@@ -176,10 +186,16 @@ def convert_to_sigma_ensemble(
 ) -> SigmaEnsemble:
     """Replace every normalization layer of ``model`` by an M-member σ layer and return the ensemble.
 
-    Function preserving: each member's affine is divided by its random ``σ(γ_m)``, so at conversion every member
-    reproduces ``model``'s eval output while γ starts off the symmetric saddle of ``L_div``.
+    Function preserving by default: each member's affine is divided by its random ``σ(γ_m)``, so at conversion every
+    member reproduces ``model``'s eval output while γ starts off the symmetric saddle of ``L_div``.
 
     Args:
+        gamma_init_mean, gamma_init_std: γ ~ N(mean, std²). A large mean with a small std (e.g. 3, 0.1) starts every
+            member "on" (σ(γ) ≈ 0.95) instead of switching about half of them off.
+        affine_init: ``divide`` (member affine = source affine / σ(γ_m): function preserving) or ``plain`` (member
+            affine = source affine: each member starts at σ(γ_m) × the source). The division makes a member with a
+            small σ(γ) learn its effective scale and shift at only ~σ(γ)² of the rate (up to ×100 slower); ``plain``
+            avoids that when training from scratch, where there is no function to preserve.
         layers: ``fnmatch`` patterns of module names to convert (default: every norm; an unsupported norm is then an
             error). Norms not matched stay shared.
         regularize: patterns of converted layers whose γ enter ``diversity_loss`` (default: all).
@@ -189,6 +205,8 @@ def convert_to_sigma_ensemble(
     num_members = check_num_members(num_members)
     if not gamma_init_std >= 0:
         raise ValueError(f"gamma_init_std must be ≥ 0, got {gamma_init_std!r}")
+    if affine_init not in AFFINE_INITS:
+        raise ValueError(f"affine_init must be one of {', '.join(AFFINE_INITS)}, got {affine_init!r}")
     if any(isinstance(m, SigmaNorm) for m in model.modules()):
         raise ValueError("model already contains σ layers: it was converted before")
     backbone = model if inplace else copy.deepcopy(model)
@@ -205,7 +223,7 @@ def convert_to_sigma_ensemble(
     store = SigmaStore(num_members, slots, num_columns, num_stats)
     ref = next((p for p in model.parameters() if p.is_floating_point()), store.flat)
     store.to(device=ref.device, dtype=ref.dtype)
-    _initialise(store, sigma_layers, slots, gamma_init_mean, gamma_init_std, seed)
+    _initialise(store, sigma_layers, slots, gamma_init_mean, gamma_init_std, seed, affine_init == "divide")
     for (name, layer, _), slot in zip(sigma_layers, slots, strict=True):
         layer.bind(store, slot)
         parent, _, attr = name.rpartition(".")
@@ -292,18 +310,18 @@ def _layout(layers: list[tuple[str, SigmaNorm, nn.Module]], reg: set[str], m: in
 
 @torch.no_grad()
 def _initialise(store: SigmaStore, layers: list[tuple[str, SigmaNorm, nn.Module]], slots: list[LayerSlot],
-                mean: float, std: float, seed: int | None) -> None:
+                mean: float, std: float, seed: int | None, divide: bool) -> None:
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     gamma = torch.randn(store.num_members, store.num_gamma, generator=gen, dtype=torch.float64) * std + mean
     flat = torch.zeros(store.flat.shape, dtype=torch.float64)
     flat[:, : store.num_gamma] = gamma
     stats = torch.zeros(store.running_stats.shape, dtype=torch.float64)
     for (_, layer, src), slot in zip(layers, slots, strict=True):
-        gate = torch.sigmoid(gamma[:, slot.gamma[0]: slot.gamma[1]])
+        gate = torch.sigmoid(gamma[:, slot.gamma[0]: slot.gamma[1]]) if divide else torch.ones(1, dtype=torch.float64)
         c = layer.num_features
         w = getattr(src, "weight", None)
         w = torch.ones(c, dtype=torch.float64) if w is None else w.detach().double().reshape(c).cpu()
-        flat[:, slot.weight[0]: slot.weight[1]] = w / gate  # σ(γ_m)·w_m == w: the member reproduces the source
+        flat[:, slot.weight[0]: slot.weight[1]] = w / gate  # divide: σ(γ_m)·w_m == w (function preserving)
         if slot.bias is not None:
             b = getattr(src, "bias", None)
             b = torch.zeros(c, dtype=torch.float64) if b is None else b.detach().double().reshape(c).cpu()

@@ -8,6 +8,12 @@ vertex where some ``k`` members are fully on (s=1) and the rest off. The vertex 
 ``M(τ − 1/(e^{1/τ} − 1))``: low τ → one owner per feature, high τ → many members share it. Every vertex is a
 local minimum, so gradient descent lands on one that depends on the γ initialisation; what holds is that from a
 fixed init the number of members on grows with τ (see ``tests/test_regularizer.py``).
+
+``normalize`` sets what λ means. ``none`` (the sum above): the pull on each γ_{m,i} is O(1/τ) whatever M and F are,
+while a task loss *averaged* over members pulls each member's γ with 1/M of a single model's gradient, so at fixed λ
+the regulariser's weight against the task grows with M. ``members`` divides by M, which restores that balance for
+``train.member_loss=mean`` (with ``member_loss=sum`` use ``none``). ``mean`` divides by M·F: the value is then
+O(log M) for any network, but the pull on each γ shrinks as 1/F, so λ must grow with the number of features.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import math
 
 import torch
 
-__all__ = ["check_tau", "diversity_loss", "members_on", "optimal_members_on", "vertex_loss"]
+__all__ = ["NORMALIZATIONS", "check_tau", "diversity_loss", "members_on", "optimal_members_on", "vertex_loss"]
 
 
 def check_tau(tau: float) -> float:
@@ -26,15 +32,26 @@ def check_tau(tau: float) -> float:
     return float(tau)
 
 
-def diversity_loss(gamma: torch.Tensor, tau: float) -> torch.Tensor:
+NORMALIZATIONS = ("none", "members", "mean")
+
+
+def diversity_loss(gamma: torch.Tensor, tau: float, normalize: str = "none") -> torch.Tensor:
     """Σ over features and members of ``log softmax(σ(γ)/τ)`` along the member axis: one fused op for all layers.
 
-    ``gamma`` is ``(M, F)``: members by features, e.g. :meth:`SigmaEnsemble.gamma`. Returns a scalar.
+    ``gamma`` is ``(M, F)``: members by features, e.g. :meth:`SigmaEnsemble.gamma`. ``normalize``: ``none`` (the
+    sum), ``members`` (sum / M) or ``mean`` (sum / (M·F)); see the module docstring. Returns a scalar.
     """
     tau = check_tau(tau)
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
     if gamma.ndim != 2:
         raise ValueError(f"gamma must be (num_members, num_features), got shape {tuple(gamma.shape)}")
-    return torch.log_softmax(torch.sigmoid(gamma.float()) / tau, dim=0).sum()
+    total = torch.log_softmax(torch.sigmoid(gamma.float()) / tau, dim=0).sum()
+    if normalize == "members":
+        return total / gamma.shape[0]
+    if normalize == "mean":
+        return total / max(1, gamma.numel())
+    return total
 
 
 def members_on(gamma: torch.Tensor, threshold: float = 0.5) -> torch.Tensor:

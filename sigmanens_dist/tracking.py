@@ -2,21 +2,38 @@
 
 A tracking server that is down must never kill a week-long run: every MLflow call is guarded; the first failure is
 reported once, MLflow is switched off for the rest of the run, and metrics keep going to ``metrics.jsonl``.
+
+What users meet in the MLflow UI is set up here too: a new experiment in a sqlite store keeps its artifacts in
+``mlartifacts/`` beside the ``.db`` file (MLflow's default, ``./mlruns`` of whatever directory the first run started
+in, breaks ``mlflow ui`` started anywhere else); every experiment is tagged as model development (MLflow 3 otherwise
+opens the GenAI overview); the training data is logged as a run input; and a run started with
+``tracking.parent_run_id`` is nested under that run (a study's parent), in the parent's experiment, even when another
+process or a Slurm array element starts it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import subprocess
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Tracker", "default_tracking_uri"]
+__all__ = ["EXPERIMENT_KIND", "PARENT_TAG", "ParentRunNotFound", "Tracker", "artifact_root_for", "default_tracking_uri",
+           "ensure_experiment"]
 
 log = logging.getLogger(__name__)
+
+PARENT_TAG = "mlflow.parentRunId"  # what the MLflow UI nests runs by
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+
+
+class ParentRunNotFound(ValueError):
+    """``tracking.parent_run_id`` names a run the (reachable) store does not have: a config error, not an outage."""
 
 
 def default_tracking_uri(run_dir: Path, uri: str | None) -> str:
@@ -26,6 +43,34 @@ def default_tracking_uri(run_dir: Path, uri: str | None) -> str:
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
     return f"sqlite:///{(Path(run_dir).resolve().parent / 'mlflow.db').as_posix()}"
+
+
+def artifact_root_for(uri: str) -> str | None:
+    """``<folder of the .db>/mlartifacts`` for a sqlite store; None (the server's own default) for anything else."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+
+
+def ensure_experiment(client: Any, name: str, uri: str) -> str:
+    """The id of experiment ``name``, created if missing (artifacts beside a sqlite store; an existing experiment
+    keeps its location, which MLflow cannot change), tagged as model development either way."""
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            exp_id = client.create_experiment(name, artifact_location=artifact_root_for(uri))
+        except MlflowException:  # another process (a sibling array element) created it first
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            exp_id = exp.experiment_id
+    else:
+        exp_id = exp.experiment_id
+    if exp is None or exp.tags.get(EXPERIMENT_KIND[0]) != EXPERIMENT_KIND[1]:
+        client.set_experiment_tag(exp_id, *EXPERIMENT_KIND)
+    return exp_id
 
 
 def git_commit() -> str:
@@ -47,24 +92,38 @@ class Tracker:
         self.run_id: str | None = None
         self._mlflow: Any = None
         self._local = self.run_dir / "metrics.jsonl"
+        self._global_batch = 0
 
     def start(self, run_name: str, run_id: str | None, params: dict[str, Any], tags: dict[str, str]) -> str | None:
-        """Start (or, given the id saved in a checkpoint, continue) the MLflow run; returns its id."""
+        """Start (or, given the id saved in a checkpoint, continue) the MLflow run; returns its id.
+
+        ``params`` is the flattened config (:func:`sigmanens_dist.config.flatten`): it is logged as the run's params,
+        and its ``tracking.parent_run_id`` and ``data.*`` keys give the parent run and the dataset input.
+        """
         if not self.active or self.uri is None:
             return run_id
         # Fail fast against a dead server instead of MLflow's default minutes of retries.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        parent = params.get("tracking.parent_run_id")
+        # the global batch of this (possibly resumed, re-batched) run: per-rank batch × accumulation × world size
+        self._global_batch = (int(params.get("train.batch_size", 0)) * int(params.get("train.grad_accum", 1))
+                              * int(tags.get("world_size") or 1))
 
         def _start() -> str:
             import mlflow
 
             mlflow.set_tracking_uri(self.uri)
-            mlflow.set_experiment(self.experiment)
+            client = mlflow.MlflowClient(self.uri)
+            exp_id = _parent_experiment(client, parent) if parent else ensure_experiment(client, self.experiment,
+                                                                                          self.uri)
+            mlflow.set_experiment(experiment_id=exp_id)
+            run_tags = {**tags, PARENT_TAG: parent} if parent else dict(tags)
             run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name, log_system_metrics=True)
             if run_id is None:
                 mlflow.log_params({k: _param(v) for k, v in params.items()})
-            mlflow.set_tags(tags)
+                mlflow.log_input(_dataset_input(params), context="training")
+            mlflow.set_tags(run_tags)
             self._mlflow = mlflow
             return run.info.run_id
 
@@ -81,6 +140,15 @@ class Tracker:
             values = {k: float(v) for k, v in metrics.items()}
             self._guard("log metrics", lambda: self._mlflow.log_metrics(values, step=step))
 
+    def log_final(self, metrics: dict[str, float], step: int) -> None:
+        """The final evaluation's extras that only ``final_metrics.json`` had (parameter count, training img/s), the
+        step count and the images trained on, as ``final/*`` metrics, so ``sigmanens compare`` reads it all from
+        MLflow."""
+        extras = {f"final/{k}": v for k, v in metrics.items() if k in ("params", "train_img_per_s")}
+        if self._global_batch:
+            extras["final/train_images"] = float(step * self._global_batch)
+        self.log_metrics({**extras, "final/steps": float(step)}, step)
+
     def log_artifact(self, path: Path) -> None:
         if self.active and self._mlflow is not None:
             self._guard("log artifact", lambda: self._mlflow.log_artifact(str(path)))
@@ -93,12 +161,51 @@ class Tracker:
     def _guard(self, what: str, fn: Callable[[], Any]) -> Any:
         try:
             return fn()
+        except ParentRunNotFound:
+            raise
         except Exception as err:
             log.warning("MLflow %s failed (%s: %s) at %s; tracking to MLflow is off for the rest of this run, "
                         "metrics continue in %s", what, type(err).__name__, str(err).splitlines()[0][:200],
                         self.uri, self._local)
             self._mlflow = None
             return None
+
+
+def _parent_experiment(client: Any, parent: str) -> str:
+    """The parent's experiment: children live beside their parent whatever ``tracking.experiment`` says."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(parent).info.experiment_id
+    except MlflowException as err:
+        if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+            raise ParentRunNotFound(f"tracking.parent_run_id={parent!r}: no such run in {client.tracking_uri}") from err
+        raise
+
+
+def _dataset_input(params: dict[str, Any]) -> Any:
+    """The training data as an MLflow dataset: its name, where it is read from (the data root; generated data names
+    its generator), and a digest of the settings that select it."""
+    from mlflow.data.code_dataset_source import CodeDatasetSource
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    data = {k.removeprefix("data."): v for k, v in params.items() if k.startswith("data.")}
+    from sigmanens_dist.datasets import DATASETS, resolve_root
+
+    name, root = str(data.get("dataset", "unknown")), data.get("root")
+    if name in DATASETS:  # a dataset's default root (Fashion-MNIST's Debian folder) when none is set
+        root = resolve_root(name, Path(root) if root else None)
+    if root:
+        with warnings.catch_warnings():  # "can be interpreted in multiple ways": every candidate is a local path
+            warnings.simplefilter("ignore", UserWarning)
+            source = resolve_dataset_source(str(Path(root).resolve()))
+    else:
+        source = CodeDatasetSource(tags={"generator": f"sigmanens_dist.data ({name})"})
+    selection = {k: data.get(k) for k in ("dataset", "format", "root", "img_size", "train_subset", "val_subset",
+                                           "max_length", "tokenizer")}
+    digest = hashlib.sha256(json.dumps(selection, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return MetaDataset(source=source, name=name, digest=digest)
 
 
 def _param(value: Any) -> str:

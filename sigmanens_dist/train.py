@@ -35,9 +35,10 @@ from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.distributed import DistEnv, all_gather_object, init_distributed
 from sigmanens_dist.ema import EMA
 from sigmanens_dist.ensemble import map_tensors
-from sigmanens_dist.methods import member_major, member_train_stream, task_loss
+from sigmanens_dist.methods import member_major, member_train_stream
 from sigmanens_dist.metrics import EnsembleMetrics, reliability_diagram
 from sigmanens_dist.models import build_model, param_groups
+from sigmanens_dist.objective import loss_reduction, member_loss, sigma_lr
 from sigmanens_dist.preemption import EXIT_PREEMPTED, PreemptionCheck, PreemptionFlag, clear_marker, write_marker
 from sigmanens_dist.resume import BatchLayout, check_same_run
 from sigmanens_dist.strategies import build_strategy, strategy_options
@@ -102,8 +103,8 @@ class Trainer:
         self.strategy = build_strategy(cfg.strategy.name, env, amp=cfg.train.amp, options=strategy_options(cfg))
         self.wrapped = self.strategy.wrap(model)
         self.model = self.strategy.model
-        self.optimizer = self.strategy.build_optimizer(param_groups(self.model, cfg.optim.weight_decay),
-                                                       lambda groups: _optimizer(cfg, groups))
+        groups = param_groups(self.model, cfg.optim.weight_decay, sigma_lr(cfg, self.model))
+        self.optimizer = self.strategy.build_optimizer(groups, lambda groups: _optimizer(cfg, groups))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _warmup_cosine(cfg, self.total_steps))
         self.ema = EMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
         self.mixup = _mixup(cfg, self.data.num_classes)
@@ -175,7 +176,7 @@ class Trainer:
             with self.strategy.micro_batch(last=micro == accum - 1):
                 with self.strategy.autocast():
                     logits = self.wrapped(x, member_major=self.member_major)  # (M, B, K)
-                    task = task_loss(self.model, logits, y, cfg.train.label_smoothing)
+                    task = member_loss(logits, y, cfg.train.label_smoothing, loss_reduction(cfg, self.model))
                 div = self.model.aux_loss(cfg.reg)  # σN-Ens: λ·L_div (fp32, out of autocast); other methods: 0
                 loss = task + div
                 self.strategy.backward(loss / accum)
@@ -306,6 +307,7 @@ class Trainer:
             metrics["params"] = float(_num_params(self.model))
             metrics["train_img_per_s"] = window.total_rate()
             (self.run_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
+            self.tracker.log_final(metrics, pos.step)
             self.tracker.log_artifact(self.run_dir / "reliability.png")
             _print_summary(metrics, self.model.num_members)
             if cfg.eval.at_end:  # hook: the test-set evaluation of sigmanens eval, on rank 0 (docs/eval.md)

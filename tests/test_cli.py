@@ -11,7 +11,8 @@ def test_help_and_unknown_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 0
     assert "sigmanens train" in capsys.readouterr().out
     assert main(["fly"]) == 2
-    assert "unknown command 'fly'; choose one of: train, demo, params, data, eval, export" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown command 'fly'; choose one of: train, demo, params, data, eval, export, study, compare" in err
 
 
 def test_params_prints_ratio_per_member_count(capsys: pytest.CaptureFixture[str]) -> None:

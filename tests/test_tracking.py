@@ -93,3 +93,30 @@ def test_unreachable_server_does_not_stop_training(tmp_path: Path) -> None:
     assert "tracking to MLflow is off for the rest of this run" in proc.stderr
     assert sorted(losses(run)) == [2, 4]
     assert (run / "final_metrics.json").is_file()
+
+
+def test_child_run_joins_its_parent_with_the_dataset_as_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    from sigmanens_dist.tracking import ParentRunNotFound, Tracker, ensure_experiment
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # mlflow.set_tracking_uri exports it: undo that for later tests
+    client = mlflow.MlflowClient(uri)
+    exp_id = ensure_experiment(client, "study", uri)
+    exp = client.get_experiment(exp_id)
+    assert exp.artifact_location == (tmp_path / "mlartifacts").as_uri()
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    parent = client.create_run(exp_id).info.run_id
+    params = {"tracking.parent_run_id": parent, "data.dataset": "synthetic", "data.root": None, "seed": 0}
+    # Started in another process with another experiment name, the child still lands beside its parent.
+    tracker = Tracker(tmp_path / "child", enabled=True, active=True, uri=uri, experiment="elsewhere")
+    run_id = tracker.start("child", None, params, {"num_members": "4"})
+    tracker.finish()
+    run = client.get_run(run_id)
+    assert run.info.experiment_id == exp_id and run.data.tags["mlflow.parentRunId"] == parent
+    assert run.data.params["seed"] == "0" and run.data.tags["num_members"] == "4"
+    assert [d.dataset.name for d in run.inputs.dataset_inputs] == ["synthetic"]
+    assert client.get_experiment_by_name("elsewhere") is None
+    orphan = Tracker(tmp_path / "orphan", enabled=True, active=True, uri=uri, experiment="study")
+    with pytest.raises(ParentRunNotFound, match=r"tracking\.parent_run_id='0123456789abcdef0123456789abcdef'"):
+        orphan.start("orphan", None, {**params, "tracking.parent_run_id": "0123456789abcdef0123456789abcdef"}, {})

@@ -16,5 +16,6 @@ __all__ = ["SigmaEnsemble", "build"]
 def build(cfg: Any, make_backbone: Callable[[], nn.Module]) -> SigmaEnsemble:
     m = cfg.model
     return convert_to_sigma_ensemble(make_backbone(), m.num_members, gamma_init_mean=m.gamma_init_mean,
-                                     gamma_init_std=m.gamma_init_std, layers=m.layers, regularize=cfg.reg.regularize,
+                                     gamma_init_std=m.gamma_init_std, affine_init=m.affine_init, layers=m.layers,
+                                     regularize=cfg.reg.regularize,
                                      seed=cfg.seed, inplace=True)

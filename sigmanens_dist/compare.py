@@ -1,0 +1,530 @@
+"""``sigmanens compare``: one table and one set of plots from the runs in an MLflow store (sqlite or a server).
+
+    sigmanens compare --parent RUN_ID --uri sqlite:///runs/study-m-scaling/mlflow.db [--out DIR] [--reference single]
+    sigmanens compare --experiment sigmanens --uri http://127.0.0.1:5000
+
+Runs are grouped by grid point (method, M, τ, λ) and summarised over seeds as mean ± std; the difference to the
+reference method is paired by seed, with a 95% t interval. Everything is read from what the trainer logs to MLflow:
+the params (the flattened config), the final ``val/*`` metrics and the ``final/*`` extras. The table (Markdown and
+CSV, plus a CSV of every run) and the plots are logged back to the study's parent run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import re
+import sys
+import tempfile
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from matplotlib.figure import Figure
+from scipy import stats
+
+from sigmanens_dist.study import DEFINITION, METHODS, ROLE_TAG
+from sigmanens_dist.tracking import PARENT_TAG
+
+__all__ = ["CompareError", "Group", "RunRecord", "group_runs", "load_runs", "main", "paired_difference", "write_report"]
+
+# table column -> the MLflow metric it is read from
+METRICS = {"acc": "val/acc", "nll": "val/nll", "ece": "val/ece", "brier": "val/brier",
+           "disagreement": "val/disagreement", "sharing": "val/sharing/members_on",
+           "train_img_per_s": "final/train_img_per_s"}
+DIFFS = ("acc", "nll", "ece", "brier", "ood_auroc")  # paired against the reference
+# what `sigmanens eval` logs: eval/<split>/<weights>/shift/<corruption>/s<k>/ece and .../ood_<set>/<score>/auroc
+_SEVERITY = re.compile(r"^(eval/[^/]+/[^/]+)/shift/[^/]+/s(\d+)/ece$")
+_AUROC = re.compile(r"^(eval/[^/]+/[^/]+)/ood_[^/]+/entropy/auroc$")  # predictive entropy, the README's OOD score
+
+
+class CompareError(ValueError):
+    """Nothing to compare: a store, experiment or run that does not exist, or no finished runs."""
+
+
+@dataclass
+class RunRecord:
+    """One training run as the table needs it."""
+
+    run_id: str
+    name: str
+    status: str
+    method: str
+    members: int
+    tau: float | None
+    lam: float | None
+    seed: int
+    values: dict[str, float] = field(default_factory=dict)  # table columns
+    severity_ece: dict[int, float] = field(default_factory=dict)  # corruption severity -> ECE, if logged
+
+    @property
+    def key(self) -> tuple[str, int, float | None, float | None]:
+        return self.method, self.members, self.tau, self.lam
+
+
+@dataclass
+class Group:
+    """The runs of one grid point, one per seed."""
+
+    method: str
+    members: int
+    tau: float | None
+    lam: float | None
+    runs: dict[int, RunRecord]
+
+    def values(self, column: str) -> np.ndarray:
+        return np.array([r.values[column] for r in self.runs.values() if column in r.values], dtype=float)
+
+    def mean(self, column: str) -> float:
+        v = self.values(column)
+        return float(v.mean()) if len(v) else math.nan
+
+    def std(self, column: str) -> float:
+        v = self.values(column)
+        return float(v.std(ddof=1)) if len(v) > 1 else math.nan
+
+    def label(self) -> str:
+        parts = [self.method] + ([f"M={self.members}"] if _uses(self.method, "members") else [])
+        parts += [f"τ={self.tau:g}"] if self.tau is not None else []
+        parts += [f"λ={self.lam:g}"] if self.lam is not None else []
+        return " ".join(parts)
+
+
+def _uses(method: str, axis: str) -> bool:
+    spec = METHODS.get(method)
+    if spec is None:  # a method this version does not know: show every axis
+        return True
+    return spec.members if axis == "members" else spec.regularised
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reading runs
+
+
+def _client(uri: str) -> Any:
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        raise CompareError(f"--uri {uri}: no such sqlite file (a study's store is <study folder>/mlflow.db)")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    from mlflow import MlflowClient
+
+    return MlflowClient(uri)
+
+
+def load_runs(uri: str, *, parent: str | None = None, experiment: str | None = None
+              ) -> tuple[list[RunRecord], list[str], str | None]:
+    """The runs of a study (``parent``) or of an experiment; also the lines about children that are missing, failed or
+    still running, and the parent run id to log the report to (None when there is no single parent)."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client(uri)
+    expected: list[str] | None = None
+    if parent is not None:
+        try:
+            parent_run = client.get_run(parent)
+        except MlflowException as err:
+            raise CompareError(f"--parent {parent}: no such run in {uri} ({err.error_code})") from err
+        runs = client.search_runs([parent_run.info.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent}'",
+                                  max_results=50000)
+        expected = _expected_children(client, parent)
+        if not runs and not expected:
+            raise CompareError(f"--parent {parent}: the run has no child runs in {uri}")
+    else:
+        exp = client.get_experiment_by_name(experiment)
+        if exp is None:
+            names = ", ".join(sorted(e.name for e in client.search_experiments())) or "none"
+            raise CompareError(f"--experiment {experiment!r}: no such experiment in {uri} (it has: {names})")
+        runs = [r for r in client.search_runs([exp.experiment_id], max_results=50000)
+                if r.data.tags.get(ROLE_TAG) != "parent"]
+        if not runs:
+            raise CompareError(f"--experiment {experiment!r} in {uri} has no runs")
+        parents = {r.data.tags.get(PARENT_TAG) for r in runs}
+        parent = parents.pop() if len(parents) == 1 else None
+
+    records, notes = _pick_runs(runs, expected)
+    if not records:
+        raise CompareError("no finished runs to compare yet:\n" + "\n".join(notes))
+    return records, notes, parent
+
+
+def _expected_children(client: Any, parent: str) -> list[str] | None:
+    """Child names from the study definition logged to the parent run (None if it has none)."""
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = client.download_artifacts(parent, DEFINITION, tmp)
+            definition = yaml.safe_load(Path(path).read_text())
+        return [c["name"] for c in definition["children"]]
+    except Exception:
+        return None
+
+
+def _pick_runs(runs: list[Any], expected: list[str] | None) -> tuple[list[RunRecord], list[str]]:
+    """The newest FINISHED run of each name; a note for every expected child without one."""
+    by_name: dict[str, list[Any]] = defaultdict(list)
+    for run in runs:
+        by_name[run.info.run_name].append(run)
+    records, notes = [], []
+    names = list(expected) if expected is not None else []
+    names += sorted(n for n in by_name if n not in names)
+    for name in names:
+        candidates = sorted(by_name.get(name, []), key=lambda r: r.info.start_time or 0)
+        finished = [r for r in candidates if r.info.status == "FINISHED"]
+        if finished:
+            records.append(_record(finished[-1]))
+        elif not candidates:
+            notes.append(f"{name}: missing (not started)")
+        else:
+            status = candidates[-1].info.status
+            what = {"RUNNING": "running (or killed without a chance to report)", "KILLED": "interrupted",
+                    "FAILED": "failed", "SCHEDULED": "scheduled"}.get(status, status.lower())
+            notes.append(f"{name}: {what} (run {candidates[-1].info.run_id})")
+    # the same grid point and seed twice (two studies in one experiment): keep the newest
+    unique: dict[tuple[Any, ...], RunRecord] = {}
+    for r in records:
+        if (r.key, r.seed) in unique:
+            notes.append(f"{unique[(r.key, r.seed)].name}: replaced by the newer run {r.name} of the same grid point "
+                         "and seed")
+        unique[(r.key, r.seed)] = r
+    return list(unique.values()), notes
+
+
+def _record(run: Any) -> RunRecord:
+    params, tags, metrics = run.data.params, run.data.tags, run.data.metrics
+    method = (tags.get("sigmanens.method") or params.get("model.method") or tags.get("method")
+              or ("sigma" if params.get("model.ensemble", "True") == "True" else "single"))  # runs before model.method
+    members = int(tags.get("num_members") or params.get("model.num_members", 1))
+    tau = _float(tags.get("sigmanens.grid.tau") or params.get("reg.tau")) if _uses(method, "reg") else None
+    lam = _float(tags.get("sigmanens.grid.lambda") or params.get("reg.lambda")) if _uses(method, "reg") else None
+    values = {col: metrics[key] for col, key in METRICS.items() if key in metrics}
+    n_params = metrics.get("final/params", _float(tags.get("params")))
+    if n_params is not None:
+        values["params"] = n_params
+    images = metrics.get("final/train_images")
+    if images is None and "final/steps" in metrics:  # runs from before final/train_images: from the params
+        images = metrics["final/steps"] * (int(params.get("train.batch_size", 0))
+                                           * int(params.get("train.grad_accum", 1)) * int(tags.get("world_size") or 1))
+    if images is not None:
+        values["train_images"] = images
+        values["train_compute"] = images * members  # images × members through the backbone
+    values["inference_passes"] = float(members)  # backbone passes per predicted image
+    def raw_first(key: str) -> tuple[bool, str]:  # the trained weights before their EMA
+        return not key.endswith("/raw"), key
+
+    auroc = sorted((k for k in metrics if _AUROC.match(k)), key=lambda k: raw_first(_AUROC.match(k).group(1)))
+    if auroc:
+        values["ood_auroc"] = metrics[auroc[0]]
+    shifted = [(m.group(1), int(m.group(2)), v) for k, v in metrics.items() if (m := _SEVERITY.match(k))]
+    first = min((prefix for prefix, _, _ in shifted), key=raw_first, default=None)
+    by_severity: dict[int, list[float]] = defaultdict(list)
+    for prefix, sev, v in shifted:
+        if prefix == first:
+            by_severity[sev].append(v)
+    severity = {sev: float(np.mean(vs)) for sev, vs in by_severity.items()}  # mean over corruptions
+    return RunRecord(run.info.run_id, run.info.run_name, run.info.status, method, members, tau, lam,
+                     int(params.get("seed", 0)), values, severity)
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        return float(text) if text not in (None, "", "None") else None
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Statistics
+
+
+def group_runs(records: list[RunRecord]) -> list[Group]:
+    groups: dict[tuple[Any, ...], Group] = {}
+    for r in records:
+        g = groups.setdefault(r.key, Group(r.method, r.members, r.tau, r.lam, {}))
+        g.runs[r.seed] = r
+    order = {m: i for i, m in enumerate(METHODS)}
+
+    def sort_key(g: Group) -> tuple[Any, ...]:
+        return (order.get(g.method, len(order)), g.method, g.members, -1 if g.tau is None else g.tau,
+                -1 if g.lam is None else g.lam)
+
+    return sorted(groups.values(), key=sort_key)
+
+
+def paired_difference(group: Group, ref: Group, column: str) -> tuple[float, float, float, int]:
+    """Mean of (group − reference) over the seeds both have, and its 95% t interval; NaN interval below 2 pairs."""
+    seeds = sorted(s for s in group.runs.keys() & ref.runs.keys()
+                   if column in group.runs[s].values and column in ref.runs[s].values)
+    d = np.array([group.runs[s].values[column] - ref.runs[s].values[column] for s in seeds], dtype=float)
+    if len(d) == 0:
+        return math.nan, math.nan, math.nan, 0
+    if len(d) == 1:
+        return float(d[0]), math.nan, math.nan, 1
+    half = float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d)))
+    return float(d.mean()), float(d.mean()) - half, float(d.mean()) + half, len(d)
+
+
+def reference_for(group: Group, groups: list[Group], reference: str) -> Group | None:
+    """The reference method's group at the same values of the axes both methods have; None if not exactly one."""
+    candidates = [g for g in groups if g.method == reference]
+    for axis, attr in (("members", "members"), ("reg", "tau"), ("reg", "lam")):
+        if _uses(reference, axis) and _uses(group.method, axis):
+            candidates = [g for g in candidates if getattr(g, attr) == getattr(group, attr)]
+    return candidates[0] if len(candidates) == 1 else None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The report
+
+COLUMNS = [("params", "params", "{:,.0f}"), ("train_compute", "train compute (img×M)", "{:.3g}"),
+           ("inference_passes", "inference passes/img", "{:.0f}"), ("train_img_per_s", "train img/s", "{:.0f}"),
+           ("acc", "acc", "{:.4f}"), ("nll", "NLL", "{:.4f}"), ("ece", "ECE", "{:.4f}"), ("brier", "Brier", "{:.4f}"),
+           ("ood_auroc", "OOD AUROC", "{:.4f}"), ("disagreement", "disagreement", "{:.4f}"),
+           ("sharing", "sharing (members on)", "{:.3f}")]
+
+
+def write_report(records: list[RunRecord], notes: list[str], out: Path, reference: str | None) -> list[Path]:
+    """``table.md``, ``table.csv``, ``runs.csv`` and the plots in ``out``; returns the files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    groups = group_runs(records)
+    methods = [g.method for g in groups]
+    if reference is None:
+        reference = next((m for m in ("single", "sigma") if m in methods), methods[0])
+    elif reference not in methods:
+        raise CompareError(f"--reference {reference!r}: no finished runs of that method; methods here: "
+                           f"{', '.join(dict.fromkeys(methods))}")
+    columns = [c for c in COLUMNS if any(c[0] in r.values for r in records)]
+    # with one method every group would pair with itself: no difference columns
+    diffs = [c for c in DIFFS if any(c in r.values for r in records)] if len(set(methods)) > 1 else []
+    files = [_markdown(groups, columns, diffs, reference, notes, out / "table.md"),
+             _csv(groups, columns, diffs, reference, out / "table.csv"), _runs_csv(records, out / "runs.csv")]
+    files += [p for p in (_plot_members(groups, out / "metric_vs_members.png"),
+                          _plot_pareto(groups, out / "acc_vs_ece.png"),
+                          _plot_cost(groups, out / "nll_vs_cost.png"),
+                          _plot_severity(groups, out / "ece_vs_severity.png")) if p is not None]
+    return files
+
+
+def _cell(group: Group, column: str, fmt: str) -> str:
+    mean, std = group.mean(column), group.std(column)
+    if math.isnan(mean):
+        return ""
+    return fmt.format(mean) + ("" if math.isnan(std) or std == 0 else " ± " + fmt.format(std))
+
+
+def _diff_cell(group: Group, groups: list[Group], reference: str, column: str) -> str:
+    ref = reference_for(group, groups, reference)
+    if ref is None or ref is group:
+        return ""
+    mean, lo, hi, n = paired_difference(group, ref, column)
+    if n == 0:
+        return ""
+    return f"{mean:+.4f}" + (f" [{lo:+.4f}, {hi:+.4f}]" if n > 1 else " (1 seed)")
+
+
+def _axis_cells(g: Group) -> list[str]:
+    return [g.method, str(g.members) if _uses(g.method, "members") else "1",
+            "" if g.tau is None else f"{g.tau:g}", "" if g.lam is None else f"{g.lam:g}", str(len(g.runs))]
+
+
+def _markdown(groups: list[Group], columns: list, diffs: list[str], reference: str, notes: list[str],
+              path: Path) -> Path:
+    head = ["method", "M", "τ", "λ", "seeds", *(c[1] for c in columns), *(f"Δ{d} vs {reference} [95% CI]"
+                                                                         for d in diffs)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 5 + ["---:"] * (len(head) - 5)) + "|"]
+    for g in groups:
+        cells = [*_axis_cells(g), *(_cell(g, c[0], c[2]) for c in columns),
+                 *(_diff_cell(g, groups, reference, d) for d in diffs)]
+        lines.append("| " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n\nMean ± std over seeds. "
+    text += (f"Δ: the paired difference (same seed) against {reference} at the same M, τ and λ where both methods "
+             "have them, with the 95% t interval; it excludes 0 when both ends have the same sign. " if diffs else
+             "One method only: no paired differences (a study with `--methods sigma,single` has a reference). ")
+    text += ("Train compute: optimiser steps × global batch × M (images × members through the backbone); inference "
+             "passes: backbone passes per predicted image.\n")
+    if notes:
+        text += "\nIncomplete:\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    path.write_text(text)
+    return path
+
+
+def _csv(groups: list[Group], columns: list, diffs: list[str], reference: str, path: Path) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["method", "M", "tau", "lambda", "seeds", *(f"{c[0]}_{s}" for c in columns for s in ("mean", "std")),
+                    *(f"diff_{d}_vs_{reference}_{s}" for d in diffs for s in ("mean", "lo", "hi", "pairs"))])
+        for g in groups:
+            row: list[Any] = _axis_cells(g)
+            row += [v for c in columns for v in (g.mean(c[0]), g.std(c[0]))]
+            for d in diffs:
+                ref = reference_for(g, groups, reference)
+                row += list(paired_difference(g, ref, d)) if ref is not None and ref is not g else ["", "", "", 0]
+            w.writerow(["" if isinstance(v, float) and math.isnan(v) else v for v in row])
+    return path
+
+
+def _runs_csv(records: list[RunRecord], path: Path) -> Path:
+    keys = sorted({k for r in records for k in r.values})
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run_id", "name", "method", "M", "tau", "lambda", "seed", *keys])
+        for r in sorted(records, key=lambda r: r.name):
+            w.writerow([r.run_id, r.name, r.method, r.members, r.tau, r.lam, r.seed,
+                        *(r.values.get(k, "") for k in keys)])
+    return path
+
+
+def _series(groups: list[Group]) -> dict[str, list[Group]]:
+    """Groups per line in a plot: a method with its τ and λ."""
+    lines: dict[str, list[Group]] = defaultdict(list)
+    for g in groups:
+        extra = (f" τ={g.tau:g}" if g.tau is not None else "") + (f" λ={g.lam:g}" if g.lam is not None else "")
+        lines[g.method + extra].append(g)
+    return lines
+
+
+def _errorbar(ax: Any, xs: list[float], groups: list[Group], column: str, label: str) -> None:
+    ys = [g.mean(column) for g in groups]
+    es = [0.0 if math.isnan(g.std(column)) else g.std(column) for g in groups]
+    ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=label)
+
+
+def _plot_members(groups: list[Group], path: Path) -> Path | None:
+    """Accuracy, NLL and ECE against M, one line per method (and τ, λ); needs two or more values of M."""
+    if len({g.members for g in groups}) < 2:
+        return None
+    fig = Figure(figsize=(15, 4.2), layout="constrained")
+    axes = fig.subplots(1, 3)
+    for label, gs in _series(groups).items():
+        gs = sorted(gs, key=lambda g: g.members)
+        for ax, column in zip(axes, ("acc", "nll", "ece"), strict=True):
+            _errorbar(ax, [g.members for g in gs], gs, column, label)
+    for ax, title in zip(axes, ("accuracy", "NLL", "ECE"), strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("members M")
+        ax.set_title(f"{title} vs M (mean ± std over seeds)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _plot_pareto(groups: list[Group], path: Path) -> Path | None:
+    """Accuracy against ECE for every grid point (labelled with τ), with the Pareto frontier: no other point is both
+    more accurate and better calibrated."""
+    points = [(g.mean("ece"), g.mean("acc"), g) for g in groups if not math.isnan(g.mean("ece") + g.mean("acc"))]
+    if len(points) < 2:
+        return None
+    fig = Figure(figsize=(7, 5.5), layout="constrained")
+    ax = fig.subplots()
+    for method in dict.fromkeys(p[2].method for p in points):
+        mine = [p for p in points if p[2].method == method]
+        ax.scatter([p[0] for p in mine], [p[1] for p in mine], label=method, s=40)
+        for ece, acc, g in mine:
+            label = (f"τ={g.tau:g}" if g.tau is not None else "") + (f" M={g.members}" if _uses(method, "members")
+                                                                      else "")
+            ax.annotate(label.strip(), (ece, acc), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    frontier, best = [], -math.inf
+    for ece, acc, _ in sorted(points, key=lambda p: (p[0], -p[1])):
+        if acc > best:
+            frontier.append((ece, acc))
+            best = acc
+    ax.plot(*zip(*frontier, strict=True), "k--", lw=1, label="Pareto frontier")
+    ax.ticklabel_format(useOffset=False)
+    ax.set_xlabel("ECE (lower is better)")
+    ax.set_ylabel("accuracy")
+    ax.set_title("accuracy vs calibration across the grid")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _plot_cost(groups: list[Group], path: Path) -> Path | None:
+    """NLL against parameter count and against training compute, one line per method (and τ, λ)."""
+    if not any("params" in r.values or "train_compute" in r.values for g in groups for r in g.runs.values()):
+        return None
+    fig = Figure(figsize=(12, 4.5), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for label, gs in _series(groups).items():
+        for ax, column in zip(axes, ("params", "train_compute"), strict=True):
+            mine = sorted((g for g in gs if not math.isnan(g.mean(column))), key=lambda g: g.mean(column))
+            if mine:
+                _errorbar(ax, [g.mean(column) for g in mine], mine, "nll", label)
+    for ax, xlabel in zip(axes, ("parameters", "training compute (images × members through the backbone)"),
+                          strict=True):
+        ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("NLL")
+        ax.grid(alpha=0.3)
+    axes[0].set_title("NLL vs parameters")
+    axes[1].set_title("NLL vs training compute")
+    axes[0].legend(fontsize=8)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _plot_severity(groups: list[Group], path: Path) -> Path | None:
+    """ECE against corruption severity per grid point, when the runs logged per-severity ECE metrics."""
+    if not any(r.severity_ece for g in groups for r in g.runs.values()):
+        return None
+    fig = Figure(figsize=(7, 5), layout="constrained")
+    ax = fig.subplots()
+    for g in groups:
+        sev = sorted({s for r in g.runs.values() for s in r.severity_ece})
+        if sev:
+            means = [float(np.mean([r.severity_ece[s] for r in g.runs.values() if s in r.severity_ece])) for s in sev]
+            ax.plot(sev, means, marker="o", label=g.label())
+    ax.set_xlabel("corruption severity")
+    ax.set_ylabel("ECE")
+    ax.set_title("ECE vs corruption severity (mean over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="sigmanens compare", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--experiment", help="every run of this MLflow experiment (study parents excluded)")
+    which.add_argument("--parent", help="the child runs of this study parent run")
+    ap.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                    help="tracking URI, sqlite:///path/mlflow.db or http://host:port (default $MLFLOW_TRACKING_URI)")
+    ap.add_argument("--out", type=Path, help="where the table and plots go (default runs/compare-<parent|experiment>)")
+    ap.add_argument("--reference", help="the method differences are paired against (default single, else sigma)")
+    args = ap.parse_args(argv)
+    if not args.uri:
+        print("error: give --uri (e.g. sqlite:///runs/study-m-scaling/mlflow.db) or set MLFLOW_TRACKING_URI",
+              file=sys.stderr)
+        return 2
+    out = args.out or Path("runs") / f"compare-{args.parent or args.experiment}"
+    try:
+        records, notes, parent = load_runs(args.uri, parent=args.parent, experiment=args.experiment)
+        files = write_report(records, notes, out, args.reference)
+    except CompareError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print((out / "table.md").read_text())
+    print("wrote " + ", ".join(str(p) for p in files))
+    if parent is not None:
+        try:
+            _client(args.uri).log_artifacts(parent, str(out), "compare")
+            print(f"logged to the parent run {parent} under compare/")
+        except Exception as err:  # the report is on disk; a store that refuses artifacts only loses the copy
+            print(f"warning: could not log the report to the parent run {parent}: {err}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

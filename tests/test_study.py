@@ -1,0 +1,277 @@
+"""``sigmanens study`` and ``sigmanens compare``: a mini study end to end through a sqlite store and a real ``mlflow
+server``, a partial study, resuming, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from scipy import stats
+
+from sigmanens_dist.compare import (
+    CompareError,
+    RunRecord,
+    group_runs,
+    load_runs,
+    paired_difference,
+    reference_for,
+    write_report,
+)
+from sigmanens_dist.compare import main as compare_main
+from sigmanens_dist.study import (
+    StudyError,
+    _command,
+    build_definition,
+    child_state,
+    run_one,
+    write_definition,
+)
+from sigmanens_dist.study import main as study_main
+from tests.helpers import SYNTHETIC, TINY_VIT, free_port
+
+mlflow = pytest.importorskip("mlflow")
+
+BASE = [*TINY_VIT, *SYNTHETIC, "train.batch_size=16", "train.max_steps=2", "train.log_every_steps=1",
+        "optim.name=adamw", "optim.lr=0.002", "tracking.experiment=study-tests"]
+GRID = ["m-scaling", "--members", "1,2", "--taus", "0.25,1", "--seeds", "0"]
+NAMES = ["sigma-M1-tau0.25-lam0.001-s0", "sigma-M1-tau1-lam0.001-s0", "sigma-M2-tau0.25-lam0.001-s0",
+         "sigma-M2-tau1-lam0.001-s0"]
+
+
+@contextlib.contextmanager
+def mlflow_server(db: Path) -> Iterator[str]:
+    """A real tracking server on ``db``, one worker, job execution off; stopped by its PID."""
+    port = free_port()
+    log = db.parent / "server.log"
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                             "--workers", "1", "--backend-store-uri", f"sqlite:///{db}"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            with contextlib.suppress(OSError), urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+            if proc.poll() is not None or time.time() > deadline:
+                pytest.fail("mlflow server did not start:\n" + log.read_text()[-3000:])
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _table_rows(path: Path) -> list[list[str]]:
+    lines = [line for line in path.read_text().splitlines() if line.startswith("| sigma")]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+
+
+@pytest.mark.slow
+def test_mini_study_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the study's own store: <out>/mlflow.db
+    out = tmp_path / "study"
+    uri = f"sqlite:///{out}/mlflow.db"
+    # 1. Prepared as for a Slurm array: definition and parent run, no child yet; then one array element.
+    assert study_main([*GRID, "--out", str(out), "--prepare", *BASE]) == 0
+    definition = yaml.safe_load((out / "study.yaml").read_text())
+    assert [c["name"] for c in definition["children"]] == NAMES
+    parent = definition["tracking"]["parent_run_id"]
+    assert run_one(out / "study.yaml", 2) == 0
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name("study-tests")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert exp.artifact_location == (out / "mlartifacts").as_uri()  # beside the sqlite store
+
+    # 2. compare on the partial study: the finished child in the table, the others listed as missing.
+    assert compare_main(["--parent", parent, "--uri", uri, "--out", str(tmp_path / "partial")]) == 0
+    partial = (tmp_path / "partial" / "table.md").read_text()
+    assert len(_table_rows(tmp_path / "partial" / "table.md")) == 1
+    for name in (NAMES[0], NAMES[1], NAMES[3]):
+        assert f"{name}: missing (not started)" in partial
+
+    # 3. The whole study: the finished child is skipped, the others run.
+    capsys.readouterr()
+    assert study_main([*GRID, "--out", str(out), *BASE]) == 0
+    printed = capsys.readouterr().out
+    assert f"{NAMES[2]}: finished, skipped" in printed
+    assert printed.count(": starting") == 3
+    children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'")
+    assert sorted(r.info.run_name for r in children) == NAMES
+    child = next(r for r in children if r.info.run_name == NAMES[3])
+    assert child.data.params["model.num_members"] == "2" and child.data.params["reg.tau"] == "1.0"
+    assert child.data.tags["sigmanens.method"] == "sigma" and child.data.tags["sigmanens.grid.tau"] == "1.0"
+    assert child.inputs.dataset_inputs[0].dataset.name == "synthetic"
+    assert {"final/params", "final/train_img_per_s", "val/nll"} <= child.data.metrics.keys()
+    assert child.data.metrics["final/steps"] == 2 and child.data.metrics["final/train_images"] == 2 * 16
+    assert client.get_run(parent).info.status == "FINISHED"
+    assert client.get_run(parent).data.params["study.lambda_policy"] == "fixed"
+
+    # 4. compare the whole study: every child in the table, plots written and logged to the parent run.
+    report = tmp_path / "report"
+    assert compare_main(["--parent", parent, "--uri", uri, "--out", str(report)]) == 0
+    rows = _table_rows(report / "table.md")
+    assert sorted((r[1], r[2]) for r in rows) == [("1", "0.25"), ("1", "1"), ("2", "0.25"), ("2", "1")]
+    assert "Incomplete" not in (report / "table.md").read_text()
+    for plot in ("metric_vs_members.png", "acc_vs_ece.png", "nll_vs_cost.png"):
+        assert (report / plot).stat().st_size > 10_000, plot
+    assert len((report / "runs.csv").read_text().splitlines()) == 1 + len(NAMES)
+    logged = {a.path for a in client.list_artifacts(parent, "compare")}
+    assert {"compare/table.md", "compare/table.csv", "compare/metric_vs_members.png"} <= logged
+
+    # 5. Re-running the finished study launches nothing.
+    assert study_main([*GRID, "--out", str(out), *BASE]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("finished, skipped") == 4 and ": starting" not in printed
+    assert len(client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'")) == 4
+
+    # 6. The same comparison read through a real tracking server on that store.
+    with mlflow_server(out / "mlflow.db") as url:
+        assert compare_main(["--parent", parent, "--uri", url, "--out", str(tmp_path / "server")]) == 0
+        assert compare_main(["--experiment", "study-tests", "--uri", url, "--out", str(tmp_path / "exp")]) == 0
+    assert _table_rows(tmp_path / "server" / "table.md") == rows
+    assert _table_rows(tmp_path / "exp" / "table.md") == rows
+
+
+def test_invalid_grid_is_refused_before_anything_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "study"
+    status = study_main(["tau-sweep", "--taus", "0.5,-1", "--methods", "sigma,foo", "--out", str(out), *BASE,
+                         "reg.tau=2"])
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "--taus: -1.0 is not a number > 0" in err
+    assert "unknown method 'foo'; available: sigma, single, deep, batch, packed, film" in err
+    assert "override 'reg.tau=2': reg.tau is set by the study" in err
+    assert not out.exists()
+    # every child goes through the trainer's own validation; its problems come back named by child
+    with pytest.raises(StudyError, match=r"packed-M2-s0:\n.*model.method: packed supports the timm ResNet family"):
+        build_definition("methods", None, {"methods": ["sigma", "packed"], "members": [2], "seeds": [0]}, BASE, out)
+    assert not out.exists()
+
+
+def test_changed_grid_in_the_same_folder_is_an_error(tmp_path: Path) -> None:
+    first = build_definition("m-scaling", None, {"members": [1, 2], "seeds": [0]}, BASE, tmp_path / "s")
+    write_definition(first, None)
+    again = build_definition("m-scaling", None, {"members": [1, 2], "seeds": [0]}, BASE, tmp_path / "s")
+    assert write_definition(again, None) == tmp_path / "s" / "study.yaml"  # the same study: resumed
+    other = build_definition("m-scaling", None, {"members": [1, 4], "seeds": [0]}, BASE, tmp_path / "s")
+    with pytest.raises(StudyError, match="defines a different study"):
+        write_definition(other, None)
+
+
+def test_grid_collapses_axes_a_method_does_not_have_and_keeps_the_global_batch(tmp_path: Path) -> None:
+    d = build_definition("methods", None, {"members": [2, 8], "seeds": [0, 1], "methods": ["sigma", "single"]},
+                         [*BASE, "train.batch_size=16"], tmp_path / "s", lambda_policy="per-member",
+                         max_backbone_batch=32)
+    names = [c["name"] for c in d["children"]]
+    assert names == ["sigma-M2-tau0.5-lam0.001-s0", "sigma-M2-tau0.5-lam0.001-s1", "sigma-M8-tau0.5-lam0.001-s0",
+                     "sigma-M8-tau0.5-lam0.001-s1", "single-s0", "single-s1"]
+    m8 = d["children"][2]["overrides"]
+    assert "reg.lambda=0.000125" in m8  # per-member policy: λ / M
+    assert "train.batch_size=4" in m8 and "train.grad_accum=4" in m8  # 16 × 8 > 32 images: split, same global batch
+    assert "model.method=single" in d["children"][4]["overrides"]
+    assert not any(o.startswith(("reg.", "model.num_members")) for o in d["children"][4]["overrides"])
+    d["nproc"], d["base_config"], d["tracking"]["parent_run_id"] = 2, "base_config.yaml", "abc"
+    cmd = _command(d, d["children"][0], tmp_path / "s" / "study.yaml")
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    assert cmd[5:9] == ["-m", "sigmanens_dist.train", "--config", str(tmp_path / "s" / "base_config.yaml")]
+    assert cmd[-2:] == ["tracking.parent_run_id=abc", "checkpoint.resume=auto"]
+
+
+def test_child_state_skips_finished_and_resumes_interrupted(tmp_path: Path) -> None:
+    definition = {"out": str(tmp_path)}
+    for name in ("done", "cut", "new"):
+        (tmp_path / name / "checkpoints").mkdir(parents=True)
+    (tmp_path / "done" / "final_metrics.json").write_text("{}")
+    (tmp_path / "cut" / "checkpoints" / "step_00000004.pt").write_bytes(b"x")
+    states = {n: child_state(definition, {"name": n}, set()) for n in ("done", "cut", "new")}
+    assert states == {"done": "finished", "cut": "resume", "new": "start"}
+    assert child_state(definition, {"name": "new"}, {"new"}) == "finished"  # FINISHED in MLflow (another node)
+
+
+def _record(method: str, m: int, tau: float | None, seed: int, acc: float) -> RunRecord:
+    return RunRecord(f"{method}{m}{tau}{seed}", f"{method}-{m}-{tau}-{seed}", "FINISHED", method, m, tau,
+                     None if tau is None else 0.001, seed, {"acc": acc})
+
+
+def test_paired_difference_is_a_t_interval_over_seeds() -> None:
+    records = [_record("single", 1, None, s, a) for s, a in enumerate([0.80, 0.82, 0.81])]
+    records += [_record("sigma", 4, 0.5, s, a) for s, a in enumerate([0.90, 1.02, 1.11])]  # diffs .1 .2 .3
+    records += [_record("sigma", 4, 1.0, s, 0.85) for s in (0, 2)]
+    groups = group_runs(records)
+    sigma = next(g for g in groups if g.method == "sigma" and g.tau == 0.5)
+    ref = reference_for(sigma, groups, "single")
+    assert ref is not None and ref.method == "single"
+    mean, lo, hi, n = paired_difference(sigma, ref, "acc")
+    half = stats.t.ppf(0.975, 2) * 0.1 / math.sqrt(3)
+    assert n == 3 and mean == pytest.approx(0.2) and (lo, hi) == pytest.approx((0.2 - half, 0.2 + half))
+    other = next(g for g in groups if g.tau == 1.0)
+    assert paired_difference(other, ref, "acc")[3] == 2  # only seeds 0 and 2 pair
+    assert reference_for(ref, groups, "sigma") is None  # two σN-Ens groups: no single reference for `single`
+
+
+def test_compare_errors_name_what_is_wrong(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with pytest.raises(CompareError, match="no such sqlite file"):
+        load_runs(uri, experiment="x")
+    client = mlflow.MlflowClient(uri)
+    client.create_experiment("empty")
+    with pytest.raises(CompareError, match=r"'empty' in .* has no runs"):
+        load_runs(uri, experiment="empty")
+    with pytest.raises(CompareError, match=r"'nope': no such experiment .* \(it has: Default, empty\)"):
+        load_runs(uri, experiment="nope")
+    with pytest.raises(CompareError, match="--parent 0123456789abcdef0123456789abcdef: no such run"):
+        load_runs(uri, parent="0123456789abcdef0123456789abcdef")
+
+
+def test_report_has_ood_and_severity_when_runs_log_them(tmp_path: Path) -> None:
+    records = []
+    for seed in (0, 1, 2):
+        for method, m, tau, shift in (("single", 1, None, 0.0), ("sigma", 4, 0.5, 0.01 * (seed + 1))):
+            r = _record(method, m, tau, seed, 0.8 + shift)
+            r.values.update({"nll": 0.5 - shift, "ece": 0.03, "ood_auroc": 0.7 + shift, "params": 1e6 * (1 + m / 100),
+                             "train_compute": 1e5 * m})
+            r.severity_ece = {s: 0.02 * s + shift for s in range(1, 6)}
+            records.append(r)
+    files = {p.name for p in write_report(records, ["sigma-M8-s0: missing (not started)"], tmp_path, None)}
+    assert {"table.md", "table.csv", "runs.csv", "acc_vs_ece.png", "nll_vs_cost.png", "ece_vs_severity.png"} <= files
+    assert "metric_vs_members.png" in files  # M = 1 and 4
+    assert (tmp_path / "ece_vs_severity.png").stat().st_size > 10_000
+    table = (tmp_path / "table.md").read_text()
+    assert "OOD AUROC" in table and "Δood_auroc vs single [95% CI]" in table
+    assert "| sigma | 4 | 0.5 | 0.001 | 3 |" in table and "+0.0200 [" in table  # mean shift .01,.02,.03
+    assert "- sigma-M8-s0: missing (not started)" in table
+    with pytest.raises(CompareError, match="--reference 'deep': no finished runs of that method; methods here: "
+                                           "sigma, single"):
+        write_report(records, [], tmp_path, "deep")
+
+
+def test_run_record_reads_what_train_and_eval_log() -> None:
+    from types import SimpleNamespace
+
+    from sigmanens_dist.compare import _record
+
+    metrics = {"val/acc": 0.8, "final/params": 1000.0, "final/train_images": 320.0, "final/train_img_per_s": 50.0,
+               "eval/test/raw/ood_digits/entropy/auroc": 0.9, "eval/test/raw/ood_digits/msp/auroc": 0.1,
+               "eval/test/ema/ood_digits/entropy/auroc": 0.2, "eval/test/raw/shift/blur/s1/ece": 0.1,
+               "eval/test/raw/shift/noise/s1/ece": 0.3, "eval/test/raw/shift/noise/s2/ece": 0.5,
+               "eval/test/ema/shift/noise/s1/ece": 9.0}
+    run = SimpleNamespace(info=SimpleNamespace(run_id="r", run_name="deep-M4-s1", status="FINISHED"),
+                          data=SimpleNamespace(params={"model.method": "deep", "model.num_members": "4", "seed": "1",
+                                                       "reg.tau": "0.5", "reg.lambda": "0.001"},
+                                               tags={"num_members": "4"}, metrics=metrics))
+    r = _record(run)
+    assert (r.method, r.members, r.tau, r.lam, r.seed) == ("deep", 4, None, None, 1)  # deep has no τ, λ
+    assert r.values["ood_auroc"] == 0.9 and r.values["train_compute"] == 320 * 4 and r.values["acc"] == 0.8
+    assert r.severity_ece == pytest.approx({1: 0.2, 2: 0.5})  # mean over corruptions, raw weights only
