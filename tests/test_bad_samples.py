@@ -59,7 +59,8 @@ def test_webdataset_decode_goes_through_the_policy(tmp_path: Path) -> None:
 
 def test_ffcv_cannot_skip() -> None:
     with pytest.raises(ConfigError, match=r"data\.on_bad_sample: FFCV decodes whole batches"):
-        load_config(None, ["data.format=ffcv", "data.on_bad_sample=skip"], check_data=False)
+        load_config(None, ["data.format=ffcv", "data.on_bad_sample=skip", "data.val_split=0",
+                           "data.val_from_test=true"], check_data=False)
 
 
 @pytest.mark.slow

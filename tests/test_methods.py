@@ -57,7 +57,7 @@ def test_every_method_answers_the_protocol(method: str, arch: list[str]) -> None
         torch.testing.assert_close(mm[k], model(shifted[k])[k], atol=1e-5, rtol=1e-5)
     if method not in ("single", "sigma"):  # σN-Ens conversion is function preserving: its members start equal
         assert not torch.allclose(out[0], out[1])
-    aux = model.aux_loss(load_config(None, []).reg)
+    aux = model.aux_loss(load_config(None, ["reg.lambda=0.01"]).reg)
     assert (aux.item() != 0) == (method == "sigma")
     loss = task_loss(model, model.train()(x), y) + aux
     loss.backward()
