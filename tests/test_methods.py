@@ -14,16 +14,21 @@ from torch import nn
 
 from sigmanens_dist import convert_to_sigma_ensemble
 from sigmanens_dist.config import ConfigError, load_config
-from sigmanens_dist.methods import task_loss
 from sigmanens_dist.methods.batch import BatchEnsembleLayer, convert_to_batch_ensemble
 from sigmanens_dist.methods.deep import DeepEnsemble
 from sigmanens_dist.methods.film import convert_to_film_ensemble
 from sigmanens_dist.methods.packed import MIN_CHANNELS_PER_GROUP, convert_to_packed_ensemble
 from sigmanens_dist.models import build_model, param_groups
+from sigmanens_dist.objective import member_loss
 
 VIT = ["model.name=vit_tiny_patch16_224", "model.kwargs.img_size=16", "model.kwargs.patch_size=4",
        "model.kwargs.depth=2", "model.kwargs.embed_dim=48", "model.kwargs.num_heads=2"]
 RESNET = ["model.name=resnet10t"]
+
+
+def task_loss(model: nn.Module, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The trainer's task loss with the method's own member reduction (``train.member_loss`` unset)."""
+    return member_loss(logits, y, 0.0, type(model).loss_reduction)
 
 
 def tiny_vit(**kw) -> nn.Module:
@@ -92,7 +97,7 @@ def test_loss_reduction_sum_for_deep_mean_for_shared_methods() -> None:
     ys = torch.randint(0, 5, (12,))  # member-major labels
     expect = torch.stack([nn.functional.cross_entropy(logits[k], ys[4 * k:4 * k + 4]) for k in range(3)]).sum()
     torch.testing.assert_close(task_loss(deep, logits, ys), expect)
-    with pytest.raises(ValueError, match="5 labels for 3 members"):
+    with pytest.raises(ValueError, match="labels for 5 samples do not fit logits of 3 members"):
         task_loss(deep, logits, torch.zeros(5, dtype=torch.int64))
 
 

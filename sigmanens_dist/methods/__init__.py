@@ -24,14 +24,12 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sigmanens_dist.methods.base import EnsembleMethod, Inputs, call_backbone, logits_of, map_tensors, member_chunks
 
 __all__ = ["METHOD_NAMES", "EnsembleMethod", "Inputs", "MemberStream", "build_method", "call_backbone",
-           "logits_of", "map_tensors", "member_chunks", "member_major", "member_train_stream", "method_module",
-           "task_loss"]
+           "logits_of", "map_tensors", "member_chunks", "member_major", "member_train_stream", "method_module"]
 
 log = logging.getLogger(__name__)
 
@@ -64,24 +62,6 @@ def member_major(cfg: Any, model: EnsembleMethod) -> bool:
     method's default when unset."""
     choice = cfg.model.member_batches or type(model).default_member_batches
     return choice == "independent" and model.num_members > 1
-
-
-def task_loss(model: EnsembleMethod, logits: torch.Tensor, y: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
-    """Each member's cross-entropy (hard labels, or soft labels from mixup), combined as the method needs: the mean
-    over members, or the sum (Deep Ensemble: every member trains exactly as a single run). ``y`` holds ``B`` labels
-    (shared batches) or ``M·B`` member-major ones."""
-    m, b = logits.shape[:2]
-    if y.shape[0] == b and m > 1:
-        y = y.repeat(m, *([1] * (y.ndim - 1)))
-    elif y.shape[0] != m * b:
-        raise ValueError(f"{y.shape[0]} labels for {m} members × {b} samples")
-    flat = logits.float().flatten(0, 1)
-    if y.ndim == 2:  # soft targets
-        per_sample = torch.sum(-y * F.log_softmax(flat, dim=-1), dim=-1)
-    else:
-        per_sample = F.cross_entropy(flat, y, label_smoothing=smoothing, reduction="none")
-    per_member = per_sample.view(m, b).mean(dim=1)
-    return per_member.sum() if type(model).loss_reduction == "sum" else per_member.mean()
 
 
 class MemberStream:
