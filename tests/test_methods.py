@@ -324,3 +324,23 @@ def test_member_stream_gives_member_k_the_single_run_of_seed_k_and_replays_from_
         assert torch.equal(x, x2) and torch.equal(y, y2)
     shared = cfg.model_copy(update={"model": cfg.model.model_copy(update={"member_batches": "shared"})})
     assert not member_major(shared, deep)
+
+
+def test_member_stream_evens_out_batches_that_lost_skipped_samples() -> None:
+    from sigmanens_dist.methods import MemberStream
+
+    class Stream:
+        def __init__(self, sizes: list[int], offset: int) -> None:
+            self.sizes, self.offset = sizes, offset
+
+        def __len__(self) -> int:
+            return len(self.sizes)
+
+        def iter_epoch(self, epoch: int, start_batch: int = 0):
+            for n in self.sizes[start_batch:]:
+                yield torch.arange(n).float().view(n, 1) + self.offset, torch.arange(n) + self.offset
+
+    # member 1's first batch lost a sample (data.on_bad_sample=skip); member-major chunks must stay equal
+    (x0, y0), (x1, y1) = MemberStream([Stream([4, 4], 0), Stream([3, 4], 100)]).iter_epoch(0)
+    assert y0.tolist() == [0, 1, 2, 100, 101, 102] and x0.shape == (6, 1)
+    assert y1.tolist() == [0, 1, 2, 3, 100, 101, 102, 103] and x1.shape == (8, 1)

@@ -83,6 +83,14 @@ class MemberStream:
     def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Any]:
         for batches in zip(*(s.iter_epoch(epoch, start_batch) for s in self.streams), strict=True):
             xs, ys = zip(*batches, strict=True)
+            size = min(len(y) for y in ys)
+            if size != max(len(y) for y in ys):
+                # data.on_bad_sample=skip dropped samples from some members' batches: a member-major batch needs
+                # equal member chunks, so every member gives up its last rows down to the shortest batch.
+                log.warning("member batches of %s samples after skipping bad ones: each member keeps %d",
+                            sorted(len(y) for y in ys), size)
+                xs = [map_tensors(x, lambda t, n=size: t[:n]) for x in xs]
+                ys = [y[:size] for y in ys]
             if isinstance(xs[0], torch.Tensor):
                 x = torch.cat(xs)
             else:
