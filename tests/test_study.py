@@ -41,7 +41,7 @@ from tests.helpers import SYNTHETIC, TINY_VIT, free_port
 mlflow = pytest.importorskip("mlflow")
 
 BASE = [*TINY_VIT, *SYNTHETIC, "train.batch_size=16", "train.max_steps=2", "train.log_every_steps=1",
-        "optim.name=adamw", "optim.lr=0.002", "tracking.experiment=study-tests"]
+        "optim.name=adamw", "optim.lr=0.002", "tracking.experiment=study-tests", "reg.lambda=0.001"]
 GRID = ["m-scaling", "--members", "1,2", "--taus", "0.25,1", "--seeds", "0"]
 NAMES = ["sigma-M1-tau0.25-lam0.001-s0", "sigma-M1-tau1-lam0.001-s0", "sigma-M2-tau0.25-lam0.001-s0",
          "sigma-M2-tau1-lam0.001-s0"]

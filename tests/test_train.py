@@ -112,9 +112,11 @@ def test_resume_with_other_members_is_a_clear_error(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_epoch_end_eval_and_checkpoint_when_accumulation_straddles_the_epoch(tmp_path: Path) -> None:
-    # 512 samples / 16 = 32 batches an epoch; 3 micro-batches a step: step 11 takes batches 31-33 and ends epoch 0.
+    # 512 training samples (640 less the 128 carved off for validation) / 16 = 32 batches an epoch; 3 micro-batches
+    # a step: step 11 takes batches 31-33 and ends epoch 0.
     run = tmp_path / "run"
-    run_train(run, *BASE, "train.max_steps=12", "train.grad_accum=3", "checkpoint.keep_last=3")
+    run_train(run, *BASE, "train.max_steps=12", "train.grad_accum=3", "checkpoint.keep_last=3",
+              "data.train_subset=640", "data.val_split=128")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "val/nll" in r] == [11, 12]
     assert [p.name for p in sorted((run / "checkpoints").glob("step_*.pt"))] == ["step_00000011.pt",
