@@ -387,6 +387,7 @@ class EvalConfig(_Section):
     ood: str | None = None  # an OOD set name (eval.ood_sets), e.g. digits for Fashion-MNIST, svhn for CIFAR
     ood_root: Path | None = None  # where the OOD set's files are (svhn)
     members: int | None = Field(None, ge=1)  # score the first K members (default: all)
+    sub_ensembles: bool = True  # also score k = 1..K-1 (one more pass of the eval set each; the M-scaling table)
     imagenet_c: Path | None = None  # a pre-generated ImageNet-C folder: <dir>/<corruption>/<severity>/<class>/<img>
     batch_size: int | None = Field(None, ge=1)  # None: train.batch_size
 

@@ -78,7 +78,7 @@ LAMBDA_POLICIES = {
     "fixed": "reg.lambda is the same at every M (L_div sums over members, so its weight grows in proportion to M)",
     "per-member": "reg.lambda = λ / M (L_div's weight per member stays constant as M grows)",
 }
-AXES = ("methods", "members", "taus", "lambdas", "seeds")
+AXES = ("methods", "members", "taus", "lambdas", "budgets", "seeds")
 
 
 @dataclass
@@ -169,7 +169,7 @@ def _grid_axes(kind: str, axes: dict[str, list[Any] | None], base: Config, probl
     known = available_methods()
     defaults: dict[str, list[Any]] = {"methods": [base.model.method],
                                       "members": [base.model.num_members], "taus": [base.reg.tau],
-                                      "lambdas": [base.reg.lam], "seeds": [0, 1, 2]}
+                                      "lambdas": [base.reg.lam], "budgets": [1], "seeds": [0, 1, 2]}
     kind_defaults = {**KINDS[kind], **({"methods": known} if kind == "methods" else {})}
     grid: dict[str, list[Any]] = {}
     for axis in AXES:
@@ -189,7 +189,8 @@ def _grid_axes(kind: str, axes: dict[str, list[Any] | None], base: Config, probl
                             f"does not have; available: {', '.join(known)}")
     checks = {"members": (int, lambda v: v >= 1, "a whole number >= 1"), "seeds": (int, lambda v: v >= 0,
               "a whole number >= 0"), "taus": (float, lambda v: v > 0, "a number > 0"),
-              "lambdas": (float, lambda v: v >= 0, "a number >= 0")}
+              "lambdas": (float, lambda v: v >= 0, "a number >= 0"),
+              "budgets": (int, lambda v: v >= 1, "a whole number >= 1")}
     for axis, (kind_of, ok, what) in checks.items():
         for v in grid[axis]:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind_of is int and not float(v).is_integer())\
@@ -197,6 +198,9 @@ def _grid_axes(kind: str, axes: dict[str, list[Any] | None], base: Config, probl
                 problems.append(f"--{axis}: {v!r} is not {what}")
         if all(isinstance(v, (int, float)) for v in grid[axis]):
             grid[axis] = [kind_of(v) for v in grid[axis]]
+    if grid["budgets"] != [1] and base.train.max_steps is None:
+        problems.append(f"--budgets {','.join(map(str, grid['budgets']))}: multiplies train.max_steps, which the base "
+                        f"config does not set (it trains train.epochs={base.train.epochs}); give train.max_steps=N")
     return grid
 
 
@@ -205,11 +209,11 @@ def _children(grid: dict[str, list[Any]], base: Config, policy: str, max_backbon
     """The product of the axes, with axes that do not apply to a method collapsed, in a stable order."""
     children: list[Child] = []
     seen: set[str] = set()
-    for method, m, tau, lam, seed in itertools.product(*(grid[a] for a in AXES)):
+    for method, m, tau, lam, budget, seed in itertools.product(*(grid[a] for a in AXES)):
         spec = METHODS[method]
         point: dict[str, Any] = {"method": method, "members": m if spec.members else 1,
                                  "tau": tau if spec.regularised else None,
-                                 "lambda": lam if spec.regularised else None, "seed": seed}
+                                 "lambda": lam if spec.regularised else None, "budget": budget, "seed": seed}
         name = _child_name(point)
         if name in seen:
             continue
@@ -220,6 +224,8 @@ def _children(grid: dict[str, list[Any]], base: Config, policy: str, max_backbon
         if spec.regularised:
             ov["reg.tau"] = tau
             ov["reg.lambda"] = lam / m if policy == "per-member" else lam
+        if budget != 1:
+            ov["train.max_steps"] = base.train.max_steps * budget
         ov.update(_micro_batching(base, point["members"], max_backbone_batch, name))
         ov.update({"run_dir": str(out / name), "tracking.run_name": name})
         if uri is not None:
@@ -248,6 +254,8 @@ def _child_name(point: dict[str, Any]) -> str:
         parts.append(f"tau{point['tau']:g}")
     if point["lambda"] is not None:
         parts.append(f"lam{point['lambda']:g}")
+    if point.get("budget", 1) != 1:  # definitions written before the budget axis have none
+        parts.append(f"x{point['budget']}")
     parts.append(f"s{point['seed']}")
     return "-".join(parts)
 
@@ -547,6 +555,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--taus", type=_list(float), help="τ values, e.g. 0.1,0.25,0.5,1")
     ap.add_argument("--lambdas", type=_list(float), help="λ values (nominal; see --lambda-policy)")
     ap.add_argument("--methods", type=_list(str), help=f"methods, of {', '.join(METHODS)} (those this version has)")
+    ap.add_argument("--budgets", type=_list(int),
+                    help="training-step multipliers (train.max_steps × b), e.g. 1,2,4,8: a single model at b=M has "
+                         "the training compute of an M-member ensemble at b=1 (default 1)")
     ap.add_argument("--seeds", type=_list(int), help="seeds (default 0,1,2); the same seeds pair runs across methods")
     ap.add_argument("--nproc", type=int, default=1, help="processes per child (torchrun when > 1)")
     ap.add_argument("--lambda-policy", default="fixed", choices=list(LAMBDA_POLICIES),

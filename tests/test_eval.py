@@ -193,7 +193,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_train(run, "data.dataset=fashion_mnist", "data.train_subset=3000", "data.val_split=300",
               "data.test_subset=300", "data.num_workers=0", "model.name=test_resnet", "model.num_members=2",
               "train.max_steps=60", "train.batch_size=32", "optim.lr=0.05", "train.eval_every_steps=30",
-              "train.ema_decay=0.9", "eval.at_end=true", "eval.members=1", "tracking.enabled=true",
+              "train.ema_decay=0.9", "eval.at_end=true", "eval.sub_ensembles=false", "tracking.enabled=true",
               f"tracking.uri=sqlite:///{run.parent / 'mlflow.db'}")
     return run
 
@@ -225,7 +225,7 @@ def test_corruption_and_ood_eval_end_to_end(trained: Path, capsys: pytest.Captur
         assert (out / name).is_file(), name
     assert "| ensemble |" in capsys.readouterr().out
 
-    # logged to the training run's MLflow run, beside the end-of-training evaluation (eval.members=1)
+    # logged to the training run's MLflow run, beside the end-of-training evaluation (eval.sub_ensembles=false)
     from mlflow.tracking import MlflowClient
 
     state = torch.load(ckpt, map_location="cpu", weights_only=False)
@@ -235,7 +235,7 @@ def test_corruption_and_ood_eval_end_to_end(trained: Path, capsys: pytest.Captur
     assert {a.path for a in client.list_artifacts(run.info.run_id, "eval/best")} >= {"eval/best/eval.json",
                                                                                    "eval/best/eval.md"}
     at_end = json.loads((trained / "eval" / "eval.json").read_text())
-    assert at_end["members"] == 1 and [r["k"] for r in at_end["weights"]["ema"]["sub_ensembles"]] == [1]
+    assert at_end["members"] == 2 and [r["k"] for r in at_end["weights"]["ema"]["sub_ensembles"]] == [2]
 
 
 @needs_fmnist

@@ -63,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--ood", help="OOD set: digits (Fashion-MNIST models), svhn (CIFAR models)")
     ap.add_argument("--ood-root", type=Path, help="folder of the OOD set's files (svhn: test_32x32.mat)")
     ap.add_argument("--members", type=int, help="score the first K members (default: all M)")
+    ap.add_argument("--no-sub-ensembles", action="store_true",
+                    help="score only the K-member ensemble, not k = 1..K-1 (each is one more pass of the eval set)")
     ap.add_argument("--batch-size", type=int, help="default: the run's train.batch_size")
     ap.add_argument("--out", type=Path, help="output folder (default: eval_<checkpoint name>/ beside it)")
     ap.add_argument("--no-mlflow", action="store_true", help="do not log to the run's MLflow run")
@@ -93,7 +95,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.no_mlflow:
         cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"enabled": False})})
     options = EvalConfig(split=args.split, corruptions=corruptions, severities=severities, ood=args.ood,
-                         ood_root=args.ood_root, members=args.members, batch_size=args.batch_size,
+                         ood_root=args.ood_root, members=args.members, sub_ensembles=not args.no_sub_ensembles,
+                         batch_size=args.batch_size,
                          imagenet_c=args.imagenet_c)
     check_options(cfg, loaded.model, options)
     device = torch.device(args.device)

@@ -229,8 +229,9 @@ def run_eval(cfg: Config, model: nn.Module, ema: nn.Module | None = None, option
     for variant, weights in variants.items():
         part: dict[str, Any] = {"sub_ensembles": []}
         scored = None
-        # methods that cannot run k of their members are scored with all of them only
-        for k in range(1, k_max + 1) if supports_sub_ensembles(weights) else [k_max]:
+        # methods that cannot run k of their members, and runs that ask for the full ensemble only, score k = K
+        ks = range(1, k_max + 1) if options.sub_ensembles and supports_sub_ensembles(weights) else [k_max]
+        for k in ks:
             sub = sub_ensemble(weights, range(k))
             metrics, seconds = score_pass(sub, eval_set(), data.num_classes, device,
                                           f"{variant} {options.split} k={k}", sync=sync)
