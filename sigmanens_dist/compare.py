@@ -3,10 +3,13 @@
     sigmanens compare --parent RUN_ID --uri sqlite:///runs/study-m-scaling/mlflow.db [--out DIR] [--reference single]
     sigmanens compare --experiment sigmanens --uri http://127.0.0.1:5000
 
-Runs are grouped by grid point (method, M, τ, λ) and summarised over seeds as mean ± std; the difference to the
-reference method is paired by seed, with a 95% t interval. Everything is read from what the trainer logs to MLflow:
-the params (the flattened config), the final ``val/*`` metrics and the ``final/*`` extras. The table (Markdown and
-CSV, plus a CSV of every run) and the plots are logged back to the study's parent run.
+Runs are grouped by grid point (method, M, τ, λ, step budget) and summarised over seeds as mean ± std; the
+difference to the reference method is paired by seed, with a 95% t interval, at equal epochs (the reference at the
+same budget) or at equal training compute (``--pair compute``: the reference whose images × members through the
+backbone are the same). Everything is read from what the trainer logs to MLflow: the params (the flattened config),
+the test-set evaluation (``eval/test/raw/*``, from ``eval.at_end`` or ``sigmanens eval``) or the final ``val/*``
+metrics, and the ``final/*`` extras. The table (Markdown and CSV, plus a CSV of every run) and the plots are logged
+back to the study's parent run.
 """
 
 from __future__ import annotations
@@ -32,16 +35,23 @@ from scipy import stats
 from sigmanens_dist.study import DEFINITION, METHODS, ROLE_TAG
 from sigmanens_dist.tracking import PARENT_TAG
 
-__all__ = ["CompareError", "Group", "RunRecord", "group_runs", "load_runs", "main", "paired_difference", "write_report"]
+__all__ = ["CompareError", "Group", "RunRecord", "group_runs", "load_runs", "main", "paired_difference", "select_split",
+           "write_report"]
 
-# table column -> the MLflow metric it is read from
-METRICS = {"acc": "val/acc", "nll": "val/nll", "ece": "val/ece", "brier": "val/brier",
-           "disagreement": "val/disagreement", "sharing": "val/sharing/members_on",
-           "train_img_per_s": "final/train_img_per_s"}
+# table column -> the MLflow metric it is read from, per split: the loop's final validation, or the test-set
+# evaluation of the trained (raw, not EMA) weights
+SCORES = ("acc", "nll", "ece", "brier", "disagreement")
+SPLIT_METRICS = {"val": {c: f"val/{c}" for c in SCORES} | {"sharing": "val/sharing/members_on"},
+                 "test": {c: f"eval/test/raw/{c}" for c in SCORES} | {"sharing": "eval/test/raw/sharing/members_on"}}
+SPLITS = ("auto", "test", "val")
+PAIRINGS = {"epochs": "the same M, τ, λ (where both methods have them) and step budget: equal epochs",
+            "compute": "the same training compute (images × members through the backbone) and τ, λ where both "
+                       "methods have them: e.g. σN-Ens M=4 against the single model trained 4× the steps"}
 DIFFS = ("acc", "nll", "ece", "brier", "ood_auroc")  # paired against the reference
 # what `sigmanens eval` logs: eval/<split>/<weights>/shift/<corruption>/s<k>/ece and .../ood_<set>/<score>/auroc
 _SEVERITY = re.compile(r"^(eval/[^/]+/[^/]+)/shift/[^/]+/s(\d+)/ece$")
 _AUROC = re.compile(r"^(eval/[^/]+/[^/]+)/ood_[^/]+/entropy/auroc$")  # predictive entropy, the README's OOD score
+_MS_PER_IMAGE = re.compile(r"^eval/test/raw/k(\d+)/ms_per_image$")  # forward time of the k-member ensemble
 
 
 class CompareError(ValueError):
@@ -60,12 +70,14 @@ class RunRecord:
     tau: float | None
     lam: float | None
     seed: int
+    budget: int = 1  # train.max_steps multiplier of a study's --budgets (1: the recipe's steps)
     values: dict[str, float] = field(default_factory=dict)  # table columns
+    split_values: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> score columns, as logged
     severity_ece: dict[int, float] = field(default_factory=dict)  # corruption severity -> ECE, if logged
 
     @property
-    def key(self) -> tuple[str, int, float | None, float | None]:
-        return self.method, self.members, self.tau, self.lam
+    def key(self) -> tuple[str, int, float | None, float | None, int]:
+        return self.method, self.members, self.tau, self.lam, self.budget
 
 
 @dataclass
@@ -76,6 +88,7 @@ class Group:
     members: int
     tau: float | None
     lam: float | None
+    budget: int
     runs: dict[int, RunRecord]
 
     def values(self, column: str) -> np.ndarray:
@@ -93,6 +106,7 @@ class Group:
         parts = [self.method] + ([f"M={self.members}"] if _uses(self.method, "members") else [])
         parts += [f"τ={self.tau:g}"] if self.tau is not None else []
         parts += [f"λ={self.lam:g}"] if self.lam is not None else []
+        parts += [f"{self.budget}× steps"] if self.budget != 1 else []
         return " ".join(parts)
 
 
@@ -200,9 +214,15 @@ def _record(run: Any) -> RunRecord:
     method = (tags.get("sigmanens.method") or params.get("model.method") or tags.get("method")
               or ("sigma" if params.get("model.ensemble", "True") == "True" else "single"))  # runs before model.method
     members = int(tags.get("num_members") or params.get("model.num_members", 1))
+    budget = int(tags.get("sigmanens.grid.budget") or 1)
     tau = _float(tags.get("sigmanens.grid.tau") or params.get("reg.tau")) if _uses(method, "reg") else None
     lam = _float(tags.get("sigmanens.grid.lambda") or params.get("reg.lambda")) if _uses(method, "reg") else None
-    values = {col: metrics[key] for col, key in METRICS.items() if key in metrics}
+    split_values = {split: {col: metrics[key] for col, key in names.items() if key in metrics}
+                    for split, names in SPLIT_METRICS.items()}
+    values = {"train_img_per_s": metrics["final/train_img_per_s"]} if "final/train_img_per_s" in metrics else {}
+    timed = sorted((int(m.group(1)), v) for k, v in metrics.items() if (m := _MS_PER_IMAGE.match(k)))
+    if timed:
+        values["ms_per_image"] = timed[-1][1]  # the full ensemble's
     n_params = metrics.get("final/params", _float(tags.get("params")))
     if n_params is not None:
         values["params"] = n_params
@@ -228,7 +248,24 @@ def _record(run: Any) -> RunRecord:
             by_severity[sev].append(v)
     severity = {sev: float(np.mean(vs)) for sev, vs in by_severity.items()}  # mean over corruptions
     return RunRecord(run.info.run_id, run.info.run_name, run.info.status, method, members, tau, lam,
-                     int(params.get("seed", 0)), values, severity)
+                     int(params.get("seed", 0)), budget, values, split_values, severity)
+
+
+def select_split(records: list[RunRecord], split: str) -> str:
+    """Put the chosen split's scores into every record's columns. ``auto``: the test set when every run has a
+    test-set evaluation, else the validation split. Returns the split used."""
+    if split not in SPLITS:
+        raise CompareError(f"--split {split!r}: choose one of {', '.join(SPLITS)}")
+    without_test = [r.name for r in records if "acc" not in r.split_values.get("test", {})]
+    if split == "auto":
+        split = "val" if without_test else "test"
+    elif split == "test" and without_test:
+        raise CompareError(f"--split test: {len(without_test)} run(s) have no test-set evaluation "
+                           f"(eval.at_end: true, or `sigmanens eval`): {', '.join(without_test[:10])}"
+                           f"{' …' if len(without_test) > 10 else ''}; use --split val")
+    for r in records:
+        r.values.update(r.split_values.get(split, {}))
+    return split
 
 
 def _float(text: str | None) -> float | None:
@@ -245,12 +282,12 @@ def _float(text: str | None) -> float | None:
 def group_runs(records: list[RunRecord]) -> list[Group]:
     groups: dict[tuple[Any, ...], Group] = {}
     for r in records:
-        g = groups.setdefault(r.key, Group(r.method, r.members, r.tau, r.lam, {}))
+        g = groups.setdefault(r.key, Group(r.method, r.members, r.tau, r.lam, r.budget, {}))
         g.runs[r.seed] = r
     order = {m: i for i, m in enumerate(METHODS)}
 
     def sort_key(g: Group) -> tuple[Any, ...]:
-        return (order.get(g.method, len(order)), g.method, g.members, -1 if g.tau is None else g.tau,
+        return (order.get(g.method, len(order)), g.method, g.budget, g.members, -1 if g.tau is None else g.tau,
                 -1 if g.lam is None else g.lam)
 
     return sorted(groups.values(), key=sort_key)
@@ -269,12 +306,18 @@ def paired_difference(group: Group, ref: Group, column: str) -> tuple[float, flo
     return float(d.mean()), float(d.mean()) - half, float(d.mean()) + half, len(d)
 
 
-def reference_for(group: Group, groups: list[Group], reference: str) -> Group | None:
-    """The reference method's group at the same values of the axes both methods have; None if not exactly one."""
+def reference_for(group: Group, groups: list[Group], reference: str, pair: str = "epochs") -> Group | None:
+    """The reference method's group to pair ``group`` with (``PAIRINGS``); None if not exactly one."""
     candidates = [g for g in groups if g.method == reference]
-    for axis, attr in (("members", "members"), ("reg", "tau"), ("reg", "lam")):
+    axes = [("reg", "tau"), ("reg", "lam")] + ([("members", "members")] if pair == "epochs" else [])
+    for axis, attr in axes:
         if _uses(reference, axis) and _uses(group.method, axis):
             candidates = [g for g in candidates if getattr(g, attr) == getattr(group, attr)]
+    if pair == "epochs":
+        candidates = [g for g in candidates if g.budget == group.budget]
+    else:
+        compute = group.mean("train_compute")
+        candidates = [g for g in candidates if math.isclose(g.mean("train_compute"), compute, rel_tol=0.01)]
     return candidates[0] if len(candidates) == 1 else None
 
 
@@ -282,14 +325,19 @@ def reference_for(group: Group, groups: list[Group], reference: str) -> Group | 
 # The report
 
 COLUMNS = [("params", "params", "{:,.0f}"), ("train_compute", "train compute (img×M)", "{:.3g}"),
-           ("inference_passes", "inference passes/img", "{:.0f}"), ("train_img_per_s", "train img/s", "{:.0f}"),
+           ("inference_passes", "inference passes/img", "{:.0f}"), ("ms_per_image", "inference ms/img", "{:.3f}"),
+           ("train_img_per_s", "train img/s", "{:.0f}"),
            ("acc", "acc", "{:.4f}"), ("nll", "NLL", "{:.4f}"), ("ece", "ECE", "{:.4f}"), ("brier", "Brier", "{:.4f}"),
            ("ood_auroc", "OOD AUROC", "{:.4f}"), ("disagreement", "disagreement", "{:.4f}"),
            ("sharing", "sharing (members on)", "{:.3f}")]
 
 
-def write_report(records: list[RunRecord], notes: list[str], out: Path, reference: str | None) -> list[Path]:
+def write_report(records: list[RunRecord], notes: list[str], out: Path, reference: str | None, *,
+                 pair: str = "epochs", split: str = "auto") -> list[Path]:
     """``table.md``, ``table.csv``, ``runs.csv`` and the plots in ``out``; returns the files written."""
+    if pair not in PAIRINGS:
+        raise CompareError(f"--pair {pair!r}: choose one of {', '.join(PAIRINGS)}")
+    split = select_split(records, split)
     out.mkdir(parents=True, exist_ok=True)
     groups = group_runs(records)
     methods = [g.method for g in groups]
@@ -301,8 +349,9 @@ def write_report(records: list[RunRecord], notes: list[str], out: Path, referenc
     columns = [c for c in COLUMNS if any(c[0] in r.values for r in records)]
     # with one method every group would pair with itself: no difference columns
     diffs = [c for c in DIFFS if any(c in r.values for r in records)] if len(set(methods)) > 1 else []
-    files = [_markdown(groups, columns, diffs, reference, notes, out / "table.md"),
-             _csv(groups, columns, diffs, reference, out / "table.csv"), _runs_csv(records, out / "runs.csv")]
+    report = _Report(groups, columns, diffs, reference, pair, split)
+    files = [_markdown(report, notes, out / "table.md"), _csv(report, out / "table.csv"),
+             _runs_csv(records, out / "runs.csv")]
     files += [p for p in (_plot_members(groups, out / "metric_vs_members.png"),
                           _plot_pareto(groups, out / "acc_vs_ece.png"),
                           _plot_cost(groups, out / "nll_vs_cost.png"),
@@ -317,9 +366,29 @@ def _cell(group: Group, column: str, fmt: str) -> str:
     return fmt.format(mean) + ("" if math.isnan(std) or std == 0 else " ± " + fmt.format(std))
 
 
-def _diff_cell(group: Group, groups: list[Group], reference: str, column: str) -> str:
-    ref = reference_for(group, groups, reference)
-    if ref is None or ref is group:
+@dataclass
+class _Report:
+    """What the table writers share."""
+
+    groups: list[Group]
+    columns: list[tuple[str, str, str]]
+    diffs: list[str]
+    reference: str
+    pair: str
+    split: str
+
+    @property
+    def budgets(self) -> bool:  # a step-budget column only where budgets vary
+        return any(g.budget != 1 for g in self.groups)
+
+    def reference_of(self, group: Group) -> Group | None:
+        ref = reference_for(group, self.groups, self.reference, self.pair)
+        return None if ref is group else ref
+
+
+def _diff_cell(report: _Report, group: Group, column: str) -> str:
+    ref = report.reference_of(group)
+    if ref is None:
         return ""
     mean, lo, hi, n = paired_difference(group, ref, column)
     if n == 0:
@@ -327,24 +396,29 @@ def _diff_cell(group: Group, groups: list[Group], reference: str, column: str) -
     return f"{mean:+.4f}" + (f" [{lo:+.4f}, {hi:+.4f}]" if n > 1 else " (1 seed)")
 
 
-def _axis_cells(g: Group) -> list[str]:
+def _axis_cells(g: Group, budgets: bool) -> list[str]:
     return [g.method, str(g.members) if _uses(g.method, "members") else "1",
-            "" if g.tau is None else f"{g.tau:g}", "" if g.lam is None else f"{g.lam:g}", str(len(g.runs))]
+            "" if g.tau is None else f"{g.tau:g}", "" if g.lam is None else f"{g.lam:g}",
+            *([f"{g.budget}×"] if budgets else []), str(len(g.runs))]
 
 
-def _markdown(groups: list[Group], columns: list, diffs: list[str], reference: str, notes: list[str],
-              path: Path) -> Path:
-    head = ["method", "M", "τ", "λ", "seeds", *(c[1] for c in columns), *(f"Δ{d} vs {reference} [95% CI]"
-                                                                         for d in diffs)]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 5 + ["---:"] * (len(head) - 5)) + "|"]
-    for g in groups:
-        cells = [*_axis_cells(g), *(_cell(g, c[0], c[2]) for c in columns),
-                 *(_diff_cell(g, groups, reference, d) for d in diffs)]
+def _markdown(report: _Report, notes: list[str], path: Path) -> Path:
+    axes = ["method", "M", "τ", "λ", *(["steps"] if report.budgets else []), "seeds"]
+    head = [*axes, *(c[1] for c in report.columns),
+            *(f"Δ{d} vs {report.reference} [95% CI]" for d in report.diffs)]
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "|".join(["---"] * len(axes) + ["---:"] * (len(head) - len(axes))) + "|"]
+    for g in report.groups:
+        cells = [*_axis_cells(g, report.budgets), *(_cell(g, c[0], c[2]) for c in report.columns),
+                 *(_diff_cell(report, g, d) for d in report.diffs)]
         lines.append("| " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n\nMean ± std over seeds. "
-    text += (f"Δ: the paired difference (same seed) against {reference} at the same M, τ and λ where both methods "
-             "have them, with the 95% t interval; it excludes 0 when both ends have the same sign. " if diffs else
+    where = ("the test set (the trained weights' `eval/test/raw/*`)" if report.split == "test" else
+             "the validation split (the loop's final `val/*`)")
+    text = "\n".join(lines) + f"\n\nScores on {where}; mean ± std over seeds. "
+    text += (f"Δ: the paired difference (same seed) against {report.reference} at {PAIRINGS[report.pair]}, with the "
+             "95% t interval; it excludes 0 when both ends have the same sign. " if report.diffs else
              "One method only: no paired differences (a study with `--methods sigma,single` has a reference). ")
+    text += "Steps: the recipe's train.max_steps × this budget. " if report.budgets else ""
     text += ("Train compute: optimiser steps × global batch × M (images × members through the backbone); inference "
              "passes: backbone passes per predicted image.\n")
     if notes:
@@ -353,17 +427,20 @@ def _markdown(groups: list[Group], columns: list, diffs: list[str], reference: s
     return path
 
 
-def _csv(groups: list[Group], columns: list, diffs: list[str], reference: str, path: Path) -> Path:
+def _csv(report: _Report, path: Path) -> Path:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["method", "M", "tau", "lambda", "seeds", *(f"{c[0]}_{s}" for c in columns for s in ("mean", "std")),
-                    *(f"diff_{d}_vs_{reference}_{s}" for d in diffs for s in ("mean", "lo", "hi", "pairs"))])
-        for g in groups:
-            row: list[Any] = _axis_cells(g)
-            row += [v for c in columns for v in (g.mean(c[0]), g.std(c[0]))]
-            for d in diffs:
-                ref = reference_for(g, groups, reference)
-                row += list(paired_difference(g, ref, d)) if ref is not None and ref is not g else ["", "", "", 0]
+        w.writerow(["method", "M", "tau", "lambda", "budget", "seeds", "split", "pair",
+                    *(f"{c[0]}_{s}" for c in report.columns for s in ("mean", "std")),
+                    *(f"diff_{d}_vs_{report.reference}_{s}" for d in report.diffs
+                      for s in ("mean", "lo", "hi", "pairs"))])
+        for g in report.groups:
+            row: list[Any] = [*_axis_cells(g, True), report.split, report.pair]
+            row[4] = g.budget
+            row += [v for c in report.columns for v in (g.mean(c[0]), g.std(c[0]))]
+            ref = report.reference_of(g)
+            for d in report.diffs:
+                row += list(paired_difference(g, ref, d)) if ref is not None else ["", "", "", 0]
             w.writerow(["" if isinstance(v, float) and math.isnan(v) else v for v in row])
     return path
 
@@ -372,9 +449,9 @@ def _runs_csv(records: list[RunRecord], path: Path) -> Path:
     keys = sorted({k for r in records for k in r.values})
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["run_id", "name", "method", "M", "tau", "lambda", "seed", *keys])
+        w.writerow(["run_id", "name", "method", "M", "tau", "lambda", "budget", "seed", *keys])
         for r in sorted(records, key=lambda r: r.name):
-            w.writerow([r.run_id, r.name, r.method, r.members, r.tau, r.lam, r.seed,
+            w.writerow([r.run_id, r.name, r.method, r.members, r.tau, r.lam, r.budget, r.seed,
                         *(r.values.get(k, "") for k in keys)])
     return path
 
@@ -384,6 +461,8 @@ def _series(groups: list[Group]) -> dict[str, list[Group]]:
     lines: dict[str, list[Group]] = defaultdict(list)
     for g in groups:
         extra = (f" τ={g.tau:g}" if g.tau is not None else "") + (f" λ={g.lam:g}" if g.lam is not None else "")
+        if g.budget != 1 or any(o.budget != 1 and o.method == g.method for o in groups):
+            extra += " (steps × budget)"  # the equal-compute line: budget b is drawn at M = b
         lines[g.method + extra].append(g)
     return lines
 
@@ -396,17 +475,17 @@ def _errorbar(ax: Any, xs: list[float], groups: list[Group], column: str, label:
 
 def _plot_members(groups: list[Group], path: Path) -> Path | None:
     """Accuracy, NLL and ECE against M, one line per method (and τ, λ); needs two or more values of M."""
-    if len({g.members for g in groups}) < 2:
+    if len({g.members * g.budget for g in groups}) < 2:
         return None
     fig = Figure(figsize=(15, 4.2), layout="constrained")
     axes = fig.subplots(1, 3)
     for label, gs in _series(groups).items():
-        gs = sorted(gs, key=lambda g: g.members)
+        gs = sorted(gs, key=lambda g: g.members * g.budget)
         for ax, column in zip(axes, ("acc", "nll", "ece"), strict=True):
-            _errorbar(ax, [g.members for g in gs], gs, column, label)
+            _errorbar(ax, [g.members * g.budget for g in gs], gs, column, label)
     for ax, title in zip(axes, ("accuracy", "NLL", "ECE"), strict=True):
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("members M")
+        ax.set_xlabel("members M (a single model trained b× the steps: at M = b, equal compute)")
         ax.set_title(f"{title} vs M (mean ± std over seeds)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
@@ -503,6 +582,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="tracking URI, sqlite:///path/mlflow.db or http://host:port (default $MLFLOW_TRACKING_URI)")
     ap.add_argument("--out", type=Path, help="where the table and plots go (default runs/compare-<parent|experiment>)")
     ap.add_argument("--reference", help="the method differences are paired against (default single, else sigma)")
+    ap.add_argument("--pair", choices=list(PAIRINGS), default="epochs",
+                    help="; ".join(f"{k}: {v}" for k, v in PAIRINGS.items()))
+    ap.add_argument("--split", choices=list(SPLITS), default="auto",
+                    help="scores from the test-set evaluation or the validation split (auto: test when every run "
+                         "has it)")
     args = ap.parse_args(argv)
     if not args.uri:
         print("error: give --uri (e.g. sqlite:///runs/study-m-scaling/mlflow.db) or set MLFLOW_TRACKING_URI",
@@ -511,7 +595,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or Path("runs") / f"compare-{args.parent or args.experiment}"
     try:
         records, notes, parent = load_runs(args.uri, parent=args.parent, experiment=args.experiment)
-        files = write_report(records, notes, out, args.reference)
+        files = write_report(records, notes, out, args.reference, pair=args.pair, split=args.split)
     except CompareError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ from sigmanens_dist.compare import (
     load_runs,
     paired_difference,
     reference_for,
+    select_split,
     write_report,
 )
 from sigmanens_dist.compare import main as compare_main
@@ -189,6 +190,20 @@ def test_grid_collapses_axes_a_method_does_not_have_and_keeps_the_global_batch(t
     assert cmd[-2:] == ["tracking.parent_run_id=abc", "checkpoint.resume=auto"]
 
 
+def test_budget_axis_multiplies_the_steps_for_equal_compute(tmp_path: Path) -> None:
+    d = build_definition("methods", None, {"methods": ["single"], "budgets": [1, 4], "seeds": [0]}, BASE,
+                         tmp_path / "s")
+    assert [c["name"] for c in d["children"]] == ["single-s0", "single-x4-s0"]
+    assert "train.max_steps=8" in d["children"][1]["overrides"]  # BASE trains 2 steps
+    assert not any(o.startswith("train.max_steps") for o in d["children"][0]["overrides"])
+    with pytest.raises(StudyError, match=r"--budgets 1,2: multiplies train.max_steps, which the base config does not "
+                                         r"set \(it trains train.epochs=1\)"):
+        build_definition("methods", None, {"methods": ["single"], "budgets": [1, 2]},
+                         [*BASE, "train.max_steps=null", "train.epochs=1"], tmp_path / "t")
+    with pytest.raises(StudyError, match="--budgets: 0 is not a whole number >= 1"):
+        build_definition("methods", None, {"methods": ["single"], "budgets": [0]}, BASE, tmp_path / "u")
+
+
 def test_child_state_skips_finished_and_resumes_interrupted(tmp_path: Path) -> None:
     definition = {"out": str(tmp_path)}
     for name in ("done", "cut", "new"):
@@ -200,9 +215,10 @@ def test_child_state_skips_finished_and_resumes_interrupted(tmp_path: Path) -> N
     assert child_state(definition, {"name": "new"}, {"new"}) == "finished"  # FINISHED in MLflow (another node)
 
 
-def _record(method: str, m: int, tau: float | None, seed: int, acc: float) -> RunRecord:
-    return RunRecord(f"{method}{m}{tau}{seed}", f"{method}-{m}-{tau}-{seed}", "FINISHED", method, m, tau,
-                     None if tau is None else 0.001, seed, {"acc": acc})
+def _record(method: str, m: int, tau: float | None, seed: int, acc: float, budget: int = 1) -> RunRecord:
+    return RunRecord(f"{method}{m}{tau}{seed}x{budget}", f"{method}-{m}-{tau}-x{budget}-{seed}", "FINISHED", method, m,
+                     tau, None if tau is None else 0.001, seed, budget,
+                     values={"acc": acc, "train_compute": m * budget})
 
 
 def test_paired_difference_is_a_t_interval_over_seeds() -> None:
@@ -219,6 +235,24 @@ def test_paired_difference_is_a_t_interval_over_seeds() -> None:
     other = next(g for g in groups if g.tau == 1.0)
     assert paired_difference(other, ref, "acc")[3] == 2  # only seeds 0 and 2 pair
     assert reference_for(ref, groups, "sigma") is None  # two σN-Ens groups: no single reference for `single`
+
+
+def test_pairing_at_equal_epochs_or_equal_compute(tmp_path: Path) -> None:
+    records = [_record("single", 1, None, s, 0.80) for s in range(3)]
+    records += [_record("single", 1, None, s, 0.84 + 0.01 * s, budget=4) for s in range(3)]  # 4× the steps
+    records += [_record("sigma", 4, 0.5, s, 0.83) for s in range(3)]
+    groups = group_runs(records)
+    sigma = next(g for g in groups if g.method == "sigma")
+    assert reference_for(sigma, groups, "single", "epochs").budget == 1
+    assert reference_for(sigma, groups, "single", "compute").budget == 4  # same images × members
+    write_report(records, [], tmp_path, "single", pair="compute")
+    table = (tmp_path / "table.md").read_text()
+    assert "| single | 1 |  |  | 4× | 3 |" in table and "| sigma | 4 | 0.5 | 0.001 | 1× | 3 |" in table
+    assert "-0.0200 [" in table and "the same training compute" in table  # 0.83 − (0.84, 0.85, 0.86)
+    with pytest.raises(CompareError, match="--pair 'flops': choose one of epochs, compute"):
+        write_report(records, [], tmp_path, "single", pair="flops")
+    with pytest.raises(CompareError, match=r"--split test: 9 run\(s\) have no test-set evaluation"):
+        write_report(records, [], tmp_path, "single", split="test")
 
 
 def test_compare_errors_name_what_is_wrong(tmp_path: Path) -> None:
@@ -266,12 +300,19 @@ def test_run_record_reads_what_train_and_eval_log() -> None:
                "eval/test/raw/ood_digits/entropy/auroc": 0.9, "eval/test/raw/ood_digits/msp/auroc": 0.1,
                "eval/test/ema/ood_digits/entropy/auroc": 0.2, "eval/test/raw/shift/blur/s1/ece": 0.1,
                "eval/test/raw/shift/noise/s1/ece": 0.3, "eval/test/raw/shift/noise/s2/ece": 0.5,
-               "eval/test/ema/shift/noise/s1/ece": 9.0}
+               "eval/test/ema/shift/noise/s1/ece": 9.0, "eval/test/raw/k2/ms_per_image": 0.5,
+               "eval/test/raw/k4/ms_per_image": 0.9}
     run = SimpleNamespace(info=SimpleNamespace(run_id="r", run_name="deep-M4-s1", status="FINISHED"),
                           data=SimpleNamespace(params={"model.method": "deep", "model.num_members": "4", "seed": "1",
                                                        "reg.tau": "0.5", "reg.lambda": "0.001"},
-                                               tags={"num_members": "4"}, metrics=metrics))
+                                               tags={"num_members": "4", "sigmanens.grid.budget": "2"},
+                                               metrics=metrics))
     r = _record(run)
-    assert (r.method, r.members, r.tau, r.lam, r.seed) == ("deep", 4, None, None, 1)  # deep has no τ, λ
+    assert (r.method, r.members, r.tau, r.lam, r.seed, r.budget) == ("deep", 4, None, None, 1, 2)  # no τ, λ
+    assert select_split([r], "auto") == "val"  # no test-set evaluation of acc: the validation split
     assert r.values["ood_auroc"] == 0.9 and r.values["train_compute"] == 320 * 4 and r.values["acc"] == 0.8
+    assert r.values["ms_per_image"] == 0.9  # the full ensemble's forward time
+    metrics["eval/test/raw/acc"] = 0.7
+    r = _record(run)
+    assert select_split([r], "auto") == "test" and r.values["acc"] == 0.7
     assert r.severity_ece == pytest.approx({1: 0.2, 2: 0.5})  # mean over corruptions, raw weights only
