@@ -513,6 +513,24 @@ def _parse_yaml(text: str) -> tuple[Any, list[str]]:
         loader.dispose()
 
 
+RECIPES = Path(__file__).resolve().parent / "configs"  # copies of the top-level configs/, shipped as package data
+
+
+def recipe_path(path: str | Path) -> Path:
+    """``path`` itself when it exists or names a folder; else the packaged recipe of that name (``demo`` or
+    ``demo.yaml``), so ``--config NAME`` works after a plain ``pip install``."""
+    p = Path(path)
+    if p.exists() or p.parent != Path("."):
+        return p
+    packaged = RECIPES / (p.name if p.suffix in (".yaml", ".yml") else f"{p.name}.yaml")
+    return packaged if packaged.is_file() else p
+
+
+def recipes() -> list[str]:
+    """The names of the packaged recipes."""
+    return sorted(q.stem for q in RECIPES.glob("*.yaml"))
+
+
 def load_config(path: str | Path | None, overrides: Sequence[str] = (), *, check_data: bool = True) -> Config:
     """The config in the YAML file ``path`` (None: the defaults) with ``dotted.key=value`` ``overrides`` applied.
 
@@ -520,9 +538,10 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = (), *, check
     dict field (``model.kwargs.img_size=32``). With ``check_data`` the data root must exist unless the data is
     synthetic. Raises one :class:`ConfigError` listing every problem found.
     """
+    path = recipe_path(path) if path is not None else None
     source = str(path) if path is not None else "<defaults>"
     problems: list[str] = []
-    raw = _read_file(Path(path), problems) if path is not None else {}
+    raw = _read_file(path, problems) if path is not None else {}
     _apply_overrides(raw if raw is not None else {}, overrides, problems)
     if raw is None:  # the file itself is unusable: validating the rest would only add misleading lines
         raise ConfigError(source, problems)
@@ -595,7 +614,8 @@ def _read_file(path: Path, problems: list[str]) -> dict[str, Any] | None:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
-        problems.append(_line(_FILE, f"cannot read the config file: {err.strerror or err}", str(path)))
+        problems.append(_line(_FILE, f"cannot read the config file: {err.strerror or err} (a path, or a packaged "
+                                     f"recipe: {', '.join(recipes())})", str(path)))
         return None
     try:
         raw, duplicates = _parse_yaml(text)

@@ -1,72 +1,65 @@
-"""The embedded demo: a single model and σN-Ens (M=4) from the same timm backbone, trained on Fashion-MNIST under
-2-process torchrun DDP on CPU, tracked in the local MLflow store, compared in a table and a reliability diagram.
+"""The embedded demo: the single model and σN-Ens (M=4) on one timm backbone, trained on Fashion-MNIST under
+2-process torchrun DDP on CPU as a small study, then compared from the study's own MLflow store: the
+``sigmanens compare`` table (test-set scores, OOD AUROC against digits) and plots, and reliability diagrams.
 
-    python -m sigmanens_dist.demo [--nproc 2] [--out runs/demo] [key=value overrides for both runs]
+    python -m sigmanens_dist.demo [--nproc 2] [--seeds 0] [--out runs/demo] [--config fmnist_small] [key=value …]
+
+The recipe is the reproduction's (``configs/fmnist_small.yaml``, README "Reproduction"), with the per-rank batch
+divided by ``--nproc`` so that the global batch is the one the reproduction measured. Running it again with the same
+arguments shows the finished study again without training; another ``--out`` starts afresh.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from rich.console import Console
-from rich.table import Table
 
+from sigmanens_dist.compare import main as compare_main
+from sigmanens_dist.config import load_config
 from sigmanens_dist.metrics import reliability_diagrams
+from sigmanens_dist.study import DEFINITION, load_definition
+from sigmanens_dist.study import main as study_main
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
-RUNS = {"single model": ["model.method=single"], "σN-Ens M=4": ["model.method=sigma", "model.num_members=4"]}
-
-
-def train(run_dir: Path, nproc: int, overrides: Sequence[str], config: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "sigmanens_dist.train", "--config", str(config), f"run_dir={run_dir}", *overrides]
-    print("$ " + " ".join(cmd), flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    result = subprocess.run(cmd, env=env, check=False)
-    if result.returncode != 0:
-        raise SystemExit(f"training in {run_dir} failed with exit status {result.returncode}")
+RECIPE = "fmnist_small"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nproc", type=int, default=2, help="torchrun processes (default 2)")
-    ap.add_argument("--out", type=Path, default=Path("runs/demo"), help="where both runs and the plot go")
-    ap.add_argument("--config", type=Path, default=CONFIG)
+    ap.add_argument("--nproc", type=int, default=2, help="torchrun processes per run (default 2)")
+    ap.add_argument("--seeds", default="0", help="seeds, e.g. 0,1,2 (paired: the difference gets an interval)")
+    ap.add_argument("--out", type=Path, default=Path("runs/demo"), help="the study folder (runs, store, report)")
+    ap.add_argument("--config", default=RECIPE, help="a recipe path or packaged name (default fmnist_small)")
     ap.add_argument("overrides", nargs="*", help="extra dotted overrides applied to both runs")
     args = ap.parse_args(argv)
 
-    results, curves = {}, {}
-    for label, extra in RUNS.items():
-        run_dir = args.out / ("single" if label == "single model" else "sigma_m4")
-        shutil.rmtree(run_dir, ignore_errors=True)  # a demo starts fresh; earlier runs stay in the MLflow store
-        train(run_dir, args.nproc, [*extra, "checkpoint.resume=none", *args.overrides], args.config)
-        results[label] = json.loads((run_dir / "final_metrics.json").read_text())
-        pred = torch.load(run_dir / "val_predictions.pt")
-        curves[label] = (pred["probs"], pred["targets"])
-
-    table = Table(title=f"Fashion-MNIST validation split (carved from training data), {args.nproc}-process DDP on CPU")
-    columns = [("params", "{:,.0f}"), ("acc", "{:.4f}"), ("nll", "{:.4f}"), ("ece", "{:.4f}"),
-               ("brier", "{:.4f}"), ("disagreement", "{:.4f}"), ("train_img_per_s", "{:.0f}")]
-    table.add_column("model", no_wrap=True)
-    for name, _ in columns:
-        table.add_column(name.replace("train_img_per_s", "img/s"), justify="right", no_wrap=True)
-    for label, r in results.items():
-        table.add_row(label, *(fmt.format(r[name]) for name, fmt in columns))
-    console = Console()
-    (console if console.is_terminal else Console(width=120)).print(table)  # logs and pipes get the full table
+    batch = load_config(args.config, args.overrides, check_data=False).train.batch_size
+    if args.nproc < 1 or batch % args.nproc:
+        print(f"error: --nproc {args.nproc} must be ≥ 1 and divide the recipe's batch of {batch}", file=sys.stderr)
+        return 2
+    per_rank = [f"train.batch_size={batch // args.nproc}"] if args.nproc > 1 else []
+    status = study_main(["methods", "--methods", "single,sigma", "--members", "4", "--seeds", args.seeds,
+                         "--nproc", str(args.nproc), "--config", str(args.config), "--out", str(args.out),
+                         *args.overrides, *per_rank])
+    if status != 0:
+        return status
+    definition = load_definition(args.out / DEFINITION)
+    tracking = definition["tracking"]
+    if tracking["parent_run_id"] is None:  # tracking.enabled=false: nothing to compare from
+        return 0
+    status = compare_main(["--parent", tracking["parent_run_id"], "--uri", tracking["uri"],
+                           "--out", str(args.out / "compare")])
+    curves = {}
+    for child in definition["children"]:
+        pred = torch.load(Path(definition["out"]) / child["name"] / "val_predictions.pt")
+        curves[child["name"]] = (pred["probs"], pred["targets"])
     plot = reliability_diagrams(curves, args.out / "reliability.png")
-    db = (args.out.resolve() / "mlflow.db").as_posix()  # the default store sits beside the run directories
-    print(f"reliability diagrams: {plot}\nMLflow UI: mlflow ui --backend-store-uri sqlite:///{db}  "
-          "(then open http://127.0.0.1:5000)")
-    return 0
+    print(f"reliability diagrams (validation split): {plot}\nMLflow UI: mlflow ui --backend-store-uri "
+          f"{tracking['uri']}  (then open http://127.0.0.1:5000)")
+    return status
 
 
 if __name__ == "__main__":

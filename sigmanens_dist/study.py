@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from sigmanens_dist.config import Config, ConfigError, RegConfig, load_config
+from sigmanens_dist.config import Config, ConfigError, RegConfig, load_config, recipe_path
 from sigmanens_dist.preemption import EXIT_PREEMPTED, MARKER
 from sigmanens_dist.tracking import PARENT_TAG, default_tracking_uri, ensure_experiment
 
@@ -286,6 +286,7 @@ def write_definition(definition: dict[str, Any], config: Path | None) -> Path:
     out = Path(definition["out"])
     path = out / DEFINITION
     base_copy = out / BASE_CONFIG
+    config = recipe_path(config) if config is not None else None
     if path.is_file():
         old = yaml.safe_load(path.read_text())
         differs = [k for k in ("kind", "overrides", "nproc", "lambda_policy", "max_backbone_batch", "axes")

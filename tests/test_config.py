@@ -7,7 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from sigmanens_dist.config import Config, ConfigError, TrainConfig, check_paths, flatten, load_config, save_config
+from sigmanens_dist.config import RECIPES as PACKAGED
+from sigmanens_dist.config import (
+    Config,
+    ConfigError,
+    TrainConfig,
+    check_paths,
+    flatten,
+    load_config,
+    recipe_path,
+    save_config,
+)
 from sigmanens_dist.data.idx import FASHION_MNIST_ROOT
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,9 +45,23 @@ def test_defaults_are_valid() -> None:
     assert load_config(None, ["data.dataset=synthetic"]).data_root() is None
 
 
-def test_all_five_recipes_are_shipped() -> None:
-    assert [p.name for p in RECIPES] == ["cifar100_wrn.yaml", "demo.yaml", "imagenet_resnet50.yaml",
-                                         "imagenet_vit.yaml", "sst2_bert.yaml"]
+def test_all_six_recipes_are_shipped_and_packaged_unchanged() -> None:
+    assert [p.name for p in RECIPES] == ["cifar100_wrn.yaml", "demo.yaml", "fmnist_small.yaml",
+                                         "imagenet_resnet50.yaml", "imagenet_vit.yaml", "sst2_bert.yaml"]
+    # the package data (what --config NAME reads after a non-editable install) is a byte-for-byte copy
+    assert sorted(p.name for p in PACKAGED.glob("*.yaml")) == [p.name for p in RECIPES]
+    for recipe in RECIPES:
+        assert (PACKAGED / recipe.name).read_bytes() == recipe.read_bytes(), f"cp configs/{recipe.name} {PACKAGED}/"
+
+
+def test_config_by_recipe_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no configs/ folder here
+    assert recipe_path("demo") == recipe_path("demo.yaml") == PACKAGED / "demo.yaml"
+    assert load_config("fmnist_small", check_data=False).model.name == "test_resnet"
+    (tmp_path / "demo.yaml").write_text("seed: 7\n")  # a file of that name wins
+    assert load_config("demo.yaml", check_data=False).seed == 7
+    with pytest.raises(ConfigError, match=r"cannot read the config file.*packaged recipe: cifar100_wrn, demo, "):
+        load_config("nope", check_data=False)
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
