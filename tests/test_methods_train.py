@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from sigmanens_dist.eval.cli import main as eval_main
 from sigmanens_dist.train import main
 from tests.helpers import SYNTHETIC, TINY_VIT, final_state, losses, run_train
 
@@ -26,12 +27,21 @@ def _train(run_dir: Path, *overrides: str) -> dict[str, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["sigma", "batch", "packed", "film"])
-def test_method_trains_a_few_steps(tmp_path: Path, method: str) -> None:
+@pytest.mark.parametrize("method", ["sigma", "batch", "packed", "film", "deep"])
+def test_method_trains_a_few_steps_and_its_checkpoint_evaluates_the_same(tmp_path: Path, method: str) -> None:
+    """Each method trains, and `sigmanens eval` of its last checkpoint (the model rebuilt from the stored config by
+    the one checkpoint reader) scores the validation split exactly as the trainer's final evaluation did."""
     extra = ["model.name=resnet10t", "model.kwargs={}"] if method == "packed" else []
-    metrics = _train(tmp_path / method, f"model.method={method}", "train.batch_size=8", *extra)
+    run = tmp_path / method
+    metrics = _train(run, f"model.method={method}", "train.batch_size=8", *extra)
     assert "member1/nll" in metrics
     assert ("sharing/members_on" in metrics) == (method == "sigma")
+    assert eval_main(["--checkpoint", str(run / "checkpoints" / "step_00000003.pt"), "--split", "val",
+                      "--no-mlflow"]) == 0
+    report = json.loads((run / "checkpoints" / "eval_step_00000003" / "eval.json").read_text())
+    scored = report["weights"]["raw"]["metrics"]
+    for key in ("acc", "nll", "ece", "member1/nll"):
+        assert scored[key] == pytest.approx(metrics[key], rel=1e-5, abs=1e-6), key
 
 
 @pytest.fixture(scope="module")
