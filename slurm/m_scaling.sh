@@ -15,6 +15,8 @@
 # plus
 #   SIGMANENS_MEMBERS         the ensemble sizes, space separated (default "1 2 4 8 16")
 #   SIGMANENS_SEEDS           seeds, space separated (default "0"); the same seed pairs runs across M
+#   SIGMANENS_TAUS            τ values, space separated (default: the recipe's τ only)
+#   SIGMANENS_METHODS         methods, space separated, e.g. "sigma deep packed" (default: the recipe's method)
 #   SIGMANENS_EXPERIMENT      MLflow experiment (default m_scaling)
 #   SIGMANENS_STUDY_DIR       the study folder (default <runs root>/m_scaling)
 #   MLFLOW_TRACKING_URI       set it to an MLflow server: array elements write at the same time, and one sqlite file
@@ -54,9 +56,12 @@ if [ -z "${SLURM_JOB_ID:-}" ]; then  # submit mode: the study definition and par
   [ "${config#/}" != "$config" ] || config="$SIGMANENS_ROOT/$config"
   read -r -a members <<< "${SIGMANENS_MEMBERS:-1 2 4 8 16}"
   read -r -a seeds <<< "${SIGMANENS_SEEDS:-0}"
+  axes=()
+  [ -z "${SIGMANENS_TAUS:-}" ] || axes+=(--taus "$(echo $SIGMANENS_TAUS | tr ' ' ,)")
+  [ -z "${SIGMANENS_METHODS:-}" ] || axes+=(--methods "$(echo $SIGMANENS_METHODS | tr ' ' ,)")
   # The trainers run under torchrun here, not under the study's own launcher: its --nproc stays 1.
   "$python" -m sigmanens_dist.study m-scaling --config "$config" --members "$(IFS=,; echo "${members[*]}")" \
-    --seeds "$(IFS=,; echo "${seeds[*]}")" --out "$study_dir" --prepare "tracking.uri=$uri" \
+    --seeds "$(IFS=,; echo "${seeds[*]}")" "${axes[@]}" --out "$study_dir" --prepare "tracking.uri=$uri" \
     "tracking.experiment=${SIGMANENS_EXPERIMENT:-m_scaling}" "$@" >&2 || exit 2
   read -r count parent < <("$python" -c 'import sys, yaml
 d = yaml.safe_load(open(sys.argv[1]))

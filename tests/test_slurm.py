@@ -45,13 +45,13 @@ def crashing_job(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) 
 
 @pytest.fixture(scope="module", autouse=True)
 def m_scaling_array(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, int, Path]:
-    """slurm/m_scaling.sh over M = 1, 2 (array elements 0-1) and its comparison job, submitted early so that they
+    """slurm/m_scaling.sh over M = 1, 2, 4 (array elements 0-2) and its comparison job, submitted early so that they
     overlap the other tests."""
     tmp = tmp_path_factory.mktemp("m_scaling")
     # Submit mode (bash, not sbatch): the study definition and parent run once, then the array and the comparison.
     proc = subprocess.run(["bash", str(REPO / "slurm/m_scaling.sh"), *NO_GPUS, "--", *OVERRIDES, "train.max_steps=6",
                            "model.kwargs.depth=1"], cwd=tmp, capture_output=True, text=True, timeout=300, check=False,
-                          env=slurm.env(SIGMANENS_RUNS_ROOT=str(tmp / "runs"), SIGMANENS_MEMBERS="1 2"))
+                          env=slurm.env(SIGMANENS_RUNS_ROOT=str(tmp / "runs"), SIGMANENS_MEMBERS="1 2 4"))
     assert proc.returncode == 0, proc.stderr
     compare = re.search(r"comparison job (\d+) \(afterany\)", proc.stderr)
     assert compare is not None, proc.stderr
@@ -166,12 +166,12 @@ def test_crashing_job_is_retried_a_bounded_number_of_times(slurm: SlurmCluster, 
 
 def test_m_scaling_study_trains_each_m_and_compares(slurm: SlurmCluster,
                                                     m_scaling_array: tuple[int, int, Path]) -> None:
-    """Element i trains the i-th child of the study (M = 1, 2) into its folder and MLflow run, nested under the
-    study's parent run; the comparison job runs after the array and writes the table."""
+    """Element i trains the i-th child of the study (M = 1, 2, 4) into its folder and MLflow run, nested under the
+    study's parent run; the comparison job runs after the array and writes the table and plots."""
     job, compare_job, tmp = m_scaling_array
     study = tmp / "runs" / "m_scaling"
     children = [c["name"] for c in yaml.safe_load((study / "study.yaml").read_text())["children"]]
-    assert [n.split("-")[1] for n in children] == ["M1", "M2"]
+    assert [n.split("-")[1] for n in children] == ["M1", "M2", "M4"]
     for task, name in enumerate(children):
         info = slurm.wait_done(f"{job}_{task}", timeout=400)
         log = (tmp / f"slurm-sigmanens-m-scaling-{job}_{task}.out").read_text()
@@ -186,4 +186,5 @@ def test_m_scaling_study_trains_each_m_and_compares(slurm: SlurmCluster,
     info = slurm.wait_done(compare_job, timeout=300)
     assert info["JobState"] == "COMPLETED", next(study.glob("slurm-compare-*.out")).read_text()[-4000:]
     table = (study / "compare" / "table.md").read_text()
-    assert all(f"| sigma | {m} |" in table for m in (1, 2)), table
+    assert all(f"| sigma | {m} |" in table for m in (1, 2, 4)), table
+    assert (study / "compare" / "metric_vs_members.png").stat().st_size > 10_000
