@@ -247,6 +247,9 @@ class TrainConfig(_Section):
     # torch.compile the model (not the DDP/FSDP wrapper); state-dict keys stay the same, so checkpoints are too
     compile: bool = False
     compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"  # aot_eager: tracing without codegen
+    # recompute each block's activations in backward (timm set_grad_checkpointing, Hugging Face
+    # gradient_checkpointing_enable): activation memory of one block instead of all, for about one more forward
+    grad_checkpointing: bool = False
 
     @model_validator(mode="before")
     @classmethod

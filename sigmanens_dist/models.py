@@ -6,6 +6,7 @@ Every method answers :class:`sigmanens_dist.methods.EnsembleMethod` (``forward(x
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,9 @@ from sigmanens_dist.layers import SigmaStore, sigma_class_for
 from sigmanens_dist.methods import EnsembleMethod, build_method
 from sigmanens_dist.methods.single import SingleModel
 
-__all__ = ["SingleModel", "build_model", "param_groups"]
+__all__ = ["SingleModel", "build_model", "enable_grad_checkpointing", "param_groups"]
+
+log = logging.getLogger(__name__)
 
 
 def build_model(cfg: Any, num_classes: int, in_chans: int, vocab_size: int | None = None) -> EnsembleMethod:
@@ -28,12 +31,36 @@ def build_model(cfg: Any, num_classes: int, in_chans: int, vocab_size: int | Non
 
     def make_backbone() -> nn.Module:
         if model_cfg.source == "hf":
-            return _hf_backbone(model_cfg, model_cfg.num_classes or num_classes, vocab_size)
-        return timm.create_model(model_cfg.name, pretrained=model_cfg.pretrained,
-                                 num_classes=model_cfg.num_classes or num_classes,
-                                 in_chans=model_cfg.in_chans or in_chans, **model_cfg.kwargs)
+            backbone = _hf_backbone(model_cfg, model_cfg.num_classes or num_classes, vocab_size)
+        else:
+            backbone = timm.create_model(model_cfg.name, pretrained=model_cfg.pretrained,
+                                         num_classes=model_cfg.num_classes or num_classes,
+                                         in_chans=model_cfg.in_chans or in_chans, **model_cfg.kwargs)
+        if cfg.train.grad_checkpointing:
+            enable_grad_checkpointing(backbone, model_cfg.name)
+        return backbone
 
     return build_method(cfg, make_backbone)
+
+
+def enable_grad_checkpointing(backbone: nn.Module, name: str) -> None:
+    """Turn on the backbone's own activation checkpointing (per block, non-reentrant), before any conversion: the
+    σ layers that replace its norms sit inside the recomputed blocks. BatchNorm layers (σ or plain) update their
+    running statistics again when a block is recomputed, so with checkpointing each step moves them twice."""
+    if hasattr(backbone, "gradient_checkpointing_enable"):  # Hugging Face
+        backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif hasattr(backbone, "set_grad_checkpointing"):  # timm
+        try:
+            backbone.set_grad_checkpointing(True)
+        except (AssertionError, NotImplementedError) as err:
+            raise ValueError(f"train.grad_checkpointing: model.name={name!r} does not support it ({err or 'timm'})"
+                             ) from err
+    else:
+        raise ValueError(f"train.grad_checkpointing: model.name={name!r} ({type(backbone).__name__}) has neither "
+                         "timm's set_grad_checkpointing nor Hugging Face's gradient_checkpointing_enable")
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in backbone.modules()):
+        log.warning("train.grad_checkpointing with BatchNorm in %s: a recomputed block updates the running "
+                    "statistics a second time, so they move at about twice the momentum", name)
 
 
 def _hf_backbone(model_cfg: Any, num_labels: int, vocab_size: int | None) -> nn.Module:

@@ -412,22 +412,32 @@ def _finished_in_mlflow(definition: dict[str, Any]) -> set[str]:
         return set()
 
 
+def trainer_args(definition: dict[str, Any], child: dict[str, Any], def_path: Path) -> list[str]:
+    """The trainer's arguments for ``child`` (after ``-m sigmanens_dist.train``): what any launcher runs."""
+    config = ["--config", str(def_path.parent / definition["base_config"])] if definition["base_config"] else []
+    parent = definition["tracking"]["parent_run_id"]
+    return [*config, *definition["overrides"], *child["overrides"],
+            *([f"tracking.parent_run_id={parent}"] if parent else []), "checkpoint.resume=auto"]
+
+
 def _command(definition: dict[str, Any], child: dict[str, Any], def_path: Path) -> list[str]:
     nproc = definition["nproc"]
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m"]
                 if nproc > 1 else [sys.executable, "-m"])
-    config = ["--config", str(def_path.parent / definition["base_config"])] if definition["base_config"] else []
-    parent = definition["tracking"]["parent_run_id"]
-    return [*launcher, "sigmanens_dist.train", *config, *definition["overrides"], *child["overrides"],
-            *([f"tracking.parent_run_id={parent}"] if parent else []), "checkpoint.resume=auto"]
+    return [*launcher, "sigmanens_dist.train", *trainer_args(definition, child, def_path)]
 
 
-def run_one(def_path: Path, index: int) -> int:
-    """Run child ``index`` of the study (skip it if finished, resume it if interrupted); the trainer's exit status."""
+def run_one(def_path: Path, index: int, *, print_args: bool = False) -> int:
+    """Run child ``index`` of the study (skip it if finished, resume it if interrupted); the trainer's exit status.
+    With ``print_args`` only print the trainer's arguments, one per line, for a launcher of one's own (a multi-node
+    Slurm element: slurm/m_scaling.sh)."""
     definition = load_definition(def_path)
     children = definition["children"]
     if not 0 <= index < len(children):
         raise StudyError(f"--index {index}: the study has children 0..{len(children) - 1}")
+    if print_args:
+        print("\n".join(trainer_args(definition, children[index], def_path)))
+        return 0
     return _run_child(definition, children[index], def_path, _finished_in_mlflow(definition))
 
 
@@ -542,9 +552,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      "(a Slurm array element): skip it if finished, resume it if interrupted")
         ap.add_argument("--definition", type=Path, required=True, help=f"the study's {DEFINITION}")
         ap.add_argument("--index", type=int, required=True, help="the child's index (0-based)")
+        ap.add_argument("--print-args", action="store_true",
+                        help="print the trainer's arguments (one per line) instead of running it")
         args = ap.parse_args(argv[1:])
         try:
-            return run_one(args.definition, args.index)
+            return run_one(args.definition, args.index, print_args=args.print_args)
         except StudyError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2

@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# M-scaling: one σN-Ens training per ensemble size M, as a Slurm job array (element i trains M = the i-th entry of
-# SIGMANENS_MEMBERS), each element preemptible and requeueable like slurm/cifar100_wrn.sh.
-#   bash slurm/m_scaling.sh [sbatch options --] [key=value overrides...]     # recommended
-#   SIGMANENS_MEMBERS="1 2 4" bash slurm/m_scaling.sh --time=4:00:00 -- reg.tau=0.25
-# Run with bash (not sbatch), it creates the MLflow store and the experiment once, then submits itself as an array
-# with --array=0-<number of sizes - 1> (array elements creating one store at the same time race each other).
-# `sbatch --array=0-4 slurm/m_scaling.sh …` also works, but leaves the store to the elements.
-# Arguments are config overrides for every element. Element i writes <runs root>/<name>-M<M>-<array job id>_<i> and
-# its own MLflow run (run name <name>-M<M>) in experiment $SIGMANENS_EXPERIMENT.
+# M-scaling as a `sigmanens study` on Slurm: one MLflow parent run, one array element per grid point (ensemble size M
+# × seed), each preemptible and requeueable like slurm/cifar100_wrn.sh, and a comparison job that runs
+# `sigmanens compare` on the parent when the array has ended (afterany: also after failures, listing them).
+#   bash slurm/m_scaling.sh [sbatch options --] [key=value overrides...]
+#   SIGMANENS_MEMBERS="1 2 4" SIGMANENS_SEEDS="0 1 2" bash slurm/m_scaling.sh --time=4:00:00 -- reg.tau=0.25
+# Run with bash (not sbatch): it writes the study definition and opens the parent run once (`sigmanens study
+# m-scaling --prepare`), then submits the array over the definition's children and the comparison job, and prints
+# the array job id. The same command again reuses the study folder: finished children are skipped, interrupted ones
+# resume from their checkpoints (a different grid in the same folder is refused).
+# Arguments are config overrides for every child. Child i trains in <study folder>/<child name> (e.g.
+# sigma-M4-tau0.5-lam0-s0) and logs its own MLflow run of that name, nested under the parent.
 #
-# Environment variables: those of slurm/imagenet_vit.sh (SIGMANENS_CONFIG defaults to configs/cifar100_wrn.yaml,
-# SIGMANENS_RUN_NAME to m_scaling), plus
+# Environment variables: those of slurm/imagenet_vit.sh (SIGMANENS_CONFIG defaults to configs/cifar100_wrn.yaml),
+# plus
 #   SIGMANENS_MEMBERS         the ensemble sizes, space separated (default "1 2 4 8 16")
+#   SIGMANENS_SEEDS           seeds, space separated (default "0"); the same seed pairs runs across M
+#   SIGMANENS_TAUS            τ values, space separated (default: the recipe's τ only)
+#   SIGMANENS_METHODS         methods, space separated, e.g. "sigma deep packed" (default: the recipe's method)
 #   SIGMANENS_EXPERIMENT      MLflow experiment (default m_scaling)
+#   SIGMANENS_STUDY_DIR       the study folder (default <runs root>/m_scaling)
 #   MLFLOW_TRACKING_URI       set it to an MLflow server: array elements write at the same time, and one sqlite file
 #                             on a shared file system is unsafe under concurrent writers (the script warns)
-# This is a plain array over M calling the trainer: no parent MLflow run and no comparison job (yet).
 #SBATCH --job-name=sigmanens-m-scaling
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
@@ -34,11 +39,9 @@ set -uo pipefail
 # shellcheck source=common.sh
 source "${SIGMANENS_ROOT:-${SLURM_SUBMIT_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}}/slurm/common.sh" \
   || exit 2
+python="${SIGMANENS_PYTHON:-python}"
 
-read -r -a members <<< "${SIGMANENS_MEMBERS:-1 2 4 8 16}"
-experiment="${SIGMANENS_EXPERIMENT:-m_scaling}"
-
-if [ -z "${SLURM_JOB_ID:-}" ]; then  # submit mode: create the store and experiment once, then the array
+if [ -z "${SLURM_JOB_ID:-}" ]; then  # submit mode: the study definition and parent run once, then the jobs
   sbatch_args=()
   if [[ " $* " == *" -- "* ]]; then
     while [ "$1" != "--" ]; do sbatch_args+=("$1"); shift; done
@@ -46,27 +49,57 @@ if [ -z "${SLURM_JOB_ID:-}" ]; then  # submit mode: create the store and experim
   fi
   export SIGMANENS_ROOT="${SIGMANENS_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
   runs_root="$(realpath -m "$(_sm_runs_root)")"
+  study_dir="$(realpath -m "${SIGMANENS_STUDY_DIR:-$runs_root/m_scaling}")"
   mkdir -p "$runs_root"
   uri="${MLFLOW_TRACKING_URI:-sqlite:///$runs_root/mlflow.db}"
-  if ! "${SIGMANENS_PYTHON:-python}" -c 'import sys, mlflow; mlflow.set_tracking_uri(sys.argv[1])
-mlflow.set_experiment(sys.argv[2])' "$uri" "$experiment"; then
-    echo "m_scaling: cannot create MLflow experiment $experiment at $uri" >&2
-    exit 1
+  config="${SIGMANENS_CONFIG:-configs/cifar100_wrn.yaml}"
+  [ "${config#/}" != "$config" ] || config="$SIGMANENS_ROOT/$config"
+  read -r -a members <<< "${SIGMANENS_MEMBERS:-1 2 4 8 16}"
+  read -r -a seeds <<< "${SIGMANENS_SEEDS:-0}"
+  axes=()
+  [ -z "${SIGMANENS_TAUS:-}" ] || axes+=(--taus "$(echo $SIGMANENS_TAUS | tr ' ' ,)")
+  [ -z "${SIGMANENS_METHODS:-}" ] || axes+=(--methods "$(echo $SIGMANENS_METHODS | tr ' ' ,)")
+  # The trainers run under torchrun here, not under the study's own launcher: its --nproc stays 1.
+  "$python" -m sigmanens_dist.study m-scaling --config "$config" --members "$(IFS=,; echo "${members[*]}")" \
+    --seeds "$(IFS=,; echo "${seeds[*]}")" "${axes[@]}" --out "$study_dir" --prepare "tracking.uri=$uri" \
+    "tracking.experiment=${SIGMANENS_EXPERIMENT:-m_scaling}" "$@" >&2 || exit 2
+  read -r count parent < <("$python" -c 'import sys, yaml
+d = yaml.safe_load(open(sys.argv[1]))
+print(len(d["children"]), d["tracking"]["parent_run_id"] or "")' "$study_dir/study.yaml") || exit 2
+  array=$(sbatch --parsable --array="0-$((count - 1))" --export="ALL,SIGMANENS_DEFINITION=$study_dir/study.yaml" \
+    "${sbatch_args[@]}" "${BASH_SOURCE[0]}") || exit 1
+  array="${array%%;*}"
+  if [ -n "$parent" ]; then
+    compare=$(sbatch --parsable --dependency="afterany:$array" --job-name=sigmanens-m-scaling-compare \
+      --output="$study_dir/slurm-compare-%j.out" --ntasks=1 --cpus-per-task=1 --time=20 \
+      --wrap="$(printf '%q ' "$python" -m sigmanens_dist.compare --parent "$parent" --uri "$uri" \
+        --out "$study_dir/compare")") || exit 1
+    echo "m_scaling: study $study_dir ($count children), array job $array, comparison job $compare (afterany)" >&2
   fi
-  echo "m_scaling: MLflow experiment '$experiment' ready at $uri; submitting M = ${members[*]}" >&2
-  exec sbatch --parsable --array="0-$((${#members[@]} - 1))" "${sbatch_args[@]}" "${BASH_SOURCE[0]}" "$@"
+  echo "$array"
+  exit 0
 fi
 
-task="${SLURM_ARRAY_TASK_ID:?submit this as an array: bash slurm/m_scaling.sh, or sbatch --array=0-$((${#members[@]} - 1))}"
-if [ "$task" -ge "${#members[@]}" ]; then
-  _sm_log "array index $task has no entry in SIGMANENS_MEMBERS=(${members[*]}); use --array=0-$((${#members[@]} - 1))"
+definition="${SIGMANENS_DEFINITION:?submit with bash slurm/m_scaling.sh (it sets SIGMANENS_DEFINITION)}"
+task="${SLURM_ARRAY_TASK_ID:?submit with bash slurm/m_scaling.sh: this is an array element}"
+mapfile -t args < <("$python" -m sigmanens_dist.study run-one --definition "$definition" --index "$task" --print-args)
+if [ "${#args[@]}" -lt 2 ] || [ "${args[0]}" != "--config" ]; then
+  _sm_log "no trainer arguments for element $task of $definition"
   exit 2
 fi
-m="${members[$task]}"
-case "${MLFLOW_TRACKING_URI:-sqlite}" in
-  sqlite*) _sm_log "warning: MLflow writes to a sqlite file; array elements running at once may corrupt or lock" \
-                   "it on a shared file system: export MLFLOW_TRACKING_URI=<an MLflow server> for studies" ;;
-esac
-export SIGMANENS_RUN_NAME="${SIGMANENS_RUN_NAME:-m_scaling}-M$m"
-sigmanens_slurm_main configs/cifar100_wrn.yaml "tracking.experiment=$experiment" "model.num_members=$m" \
-  "tracking.run_name=$SIGMANENS_RUN_NAME" "$@"
+config="${args[1]}"  # the study's copy of the recipe: editing the original later does not change the study
+overrides=("${args[@]:2}")
+unset SIGMANENS_CONFIG
+for kv in "${overrides[@]}"; do
+  case "$kv" in
+    run_dir=*) export SIGMANENS_RUN_DIR="${kv#run_dir=}" ;;
+    tracking.uri=sqlite*) _sm_log "warning: MLflow writes to a sqlite file; array elements running at once may" \
+                                  "corrupt or lock it on a shared file system: export MLFLOW_TRACKING_URI=<an MLflow" \
+                                  "server> for studies" ;;
+  esac
+done
+if [ -s "${SIGMANENS_RUN_DIR:?}/final_metrics.json" ]; then
+  _sm_log "$SIGMANENS_RUN_DIR has finished already: skipped"
+  exit 0
+fi
+sigmanens_slurm_main "$config" "${overrides[@]}"

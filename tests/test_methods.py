@@ -14,6 +14,7 @@ from torch import nn
 
 from sigmanens_dist import convert_to_sigma_ensemble
 from sigmanens_dist.config import ConfigError, load_config
+from sigmanens_dist.eval.run import sub_ensemble
 from sigmanens_dist.methods.batch import BatchEnsembleLayer, convert_to_batch_ensemble
 from sigmanens_dist.methods.deep import DeepEnsemble
 from sigmanens_dist.methods.film import convert_to_film_ensemble
@@ -81,6 +82,20 @@ def test_member_is_a_plain_model_reproducing_its_logits(method: str, arch: list[
     assert not any(isinstance(mod, BatchEnsembleLayer) for mod in plain.modules())
     assert type(plain).__name__ == type(timm.create_model(arch[0][11:], num_classes=10)).__name__
     torch.testing.assert_close(plain(x), model(x)[k], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("method", "arch"), [c for c in CASES if c[0] in ("deep", "batch")],
+                         ids=[f"{m}-{a[0][11:]}" for m, a in CASES if m in ("deep", "batch")])
+def test_sub_ensemble_runs_only_its_members(method: str, arch: list[str]) -> None:
+    """`sigmanens eval`'s k-member sub-ensembles of the baselines: the selected members' logits, nothing else."""
+    model = _build(method, arch)
+    x = torch.randn(4, 3, 16, 16)
+    model.train()(x)
+    model.eval()
+    picked = [model.num_members - 1, 0]
+    sub = sub_ensemble(model, picked)
+    assert sub.num_members == 2
+    torch.testing.assert_close(sub(x), model(x)[picked], atol=2e-5, rtol=1e-4)
 
 
 def test_packed_has_no_member_model() -> None:

@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from sigmanens_dist.config import load_config
+from sigmanens_dist.eval.cli import main as eval_main
+from sigmanens_dist.models import build_model, enable_grad_checkpointing
 from sigmanens_dist.train import main
 from tests.helpers import SYNTHETIC, TINY_VIT, final_state, losses, run_train
 
@@ -26,12 +29,21 @@ def _train(run_dir: Path, *overrides: str) -> dict[str, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["sigma", "batch", "packed", "film"])
-def test_method_trains_a_few_steps(tmp_path: Path, method: str) -> None:
+@pytest.mark.parametrize("method", ["sigma", "batch", "packed", "film", "deep"])
+def test_method_trains_a_few_steps_and_its_checkpoint_evaluates_the_same(tmp_path: Path, method: str) -> None:
+    """Each method trains, and `sigmanens eval` of its last checkpoint (the model rebuilt from the stored config by
+    the one checkpoint reader) scores the validation split exactly as the trainer's final evaluation did."""
     extra = ["model.name=resnet10t", "model.kwargs={}"] if method == "packed" else []
-    metrics = _train(tmp_path / method, f"model.method={method}", "train.batch_size=8", *extra)
+    run = tmp_path / method
+    metrics = _train(run, f"model.method={method}", "train.batch_size=8", *extra)
     assert "member1/nll" in metrics
     assert ("sharing/members_on" in metrics) == (method == "sigma")
+    assert eval_main(["--checkpoint", str(run / "checkpoints" / "step_00000003.pt"), "--split", "val",
+                      "--no-mlflow"]) == 0
+    report = json.loads((run / "checkpoints" / "eval_step_00000003" / "eval.json").read_text())
+    scored = report["weights"]["raw"]["metrics"]
+    for key in ("acc", "nll", "ece", "member1/nll"):
+        assert scored[key] == pytest.approx(metrics[key], rel=1e-5, abs=1e-6), key
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +86,21 @@ def test_deep_ensemble_under_two_process_ddp_matches_one_process(tmp_path: Path,
     for k in a:
         if a[k].is_floating_point():
             torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=lambda m, k=k: f"{k}: {m}")
+
+
+@pytest.mark.slow
+def test_grad_checkpointing_trains_the_same_model(tmp_path: Path) -> None:
+    """Recomputing block activations in backward changes memory, not the result: with dropout and drop-path on (the
+    recomputation replays the RNG state), σN-Ens's losses and weights equal those without checkpointing."""
+    common = ["train.batch_size=8", "model.kwargs.drop_rate=0.1", "model.kwargs.drop_path_rate=0.1"]
+    _train(tmp_path / "plain", *common)
+    _train(tmp_path / "ckpt", *common, "train.grad_checkpointing=true")
+    assert losses(tmp_path / "ckpt") == pytest.approx(losses(tmp_path / "plain"), rel=1e-6)
+    plain, ckpt = final_state(tmp_path / "plain"), final_state(tmp_path / "ckpt")
+    for name, value in plain.items():
+        torch.testing.assert_close(ckpt[name], value, atol=1e-6, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+    cfg = load_config(None, [*BASE, "train.grad_checkpointing=true"])
+    assert build_model(cfg, num_classes=10, in_chans=3).backbone.grad_checkpointing  # timm's flag, after conversion
+    with pytest.raises(ValueError, match=r"train.grad_checkpointing: model.name='lin' \(Linear\) has neither"):
+        enable_grad_checkpointing(torch.nn.Linear(2, 2), "lin")

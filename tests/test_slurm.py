@@ -5,12 +5,14 @@ GPU and CPU directives are overridden at submission. The test cluster uses proct
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.helpers import REPO, SYNTHETIC, TINY_VIT, env, losses, torchrun
 from tests.slurm_cluster import FINAL_STATES, SlurmCluster, bring_up, can_run
@@ -42,16 +44,18 @@ def crashing_job(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) 
 
 
 @pytest.fixture(scope="module", autouse=True)
-def m_scaling_array(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
-    """slurm/m_scaling.sh over M = 1, 2 (array elements 0-1), submitted early so that it overlaps the other tests."""
+def m_scaling_array(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, int, Path]:
+    """slurm/m_scaling.sh over M = 1, 2, 4 (array elements 0-2) and its comparison job, submitted early so that they
+    overlap the other tests."""
     tmp = tmp_path_factory.mktemp("m_scaling")
-    # Submit mode (bash, not sbatch): the MLflow store and experiment are created once, then the array is submitted.
+    # Submit mode (bash, not sbatch): the study definition and parent run once, then the array and the comparison.
     proc = subprocess.run(["bash", str(REPO / "slurm/m_scaling.sh"), *NO_GPUS, "--", *OVERRIDES, "train.max_steps=6",
                            "model.kwargs.depth=1"], cwd=tmp, capture_output=True, text=True, timeout=300, check=False,
-                          env=slurm.env(SIGMANENS_RUNS_ROOT=str(tmp / "runs"), SIGMANENS_MEMBERS="1 2"))
+                          env=slurm.env(SIGMANENS_RUNS_ROOT=str(tmp / "runs"), SIGMANENS_MEMBERS="1 2 4"))
     assert proc.returncode == 0, proc.stderr
-    job = int(proc.stdout.strip())
-    return job, tmp
+    compare = re.search(r"comparison job (\d+) \(afterany\)", proc.stderr)
+    assert compare is not None, proc.stderr
+    return int(proc.stdout.strip()), int(compare.group(1)), tmp
 
 
 def _wait_for(done: Callable[[], bool], job: int, cluster: SlurmCluster, timeout: float = 300) -> None:
@@ -160,16 +164,27 @@ def test_crashing_job_is_retried_a_bounded_number_of_times(slurm: SlurmCluster, 
     assert len(mlruns) == 2 and {r.info.status for r, _ in mlruns} == {"FAILED"}
 
 
-def test_m_scaling_array_trains_each_m(slurm: SlurmCluster, m_scaling_array: tuple[int, Path]) -> None:
-    """Element i trains M = the i-th of SIGMANENS_MEMBERS into its own run directory and MLflow run."""
-    job, tmp = m_scaling_array
-    for task, m in enumerate((1, 2)):
+def test_m_scaling_study_trains_each_m_and_compares(slurm: SlurmCluster,
+                                                    m_scaling_array: tuple[int, int, Path]) -> None:
+    """Element i trains the i-th child of the study (M = 1, 2, 4) into its folder and MLflow run, nested under the
+    study's parent run; the comparison job runs after the array and writes the table and plots."""
+    job, compare_job, tmp = m_scaling_array
+    study = tmp / "runs" / "m_scaling"
+    children = [c["name"] for c in yaml.safe_load((study / "study.yaml").read_text())["children"]]
+    assert [n.split("-")[1] for n in children] == ["M1", "M2", "M4"]
+    for task, name in enumerate(children):
         info = slurm.wait_done(f"{job}_{task}", timeout=400)
         log = (tmp / f"slurm-sigmanens-m-scaling-{job}_{task}.out").read_text()
         assert info["JobState"] == "COMPLETED", log[-4000:]
         assert "MLflow writes to a sqlite file" in log
-        assert (tmp / "runs" / f"m_scaling-M{m}-{job}_{task}" / "final_metrics.json").exists()
+        assert (study / name / "final_metrics.json").exists()
     by_name = {r.info.run_name: r for r, _ in _mlflow_runs(tmp / "runs")}
-    assert sorted(by_name) == ["m_scaling-M1", "m_scaling-M2"]
-    assert {n: r.data.tags["num_members"] for n, r in by_name.items()} == {"m_scaling-M1": "1", "m_scaling-M2": "2"}
+    parent = by_name.pop("m_scaling")
+    assert sorted(by_name) == sorted(children)
+    assert {r.data.tags["mlflow.parentRunId"] for r in by_name.values()} == {parent.info.run_id}
     assert {r.info.status for r in by_name.values()} == {"FINISHED"}
+    info = slurm.wait_done(compare_job, timeout=300)
+    assert info["JobState"] == "COMPLETED", next(study.glob("slurm-compare-*.out")).read_text()[-4000:]
+    table = (study / "compare" / "table.md").read_text()
+    assert all(f"| sigma | {m} |" in table for m in (1, 2, 4)), table
+    assert (study / "compare" / "metric_vs_members.png").stat().st_size > 10_000

@@ -37,7 +37,7 @@ from sigmanens_dist.study import (
     write_definition,
 )
 from sigmanens_dist.study import main as study_main
-from tests.helpers import SYNTHETIC, TINY_VIT, free_port
+from tests.helpers import REPO, SYNTHETIC, TINY_VIT, free_port
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -316,3 +316,17 @@ def test_run_record_reads_what_train_and_eval_log() -> None:
     r = _record(run)
     assert select_split([r], "auto") == "test" and r.values["acc"] == 0.7
     assert r.severity_ece == pytest.approx({1: 0.2, 2: 0.5})  # mean over corruptions, raw weights only
+
+
+@pytest.mark.slow
+def test_local_m_scaling_script_runs_the_study_and_compares(tmp_path: Path) -> None:
+    """launch/m_scaling_local.sh: slurm/m_scaling.sh's study on this machine, ending in the comparison."""
+    base = tmp_path / "base.yaml"
+    base.write_text("seed: 0\n")
+    env = {**os.environ, "SIGMANENS_CONFIG": str(base), "SIGMANENS_MEMBERS": "1 2", "SIGMANENS_PYTHON": sys.executable,
+           "SIGMANENS_STUDY_DIR": str(tmp_path / "ms"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(["bash", str(REPO / "launch" / "m_scaling_local.sh"), *BASE], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = (tmp_path / "ms" / "compare" / "table.md").read_text()
+    assert "| sigma | 1 |" in table and "| sigma | 2 |" in table, table

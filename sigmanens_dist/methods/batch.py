@@ -79,6 +79,17 @@ class BatchEnsembleLayer(nn.Module):
             layer.bias = None if self.bias is None else nn.Parameter(self.bias[index].clone())
         return layer
 
+    def select(self, members: list[int]) -> BatchEnsembleLayer:
+        """A copy with only ``members``' fast weights and biases (the shared weight copied)."""
+        layer = copy.deepcopy(self)
+        rows = torch.tensor(members, device=self.r.device)
+        with torch.no_grad():
+            layer.r = nn.Parameter(self.r[rows].clone())
+            layer.s = nn.Parameter(self.s[rows].clone())
+            layer.bias = None if self.bias is None else nn.Parameter(self.bias[rows].clone())
+        layer.num_members = len(members)
+        return layer
+
     def extra_repr(self) -> str:
         return f"num_members={self.num_members}"
 
@@ -113,6 +124,13 @@ class BatchEnsemble(EnsembleMethod):
         self.check_index(index)
         memo: dict[int, Any] = {id(layer): layer.plain_member(index) for _, layer in self.be_layers()}
         return copy.deepcopy(self.backbone, memo)
+
+    def sub_ensemble(self, members: list[int]) -> BatchEnsemble:
+        """The BatchEnsemble of ``members`` only (their fast weights and biases; shared layers copied)."""
+        for i in members:
+            self.check_index(i)
+        memo: dict[int, Any] = {id(layer): layer.select(list(members)) for _, layer in self.be_layers()}
+        return BatchEnsemble(copy.deepcopy(self.backbone, memo), len(members))
 
     def no_weight_decay(self) -> set[str]:
         """Fast weights and member biases: decaying ``r``, ``s`` would pull every member towards zero, not towards

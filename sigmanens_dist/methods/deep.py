@@ -47,6 +47,12 @@ class DeepEnsemble(EnsembleMethod):
         self.check_index(index)
         return copy.deepcopy(self.members[index])
 
+    def sub_ensemble(self, members: list[int]) -> DeepEnsemble:
+        """The ensemble of ``members`` only (copies): what `sigmanens eval` scores as a k-member sub-ensemble."""
+        for i in members:
+            self.check_index(i)
+        return DeepEnsemble([copy.deepcopy(self.members[i]) for i in members])
+
 
 def build(cfg: Any, make_backbone: Callable[[], nn.Module]) -> DeepEnsemble:
     members = []
