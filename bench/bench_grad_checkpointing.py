@@ -5,7 +5,8 @@
 Activation memory is counted exactly and device-independently: the bytes of every tensor autograd saves for
 backward during one forward pass (``torch.autograd.graph.saved_tensors_hooks``), which is what checkpointing trades
 for recomputation. With checkpointing that is the blocks' inputs; backward then recomputes one block at a time, so
-the peak adds about one block's activations (1/depth of the plain figure) to it. Step time is the median forward + backward + SGD step over ``--steps`` steps after one warm-up.
+the peak adds about one block's activations (1/depth of the plain figure) to it. Step time is the median forward +
+backward + SGD step over ``--steps`` steps after one warm-up.
 """
 
 from __future__ import annotations
