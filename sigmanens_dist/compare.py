@@ -447,12 +447,14 @@ def _csv(report: _Report, path: Path) -> Path:
 
 def _runs_csv(records: list[RunRecord], path: Path) -> Path:
     keys = sorted({k for r in records for k in r.values})
+    severities = sorted({s for r in records for s in r.severity_ece})
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["run_id", "name", "method", "M", "tau", "lambda", "budget", "seed", *keys])
+        w.writerow(["run_id", "name", "method", "M", "tau", "lambda", "budget", "seed", *keys,
+                    *(f"ece_severity{s}" for s in severities)])  # mean over the corruptions evaluated
         for r in sorted(records, key=lambda r: r.name):
             w.writerow([r.run_id, r.name, r.method, r.members, r.tau, r.lam, r.budget, r.seed,
-                        *(r.values.get(k, "") for k in keys)])
+                        *(r.values.get(k, "") for k in keys), *(r.severity_ece.get(s, "") for s in severities)])
     return path
 
 

@@ -286,6 +286,10 @@ def test_report_has_ood_and_severity_when_runs_log_them(tmp_path: Path) -> None:
     assert "OOD AUROC" in table and "Δood_auroc vs single [95% CI]" in table
     assert "| sigma | 4 | 0.5 | 0.001 | 3 |" in table and "+0.0200 [" in table  # mean shift .01,.02,.03
     assert "- sigma-M8-s0: missing (not started)" in table
+    runs = (tmp_path / "runs.csv").read_text().splitlines()
+    assert runs[0].endswith(",ece_severity1,ece_severity2,ece_severity3,ece_severity4,ece_severity5")
+    single0 = next(line for line in runs if ",single-1-None-x1-0," in line)
+    assert single0.endswith(",0.02,0.04,0.06,0.08,0.1")  # 0.02 × severity
     with pytest.raises(CompareError, match="--reference 'deep': no finished runs of that method; methods here: "
                                            "sigma, single"):
         write_report(records, [], tmp_path, "deep")
