@@ -545,7 +545,9 @@ def _plot_cost(groups: list[Group], path: Path) -> Path | None:
         ax.grid(alpha=0.3)
     axes[0].set_title("NLL vs parameters")
     axes[1].set_title("NLL vs training compute")
-    axes[0].legend(fontsize=8)
+    with_lines = [ax for ax in axes if ax.get_legend_handles_labels()[0]]  # runs may lack one of the two columns
+    if with_lines:
+        with_lines[0].legend(fontsize=8)
     fig.savefig(path, dpi=110)
     return path
 
