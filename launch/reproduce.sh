@@ -3,7 +3,7 @@
 # studies on configs/fmnist_small.yaml, 3 paired seeds each, in two lanes of one process each, tracked by one local
 # MLflow server, then `sigmanens compare` at equal epochs and at equal training compute.
 #   bash launch/reproduce.sh [OUT]        # OUT defaults to runs/repro; run it again to continue where it stopped
-# The tables, plots and per-run CSVs go to OUT/compare{,_compute}/ (the README's copies: results/repro/).
+# The tables, plots and per-run CSVs go to OUT/compare{,_compute,_vs_deep}/ (the README's copies: results/repro/).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/launch/setup.sh"
@@ -39,12 +39,14 @@ study() {  # name, then the study's arguments; logs to OUT/<name>.log with its w
 
 # Two lanes of about equal length (one core each). (a) every method at M = 4 (the headline table) and the
 # single model; with its end-of-training evaluation this also gives (c) ECE under corruption and (d) OOD AUROC.
-# (b) τ sweep at M = 4, λ = 0.01 and (e) λ sweep at M = 4, τ = 0.25 (λ = 0 is the recipe's, in the headline study).
+# (b) τ sweep at M = 4, λ = 0.01 and (e) λ sweep at M = 4, τ = 0.25 (λ = 0 is the recipe's, in the headline study);
+# then BatchEnsemble and the FiLM ablation at M = 2 and 8. (M = 1 of every method is one network: the single model.)
 NOSHIFT="eval.corruptions=[]"
 lane1() {
   study methods methods --methods sigma,single,deep,batch,packed,film --members 4
   study tau tau-sweep --taus 0.1,0.5,1,2 --lambdas 0.01 "$NOSHIFT"
   study lambda lambda-sweep --lambdas 0.001,0.01,0.1 "$NOSHIFT"
+  study scaling2 methods --methods batch,film --members 2,8
 }
 # The single model at 4× the steps (equal training compute with M = 4); (a) M-scaling of σN-Ens, the Deep Ensemble
 # and Packed-Ensembles at M = 2 and 8, and σN-Ens at M = 16.
@@ -65,4 +67,5 @@ echo "[$(date +%T)] all studies done in $((SECONDS - start)) s (rc=$rc)"
 experiment=$(python -c "from sigmanens_dist.config import load_config; print(load_config('$CFG', []).tracking.experiment)")
 sigmanens compare --experiment "$experiment" --uri "$URI" --out "$OUT/compare" --pair epochs
 sigmanens compare --experiment "$experiment" --uri "$URI" --out "$OUT/compare_compute" --pair compute
+sigmanens compare --experiment "$experiment" --uri "$URI" --out "$OUT/compare_vs_deep" --reference deep
 exit "$rc"
