@@ -469,28 +469,38 @@ def _series(groups: list[Group]) -> dict[str, list[Group]]:
     return lines
 
 
-def _errorbar(ax: Any, xs: list[float], groups: list[Group], column: str, label: str) -> None:
+def _errorbar(ax: Any, xs: list[float], groups: list[Group], column: str, label: str, color: Any = None) -> None:
     ys = [g.mean(column) for g in groups]
     es = [0.0 if math.isnan(g.std(column)) else g.std(column) for g in groups]
-    ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=label)
+    ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=label, color=color)
+
+
+def _colors(n: int) -> list[Any]:
+    """``n`` distinct colours (matplotlib's default cycle repeats after 10 lines)."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
 
 
 def _plot_members(groups: list[Group], path: Path) -> Path | None:
     """Accuracy, NLL and ECE against M, one line per method (and τ, λ); needs two or more values of M."""
     if len({g.members * g.budget for g in groups}) < 2:
         return None
-    fig = Figure(figsize=(15, 4.2), layout="constrained")
+    series = _series(groups)
+    fig = Figure(figsize=(17, 4.6), layout="constrained")
     axes = fig.subplots(1, 3)
-    for label, gs in _series(groups).items():
+    for (label, gs), color in zip(series.items(), _colors(len(series)), strict=True):
         gs = sorted(gs, key=lambda g: g.members * g.budget)
         for ax, column in zip(axes, ("acc", "nll", "ece"), strict=True):
-            _errorbar(ax, [g.members * g.budget for g in gs], gs, column, label)
+            _errorbar(ax, [g.members * g.budget for g in gs], gs, column, label, color)
     for ax, title in zip(axes, ("accuracy", "NLL", "ECE"), strict=True):
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("members M (a single model trained b× the steps: at M = b, equal compute)")
+        ax.set_xlabel("members M")
         ax.set_title(f"{title} vs M (mean ± std over seeds)")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize=8,
+               title="a single model at b× the steps\nis drawn at M = b (equal compute)", title_fontsize=8)
     fig.savefig(path, dpi=110)
     return path
 
