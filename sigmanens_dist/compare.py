@@ -396,10 +396,10 @@ def _diff_cell(report: _Report, group: Group, column: str) -> str:
     return f"{mean:+.4f}" + (f" [{lo:+.4f}, {hi:+.4f}]" if n > 1 else " (1 seed)")
 
 
-def _axis_cells(g: Group, budgets: bool) -> list[str]:
+def _axis_cells(g: Group) -> list[str]:
+    """Method, M, τ, λ as the table shows them (an axis the method does not have is blank)."""
     return [g.method, str(g.members) if _uses(g.method, "members") else "1",
-            "" if g.tau is None else f"{g.tau:g}", "" if g.lam is None else f"{g.lam:g}",
-            *([f"{g.budget}×"] if budgets else []), str(len(g.runs))]
+            "" if g.tau is None else f"{g.tau:g}", "" if g.lam is None else f"{g.lam:g}"]
 
 
 def _markdown(report: _Report, notes: list[str], path: Path) -> Path:
@@ -409,7 +409,8 @@ def _markdown(report: _Report, notes: list[str], path: Path) -> Path:
     lines = ["| " + " | ".join(head) + " |",
              "|" + "|".join(["---"] * len(axes) + ["---:"] * (len(head) - len(axes))) + "|"]
     for g in report.groups:
-        cells = [*_axis_cells(g, report.budgets), *(_cell(g, c[0], c[2]) for c in report.columns),
+        cells = [*_axis_cells(g), *([f"{g.budget}×"] if report.budgets else []), str(len(g.runs)),
+                 *(_cell(g, c[0], c[2]) for c in report.columns),
                  *(_diff_cell(report, g, d) for d in report.diffs)]
         lines.append("| " + " | ".join(cells) + " |")
     where = ("the test set (the trained weights' `eval/test/raw/*`)" if report.split == "test" else
@@ -435,8 +436,7 @@ def _csv(report: _Report, path: Path) -> Path:
                     *(f"diff_{d}_vs_{report.reference}_{s}" for d in report.diffs
                       for s in ("mean", "lo", "hi", "pairs"))])
         for g in report.groups:
-            row: list[Any] = [*_axis_cells(g, True), report.split, report.pair]
-            row[4] = g.budget
+            row: list[Any] = [*_axis_cells(g), g.budget, len(g.runs), report.split, report.pair]
             row += [v for c in report.columns for v in (g.mean(c[0]), g.std(c[0]))]
             ref = report.reference_of(g)
             for d in report.diffs:
@@ -461,9 +461,10 @@ def _runs_csv(records: list[RunRecord], path: Path) -> Path:
 def _series(groups: list[Group]) -> dict[str, list[Group]]:
     """Groups per line in a plot: a method with its τ and λ."""
     lines: dict[str, list[Group]] = defaultdict(list)
+    budgeted = {g.method for g in groups if g.budget != 1}
     for g in groups:
         extra = (f" τ={g.tau:g}" if g.tau is not None else "") + (f" λ={g.lam:g}" if g.lam is not None else "")
-        if g.budget != 1 or any(o.budget != 1 and o.method == g.method for o in groups):
+        if g.method in budgeted:
             extra += " (steps × budget)"  # the equal-compute line: budget b is drawn at M = b
         lines[g.method + extra].append(g)
     return lines

@@ -96,8 +96,7 @@ def _run(args: argparse.Namespace) -> int:
         cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"enabled": False})})
     options = EvalConfig(split=args.split, corruptions=corruptions, severities=severities, ood=args.ood,
                          ood_root=args.ood_root, members=args.members, sub_ensembles=not args.no_sub_ensembles,
-                         batch_size=args.batch_size,
-                         imagenet_c=args.imagenet_c)
+                         batch_size=args.batch_size, imagenet_c=args.imagenet_c)
     check_options(cfg, loaded.model, options)
     device = torch.device(args.device)
     model = loaded.model.to(device)
