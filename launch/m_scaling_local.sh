@@ -7,20 +7,18 @@
 # (default runs/m_scaling), SIGMANENS_NPROC_PER_NODE (default 1), MLFLOW_TRACKING_URI (default: sqlite in the study
 # folder). Run it again to continue: finished children are skipped, interrupted ones resume.
 set -euo pipefail
+# shellcheck source=../slurm/common.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/slurm/common.sh"  # the grid's variables, as on Slurm
 PY="${SIGMANENS_PYTHON:-python}"
 study_dir="${SIGMANENS_STUDY_DIR:-runs/m_scaling}"
-args=(m-scaling --config "${SIGMANENS_CONFIG:-configs/cifar100_wrn.yaml}" --out "$study_dir"
-      --members "$(echo ${SIGMANENS_MEMBERS:-1 2 4 8 16} | tr ' ' ,)" --seeds "$(echo ${SIGMANENS_SEEDS:-0} | tr ' ' ,)"
+mapfile -t axes < <(sigmanens_study_axes)
+args=(m-scaling --config "${SIGMANENS_CONFIG:-configs/cifar100_wrn.yaml}" --out "$study_dir" "${axes[@]}"
       --nproc "${SIGMANENS_NPROC_PER_NODE:-1}")
-[ -z "${SIGMANENS_TAUS:-}" ] || args+=(--taus "$(echo $SIGMANENS_TAUS | tr ' ' ,)")
-[ -z "${SIGMANENS_METHODS:-}" ] || args+=(--methods "$(echo $SIGMANENS_METHODS | tr ' ' ,)")
 [ -z "${MLFLOW_TRACKING_URI:-}" ] || args+=("tracking.uri=$MLFLOW_TRACKING_URI")
 rc=0
 "$PY" -m sigmanens_dist.study "${args[@]}" "$@" || rc=$?
 [ "$rc" = 2 ] && exit 2  # the grid was refused: nothing ran
-read -r parent uri < <("$PY" -c 'import sys, yaml
-t = yaml.safe_load(open(sys.argv[1]))["tracking"]
-print(t["parent_run_id"] or "-", t["uri"] or "-")' "$study_dir/study.yaml")
+read -r _ parent uri < <(sigmanens_study_info "$study_dir/study.yaml")
 if [ "$parent" != "-" ]; then
   "$PY" -m sigmanens_dist.compare --parent "$parent" --uri "$uri" --out "$study_dir/compare" || rc=$?
 fi

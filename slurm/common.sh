@@ -26,6 +26,22 @@
 SIGMANENS_SIGNALS="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 SIGMANENS_EXIT_PREEMPTED=75
 
+# The M-scaling grid from SIGMANENS_MEMBERS, SIGMANENS_SEEDS, SIGMANENS_TAUS, SIGMANENS_METHODS (space separated) as
+# `sigmanens study m-scaling` arguments, one per line: slurm/m_scaling.sh and launch/m_scaling_local.sh share it.
+sigmanens_study_axes() {
+  _sm_csv() { local -a v; read -r -a v <<< "$1"; (IFS=,; echo "${v[*]}"); }
+  printf '%s\n' --members "$(_sm_csv "${SIGMANENS_MEMBERS:-1 2 4 8 16}")" --seeds "$(_sm_csv "${SIGMANENS_SEEDS:-0}")"
+  [ -z "${SIGMANENS_TAUS:-}" ] || printf '%s\n' --taus "$(_sm_csv "$SIGMANENS_TAUS")"
+  [ -z "${SIGMANENS_METHODS:-}" ] || printf '%s\n' --methods "$(_sm_csv "$SIGMANENS_METHODS")"
+}
+
+# "<children> <parent run id or -> <tracking URI or ->" of the study definition $1.
+sigmanens_study_info() {
+  "${SIGMANENS_PYTHON:-python}" -c 'import sys, yaml
+d = yaml.safe_load(open(sys.argv[1]))
+print(len(d["children"]), d["tracking"]["parent_run_id"] or "-", d["tracking"]["uri"] or "-")' "$1"
+}
+
 _sm_log() { echo "[sigmanens-slurm $(date +%H:%M:%S) job ${SLURM_JOB_ID:-?} restart ${SLURM_RESTART_COUNT:-0}] $*"; }
 
 # Newest checkpoint step in $1 (0 when there is none): a file step_<N>.pt (DDP) or a folder step_<N> (FSDP2,

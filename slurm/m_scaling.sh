@@ -54,22 +54,15 @@ if [ -z "${SLURM_JOB_ID:-}" ]; then  # submit mode: the study definition and par
   uri="${MLFLOW_TRACKING_URI:-sqlite:///$runs_root/mlflow.db}"
   config="${SIGMANENS_CONFIG:-configs/cifar100_wrn.yaml}"
   [ "${config#/}" != "$config" ] || config="$SIGMANENS_ROOT/$config"
-  read -r -a members <<< "${SIGMANENS_MEMBERS:-1 2 4 8 16}"
-  read -r -a seeds <<< "${SIGMANENS_SEEDS:-0}"
-  axes=()
-  [ -z "${SIGMANENS_TAUS:-}" ] || axes+=(--taus "$(echo $SIGMANENS_TAUS | tr ' ' ,)")
-  [ -z "${SIGMANENS_METHODS:-}" ] || axes+=(--methods "$(echo $SIGMANENS_METHODS | tr ' ' ,)")
+  mapfile -t axes < <(sigmanens_study_axes)
   # The trainers run under torchrun here, not under the study's own launcher: its --nproc stays 1.
-  "$python" -m sigmanens_dist.study m-scaling --config "$config" --members "$(IFS=,; echo "${members[*]}")" \
-    --seeds "$(IFS=,; echo "${seeds[*]}")" "${axes[@]}" --out "$study_dir" --prepare "tracking.uri=$uri" \
-    "tracking.experiment=${SIGMANENS_EXPERIMENT:-m_scaling}" "$@" >&2 || exit 2
-  read -r count parent < <("$python" -c 'import sys, yaml
-d = yaml.safe_load(open(sys.argv[1]))
-print(len(d["children"]), d["tracking"]["parent_run_id"] or "")' "$study_dir/study.yaml") || exit 2
+  "$python" -m sigmanens_dist.study m-scaling --config "$config" "${axes[@]}" --out "$study_dir" --prepare \
+    "tracking.uri=$uri" "tracking.experiment=${SIGMANENS_EXPERIMENT:-m_scaling}" "$@" >&2 || exit 2
+  read -r count parent _ < <(sigmanens_study_info "$study_dir/study.yaml") || exit 2
   array=$(sbatch --parsable --array="0-$((count - 1))" --export="ALL,SIGMANENS_DEFINITION=$study_dir/study.yaml" \
     "${sbatch_args[@]}" "${BASH_SOURCE[0]}") || exit 1
   array="${array%%;*}"
-  if [ -n "$parent" ]; then
+  if [ "$parent" != - ]; then
     compare=$(sbatch --parsable --dependency="afterany:$array" --job-name=sigmanens-m-scaling-compare \
       --output="$study_dir/slurm-compare-%j.out" --ntasks=1 --cpus-per-task=1 --time=20 \
       --wrap="$(printf '%q ' "$python" -m sigmanens_dist.compare --parent "$parent" --uri "$uri" \
