@@ -20,3 +20,10 @@ def test_params_prints_ratio_per_member_count(capsys: pytest.CaptureFixture[str]
     out = capsys.readouterr().out
     assert "resnet18: 11,689,512 parameters" in out
     assert "σN-Ens M=4       11,737,512  = 1.0041x" in out  # + M·3·4800 σ values − 9600 source norm params
+
+
+def test_demo_refuses_a_process_count_that_does_not_split_the_batch(tmp_path, capsys: pytest.CaptureFixture[str]
+                                                                   ) -> None:
+    assert main(["demo", "--nproc", "3", "--out", str(tmp_path / "demo")]) == 2
+    assert "--nproc 3 must be ≥ 1 and divide the recipe's batch of 32" in capsys.readouterr().err
+    assert not (tmp_path / "demo").exists()  # refused before the study wrote anything
