@@ -308,12 +308,8 @@ class DataConfig(_Section):
 
     @model_validator(mode="after")
     def _honest_validation(self) -> DataConfig:
-        """The test set doubles as validation only when asked for; converted formats cannot carve a split yet."""
-        if self.format != "raw" and self.val_split != 0:
-            raise _cross_field("val_split", f"data.format={self.format} cannot carve a validation split from the "
-                                            "training set (only format raw can); set data.val_split=0 and "
-                                            "data.val_from_test=true to validate (and pick best.pt) on the "
-                                            "converted val split, which is the test set", self.val_split)
+        """The test set doubles as validation only when asked for (converted data: ``data.loaders`` checks the split
+        against the one recorded at conversion)."""
         if self.val_split == 0 and not self.val_from_test:
             raise _cross_field("val_split", "0 means validating on the test set; say so with "
                                             "data.val_from_test=true, or carve a split (e.g. 0.1)", self.val_split)

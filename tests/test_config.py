@@ -80,7 +80,7 @@ def test_recipe_values_are_read_as_written() -> None:
     assert vit.optim.lr == 5e-4 and vit.optim.betas == (0.9, 0.999) and vit.train.ema_decay == 0.99996
     assert (vit.train.amp, vit.data.format, vit.data.root, vit.strategy.backend) == (
         "bf16", "ffcv", Path("/data/imagenet"), "nccl")
-    assert vit.train.randaugment == "rand-m9-mstd0.5-inc1" and vit.schedule.warmup_steps == 6255
+    assert vit.train.randaugment == "rand-m9-mstd0.5-inc1" and vit.schedule.warmup_steps == 6205
     sst2 = load_config(REPO / "configs" / "sst2_bert.yaml", check_data=False)
     assert (sst2.model.source, sst2.model.name, sst2.model.pretrained, sst2.data.dataset) == (
         "hf", "bert", False, "sst2")

@@ -21,10 +21,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(can_run() is not None, reason
 
 STEPS = 48
 # A tiny ViT on generated data, on CPU; checkpoints every 2 steps so a signal lands between checkpoints mid-run.
-OVERRIDES = [*TINY_VIT, *SYNTHETIC, "data.format=raw", f"train.max_steps={STEPS}", "train.batch_size=16",
-             "train.log_every_steps=1", "checkpoint.every_steps=2", "train.amp=none", "strategy.backend=gloo",
-             "train.ema_decay=null", "train.mixup_alpha=0", "train.cutmix_alpha=0", "train.randaugment=null",
-             "train.label_smoothing=0", "schedule.warmup_steps=2"]
+OVERRIDES = [*TINY_VIT, *SYNTHETIC, "data.format=raw", "data.val_split=0.1", f"train.max_steps={STEPS}",
+             "train.batch_size=16", "train.log_every_steps=1", "checkpoint.every_steps=2", "train.amp=none",
+             "strategy.backend=gloo", "train.ema_decay=null", "train.mixup_alpha=0", "train.cutmix_alpha=0",
+             "train.randaugment=null", "train.label_smoothing=0", "schedule.warmup_steps=2"]
 NO_GPUS = ["--gpus-per-node=0", "--cpus-per-task=1", "--time=15"]  # the test nodes have no GPUs and few CPUs
 
 

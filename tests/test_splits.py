@@ -63,9 +63,6 @@ def test_test_as_validation_only_on_request() -> None:
 
 
 @pytest.mark.parametrize(("overrides", "match"), [
-    (["data.format=ffcv"], r"data.val_split: data.format=ffcv cannot carve a validation split .* set "
-                           r"data.val_split=0 and data.val_from_test=true"),
-    (["data.format=webdataset"], r"data.format=webdataset cannot carve"),
     (["data.val_split=1.0"], r"a fraction must be < 1"),
     (["data.val_split=-3"], r"must be a fraction in \(0, 1\), a count ≥ 1, or 0"),
     (["data.val_split=0.2", "data.val_from_test=true"], r"data.val_from_test: true needs data.val_split=0"),

@@ -35,7 +35,7 @@ def converted(tmp_path_factory: pytest.TempPathFactory, source: Path) -> Path:
     out = tmp_path_factory.mktemp("converted")
     for fmt in FORMATS:
         pytest.importorskip(fmt)
-        convert("sst2", source, fmt, out / fmt, max_count=24, num_workers=1)  # 4 training shards of 24
+        convert("sst2", source, fmt, out / fmt, max_count=24, num_workers=1, val_split=0)  # 4 training shards of 24
     return out
 
 
@@ -53,8 +53,10 @@ def _rows(ids: torch.Tensor, labels: torch.Tensor) -> list[tuple[tuple[int, ...]
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_converted_folder_is_self_contained(converted: Path, source: Path, fmt: str) -> None:
     out = converted / fmt
-    assert json.loads((out / "classes.json").read_text()) == {"dataset": "sst2", "classes": ["negative", "positive"]}
     sentences = read_sst2(source)[0].sentences
+    assert json.loads((out / "classes.json").read_text()) == {
+        "dataset": "sst2", "classes": ["negative", "positive"], "train_pool": len(sentences), "val_split": 0,
+        "split_seed": 0}
     # The default tokenizer a raw run would train, written beside the data, and nothing written into the source.
     assert load_tokenizer(None, out).get_vocab() == train_wordpiece(sentences).get_vocab()
     assert not (source / "tokenizer").exists()

@@ -6,11 +6,14 @@ resume needs. An *eval pass* scores every validation sample exactly once across 
 
 On-disk layout of the converted formats (written by ``sigmanens data convert``)::
 
-    <root>/classes.json                         {"classes": [...]} (both formats)
-    <root>/train.beton, <root>/val.beton        ffcv
-    <root>/train/manifest.json + shards,        webdataset
-    <root>/val/manifest.json + shards
+    <root>/classes.json                         {"classes": [...], "val_split": …, "split_seed": …} (both formats)
+    <root>/{train,val,test}.beton               ffcv
+    <root>/{train,val,test}/manifest.json       webdataset (+ the shards)
     <root>/tokenizer/                           sst2: the default tokenizer (``data.tokenizer`` overrides it)
+
+``val`` is the validation split carved from the training pool at conversion (absent when converted with
+``--val-split 0``); a run must ask for the same ``data.val_split`` / ``data.split_seed``, or validate on ``test``
+with ``data.val_split=0 data.val_from_test=true``.
 
 Converted SST-2 holds sentences, tokenised per batch by the same ``TextBatcher`` as the raw reader.
 """
@@ -112,9 +115,11 @@ def build_data(d: Any, batch_size: int, seed: int, env: DistEnv, randaugment: st
     if not classes_file.is_file():
         raise FileNotFoundError(f"{classes_file} is missing: write {d.format} data with `sigmanens data convert "
                                 f"--format {d.format} --out {root} …`")
-    num_classes = len(json.loads(classes_file.read_text())["classes"])
+    meta = json.loads(classes_file.read_text())
+    num_classes = len(meta["classes"])
+    val_name = _converted_val(d, root, meta)
     if d.dataset == "sst2":
-        return _converted_text(d, batch, seed, env, root, num_classes, bad)
+        return _converted_text(d, batch, seed, env, root, num_classes, bad, val_name)
     spec = DATASETS[d.dataset]
     mean, std, size = spec.mean, spec.std, d.img_size or spec.size
     if d.format == "ffcv":
@@ -125,24 +130,44 @@ def build_data(d: Any, batch_size: int, seed: int, env: DistEnv, randaugment: st
         common = dict(batch_size=batch, rank=env.rank, world_size=env.world_size, num_workers=max(1, d.num_workers),
                       seed=seed, img_size=size, mean=mean, std=std, device=env.device)
         train = FFCVLoader(root / "train.beton", train=True, **common)
-        val_loader = FFCVLoader(root / "val.beton", train=False, **common)
-        # Converted data has no carved validation split (the config requires data.val_from_test): val is test.
-        return Data(train, lambda: val_loader.iter_epoch(0), lambda: val_loader.iter_epoch(0), num_classes, 3)
+        val_loader = FFCVLoader(root / f"{val_name}.beton", train=False, **common)
+        test_loader = FFCVLoader(root / "test.beton", train=False, **common)
+        return Data(train, lambda: val_loader.iter_epoch(0), lambda: test_loader.iter_epoch(0), num_classes, 3)
 
-    from sigmanens_dist.data.webdataset_io import WebDatasetLoader, image_transform, iter_eval
+    from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, image_transform, iter_eval
 
-    train = WebDatasetLoader(root / "train" / "manifest.json", batch, env.rank, env.world_size, d.num_workers,
+    train = WebDatasetLoader(root / "train" / MANIFEST, batch, env.rank, env.world_size, d.num_workers,
                              seed, image_transform(True, size, mean, std), bad=bad)
-    val_tf = image_transform(False, size, mean, std)
+    eval_tf = image_transform(False, size, mean, std)
 
-    def test() -> Iterable[Batch]:
-        return iter_eval(root / "val" / "manifest.json", env.rank, env.world_size, batch, val_tf, bad)
+    def eval_pass(split: str) -> Callable[[], Iterable[Batch]]:
+        return lambda: iter_eval(root / split / MANIFEST, env.rank, env.world_size, batch, eval_tf, bad)
 
-    return Data(train, test, test, num_classes, len(mean), bad=bad)
+    return Data(train, eval_pass(val_name), eval_pass("test"), num_classes, len(mean), bad=bad)
 
 
-def _converted_text(d: Any, batch: int, seed: int, env: DistEnv, root: Path, num_classes: int, bad: BadSamples
-                    ) -> Data:
+def _converted_val(d: Any, root: Path, meta: dict[str, Any]) -> str:
+    """Which converted split the loop validates on (``val`` or ``test``), once the run's split settings are checked
+    against the ones the folder was converted with."""
+    if "val_split" not in meta:
+        raise ValueError(f"{root} was converted by an older sigmanens (its 'val' split is the test set and it has no "
+                         f"carved validation split); convert it again with `sigmanens data convert … --out {root}`")
+    if d.val_from_test:
+        return "test"
+    converted = (meta["val_split"], meta["split_seed"])
+    if converted[0] == 0:
+        raise ValueError(f"data.val_split={d.val_split}: {root} was converted with --val-split 0 (no validation "
+                         "split); validate on its test split with data.val_split=0 data.val_from_test=true, or "
+                         "convert again with --val-split")
+    if (d.val_split, d.split_seed) != converted:
+        raise ValueError(f"data.val_split={d.val_split} data.split_seed={d.split_seed}, but {root} was converted "
+                         f"with --val-split {converted[0]} --split-seed {converted[1]}: set data.val_split="
+                         f"{converted[0]} data.split_seed={converted[1]}, or convert again")
+    return "val"
+
+
+def _converted_text(d: Any, batch: int, seed: int, env: DistEnv, root: Path, num_classes: int, bad: BadSamples,
+                    val_name: str) -> Data:
     """Sentences from converted data, tokenised per batch by the same ``TextBatcher`` as the raw reader."""
     from sigmanens_dist.data.sst2 import TOKENIZER_DIR, TextBatcher, load_tokenizer
 
@@ -157,8 +182,9 @@ def _converted_text(d: Any, batch: int, seed: int, env: DistEnv, root: Path, num
         common = dict(batch_size=batch, rank=env.rank, world_size=env.world_size, num_workers=max(1, d.num_workers),
                       seed=seed, batcher=batcher)
         train = FFCVTextLoader(root / "train.beton", train=True, **common)
-        val_loader = FFCVTextLoader(root / "val.beton", train=False, **common)
-        return Data(train, lambda: val_loader.iter_epoch(0), lambda: val_loader.iter_epoch(0), num_classes, 0,
+        val_loader = FFCVTextLoader(root / f"{val_name}.beton", train=False, **common)
+        test_loader = FFCVTextLoader(root / "test.beton", train=False, **common)
+        return Data(train, lambda: val_loader.iter_epoch(0), lambda: test_loader.iter_epoch(0), num_classes, 0,
                     len(tokenizer))
 
     from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, iter_eval
@@ -166,7 +192,8 @@ def _converted_text(d: Any, batch: int, seed: int, env: DistEnv, root: Path, num
     train = WebDatasetLoader(root / "train" / MANIFEST, batch, env.rank, env.world_size, d.num_workers, seed,
                              None, bad=bad, collate=batcher)
 
-    def test() -> Iterable[Batch]:
-        return iter_eval(root / "val" / MANIFEST, env.rank, env.world_size, batch, None, bad, collate=batcher)
+    def eval_pass(split: str) -> Callable[[], Iterable[Batch]]:
+        return lambda: iter_eval(root / split / MANIFEST, env.rank, env.world_size, batch, None, bad,
+                                 collate=batcher)
 
-    return Data(train, test, test, num_classes, 0, len(tokenizer), bad=bad)
+    return Data(train, eval_pass(val_name), eval_pass("test"), num_classes, 0, len(tokenizer), bad=bad)

@@ -109,8 +109,16 @@ def as_uint8_image(image: Any, where: str) -> np.ndarray:
                      f"allowed: PIL image, uint8 array (H, W) / (H, W, 1|3), uint8 tensor (1|3, H, W)")
 
 
+def _base(dataset: Dataset, index: int) -> tuple[Dataset, int]:
+    """The dataset under any ``Subset`` wrappers (a carved split) and the sample's index in it."""
+    while isinstance(dataset, Subset):
+        dataset, index = dataset.dataset, int(dataset.indices[index])
+    return dataset, index
+
+
 def read_source(dataset: Dataset, index: int) -> tuple[np.ndarray, int]:
     """Sample ``index`` as ``(uint8 pixels (H, W) or (H, W, 3), label)``, whatever form the dataset stores it in."""
+    dataset, index = _base(dataset, index)
     if isinstance(dataset, IdxImageDataset):  # its __getitem__ normalises; the stored uint8 pixels are the source
         return dataset.images[index, 0].numpy(), int(dataset.labels[index])
     image, label = dataset[index]
@@ -120,8 +128,7 @@ def read_source(dataset: Dataset, index: int) -> tuple[np.ndarray, int]:
 def _source_file(dataset: Dataset, index: int) -> tuple[Path, int] | None:
     """``(path, label)`` of sample ``index`` when it is a JPEG file read with no transform: its bytes can be stored
     as they are, which is lossless and many times faster than decoding and re-encoding."""
-    while isinstance(dataset, Subset):
-        dataset, index = dataset.dataset, int(dataset.indices[index])
+    dataset, index = _base(dataset, index)
     if not isinstance(dataset, datasets.DatasetFolder) or dataset.transform is not None:
         return None
     path, label = dataset.samples[index]
@@ -132,7 +139,7 @@ def _source_file(dataset: Dataset, index: int) -> tuple[Path, int] | None:
 def _encode(dataset: Dataset, index: int, quality: int) -> tuple[str, bytes, int]:
     """``(extension, bytes, label)``: sentences as UTF-8 text; source JPEG files as they are; RGB as JPEG (4:4:4);
     grayscale as lossless PNG."""
-    if isinstance(dataset, TextDataset):
+    if isinstance(_base(dataset, index)[0], TextDataset):
         text, label = dataset[index]
         return "txt", text.encode("utf-8"), label
     source = _source_file(dataset, index)
@@ -158,6 +165,15 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def _selection(dataset: Dataset) -> str | None:
+    """A digest of which source samples a carved split takes (None: all of them), so re-running a conversion with
+    another split never keeps shards of the old one."""
+    if not isinstance(dataset, Subset):
+        return None
+    positions = [_base(dataset, i)[1] for i in range(len(dataset))]
+    return hashlib.sha256(json.dumps(positions).encode()).hexdigest()
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
@@ -222,7 +238,7 @@ def write_shards(dataset: Dataset, out_dir: Path | str, *, split: str = "train",
     if n == 0:
         raise ValueError(f"write_shards({out_dir}): the dataset is empty")
     settings = {"split": split, "num_samples": n, "classes": source_classes(dataset), "max_count": max_count,
-                "max_size": max_size, "jpeg_quality": jpeg_quality}
+                "max_size": max_size, "jpeg_quality": jpeg_quality, "selection": _selection(dataset)}
     manifest_path, partial_path = out_dir / MANIFEST, out_dir / _PARTIAL
     if manifest_path.is_file():
         done = json.loads(manifest_path.read_text())
