@@ -1,10 +1,12 @@
 """Every method under the real trainer: a few steps each (in-process, to keep CI time down), a Deep Ensemble equal to
-its members' single runs, and a Deep Ensemble with independent member batches under 2-process DDP."""
+its members' single runs, a Deep Ensemble with independent member batches under 2-process DDP, and every method
+trained and evaluated (in the loop and by ``sigmanens eval``) on 2 ranks against a 1-process evaluation."""
 
 from __future__ import annotations
 
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from sigmanens_dist.config import load_config
 from sigmanens_dist.eval.cli import main as eval_main
 from sigmanens_dist.models import build_model, enable_grad_checkpointing
 from sigmanens_dist.train import main
-from tests.helpers import SYNTHETIC, TINY_VIT, final_state, losses, run_train
+from tests.helpers import REPO, SYNTHETIC, TINY_VIT, env, final_state, losses, run_train, torchrun
 
 BASE = [*TINY_VIT, *SYNTHETIC, "optim.name=sgd", "optim.lr=0.05", "train.max_steps=3", "train.log_every_steps=1",
         "checkpoint.every_steps=3", "tracking.enabled=false", "model.num_members=2"]
@@ -104,3 +106,29 @@ def test_grad_checkpointing_trains_the_same_model(tmp_path: Path) -> None:
     assert build_model(cfg, num_classes=10, in_chans=3).backbone.grad_checkpointing  # timm's flag, after conversion
     with pytest.raises(ValueError, match=r"train.grad_checkpointing: model.name='lin' \(Linear\) has neither"):
         enable_grad_checkpointing(torch.nn.Linear(2, 2), "lin")
+
+
+@pytest.mark.slow
+def test_every_method_trains_and_evaluates_under_two_process_ddp(tmp_path: Path) -> None:
+    """One torchrun launch trains each method on 2 ranks and evaluates it twice there: in the loop and with
+    `sigmanens eval` under torchrun. On a validation split of 37 samples (uneven over 2 ranks at batch 4) both must
+    score every sample exactly once and agree with a 1-process `sigmanens eval` of the same checkpoint."""
+    script = REPO / "tests" / "dist_scripts" / "methods_ddp.py"
+    proc = subprocess.run([*torchrun(2), str(script), str(tmp_path)], cwd=REPO, env=env(), capture_output=True,
+                          text=True, timeout=900, check=False)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    for method in ("single", "sigma", "batch", "film", "deep", "packed"):
+        run = tmp_path / method
+        assert sorted(losses(run)) == [1, 2, 3], method
+        in_loop = json.loads((run / "final_metrics.json").read_text())
+        two = json.loads((run / "eval2" / "eval.json").read_text())["weights"]["raw"]
+        assert eval_main(["--checkpoint", str(run / "checkpoints" / "step_00000003.pt"), "--split", "val",
+                          "--no-mlflow", "--out", str(run / "eval1")]) == 0
+        one = json.loads((run / "eval1" / "eval.json").read_text())["weights"]["raw"]
+        assert one["metrics"]["num_samples"] == two["metrics"]["num_samples"] == 37, method
+        for key in ("acc", "nll", "ece", "brier", "disagreement", "member0/nll"):
+            assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-6), (method, key)
+            assert in_loop[key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-6), (method, key)
+        assert [row["k"] for row in two["sub_ensembles"]] == [row["k"] for row in one["sub_ensembles"]]
+        for a, b in zip(two["sub_ensembles"], one["sub_ensembles"], strict=True):
+            assert a["nll"] == pytest.approx(b["nll"], rel=1e-5), (method, a["k"])

@@ -5,13 +5,17 @@
     sigmanens eval --checkpoint best.pt --data root=/data/cifar10 --ood svhn --ood-root /data/svhn
 
 Writes eval.json, eval.md and PNG plots into --out (default: eval_<checkpoint name>/ beside the checkpoint) and logs
-them to the MLflow run that wrote the checkpoint.
+them to the MLflow run that wrote the checkpoint. Under torchrun every rank scores its share of each pass (every
+sample exactly once) and rank 0 writes the report:
+
+    torchrun --nproc_per_node 8 -m sigmanens_dist.eval.cli --checkpoint best.pt --corruptions all
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -68,7 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, help="default: the run's train.batch_size")
     ap.add_argument("--out", type=Path, help="output folder (default: eval_<checkpoint name>/ beside it)")
     ap.add_argument("--no-mlflow", action="store_true", help="do not log to the run's MLflow run")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="one process only; under torchrun each rank uses its own (cuda:LOCAL_RANK or cpu)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(levelname)s %(message)s", datefmt="%H:%M:%S")
     try:
@@ -98,14 +103,20 @@ def _run(args: argparse.Namespace) -> int:
                          ood_root=args.ood_root, members=args.members, sub_ensembles=not args.no_sub_ensembles,
                          batch_size=args.batch_size, imagenet_c=args.imagenet_c)
     check_options(cfg, loaded.model, options)
-    device = torch.device(args.device)
+    env = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched by torchrun: shard every pass over the ranks
+        from sigmanens_dist.distributed import init_distributed
+
+        env = init_distributed()
+    device = env.device if env is not None else torch.device(args.device)
     model = loaded.model.to(device)
     ema = loaded.ema.to(device) if loaded.ema is not None else None
     out = args.out or args.checkpoint.parent / f"eval_{args.checkpoint.stem}"
     report = run_eval(cfg, model, ema, options, out_dir=out, run_id=loaded.run_id, step=loaded.step,
-                      checkpoint=args.checkpoint.resolve())
-    print(markdown(report))
-    print(f"wrote {out / 'eval.json'} and {out / 'eval.md'}")
+                      checkpoint=args.checkpoint.resolve(), env=env)
+    if env is None or env.is_main:
+        print(markdown(report))
+        print(f"wrote {out / 'eval.json'} and {out / 'eval.md'}")
     return 0
 
 
