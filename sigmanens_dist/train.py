@@ -310,11 +310,19 @@ class Trainer:
             self.tracker.log_final(metrics, pos.step)
             self.tracker.log_artifact(self.run_dir / "reliability.png")
             _print_summary(metrics, self.model.num_members)
-            if cfg.eval.at_end:  # hook: the test-set evaluation of sigmanens eval, on rank 0 (docs/eval.md)
-                from sigmanens_dist.eval import run_eval
-                run_eval(cfg, self.model, None if self.ema is None else self.ema.module, out_dir=self.run_dir / "eval",
-                         run_id=self.run_id, step=pos.step)
+        if cfg.eval.at_end:
+            self._evaluate_checkpoint(self.ckpt.checkpoints()[-1])
         return 0
+
+    def _evaluate_checkpoint(self, path: Path) -> None:
+        """The hook of ``eval.at_end``: ``sigmanens eval`` of the final checkpoint, as written (every strategy's
+        format; a plain model, so sub-ensembles can copy it), every rank scoring its shard of each pass."""
+        from sigmanens_dist.eval import load_for_eval, run_eval
+
+        loaded = load_for_eval(path)
+        ema = None if loaded.ema is None else loaded.ema.to(self.env.device)
+        run_eval(self.cfg, loaded.model.to(self.env.device), ema, out_dir=self.run_dir / "eval", run_id=self.run_id,
+                 step=self.pos.step, checkpoint=path, env=self.env)
 
     def _train_row(self, stats: torch.Tensor, lr: float, window: Throughput) -> dict[str, float]:
         """The log line: global-batch losses (not rank 0's share), lr, throughput, skipped samples."""

@@ -16,6 +16,7 @@ from sigmanens_dist import convert_to_sigma_ensemble
 from sigmanens_dist.checkpoint import CheckpointManager
 from sigmanens_dist.config import ConfigError, load_config
 from sigmanens_dist.distributed import DistEnv
+from sigmanens_dist.eval.cli import main as eval_main
 from sigmanens_dist.export import consolidated_state_dict, load_model
 from sigmanens_dist.strategies.fsdp import FSDPStrategy, shard_units
 from tests.helpers import REPO, env, torchrun
@@ -133,6 +134,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _launch([sys.executable], ["single", out])
     _launch(torchrun(2), ["two", out])
     _launch([sys.executable], ["elastic", out])
+    _launch(torchrun(4), ["hsdp", out])
     return out
 
 
@@ -167,6 +169,16 @@ def test_elastic_resume_continues_at_the_same_global_sample(matrix: Path, name: 
 
 
 @pytest.mark.slow
+def test_hsdp_on_a_two_by_two_mesh_matches_one_process(matrix: Path) -> None:
+    """4 processes: parameters sharded over 2 ranks and replicated twice; the same losses and weights as one
+    process with the whole global batch."""
+    mesh = json.loads((matrix / "hsdp_mesh.json").read_text())
+    assert mesh["mesh"] == [2, 2] and mesh["placements"] == ["R", "S(0)"]  # replicated × sharded on dim 0
+    assert mesh["local_rows"] * 2 == mesh["rows"]
+    _assert_same_run(matrix, "hsdp")
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_DEEPSPEED, reason="DeepSpeed not installed (extra 'deepspeed')")
 def test_zero3_partitions_the_flat_sigma_parameter(matrix: Path) -> None:
     flat = json.loads((matrix / "zero3_flat.json").read_text())
@@ -179,6 +191,20 @@ def test_every_rank_keeps_rank_zeros_running_statistics(matrix: Path) -> None:
     assert saved["units"] == ["backbone.layer1", "backbone.layer2", "backbone.layer3", "backbone.layer4"]
     rank0, rank1 = saved["stats"]
     assert rank0.abs().sum() > 0 and torch.equal(rank0, rank1)
+
+
+@pytest.mark.slow
+def test_eval_at_end_of_a_sharded_run_scores_its_checkpoint_on_every_rank(matrix: Path) -> None:
+    """FSDP's end-of-training evaluation (both ranks, 45 test samples split unevenly) equals a 1-process
+    `sigmanens eval` of the same DCP checkpoint, sub-ensembles k = 1..4 included."""
+    two = json.loads((matrix / "fsdp_bn" / "eval" / "eval.json").read_text())["weights"]["raw"]
+    assert eval_main(["--checkpoint", str(_final(matrix / "fsdp_bn")), "--no-mlflow",
+                      "--out", str(matrix / "fsdp_bn_eval1")]) == 0
+    one = json.loads((matrix / "fsdp_bn_eval1" / "eval.json").read_text())["weights"]["raw"]
+    assert two["metrics"]["num_samples"] == one["metrics"]["num_samples"] == 45
+    assert [r["k"] for r in two["sub_ensembles"]] == [1, 2, 3, 4]
+    for a, b in zip(two["sub_ensembles"], one["sub_ensembles"], strict=True):
+        assert (a["acc"], a["nll"]) == pytest.approx((b["acc"], b["nll"]), rel=1e-5), a["k"]
 
 
 @pytest.mark.slow

@@ -6,6 +6,8 @@
                                                   mid-run checkpoint; the 1-rank runs resumed on 2 ranks; a BatchNorm
                                                   ResNet under FSDP: every rank's running statistics
     python strategy_matrix.py elastic OUT         world 1: the 2-rank DDP and FSDP checkpoints resumed on 1 rank
+    torchrun --nproc_per_node 4 strategy_matrix.py hsdp OUT
+                                                  HSDP: FSDP on a 2 × 2 mesh (2 replicas of 2 shards), batch B/2
 
 Every run trains K=6 steps and checkpoints at step 3; a "resumed" run is a copy of a run directory cut back to its
 step-3 checkpoint and continued with ``--resume auto``.
@@ -99,6 +101,16 @@ def main() -> None:
         train(out / "ref", "strategy.name=ddp", f"train.batch_size={2 * B}")
         train(out / "fsdp_w1", "strategy.name=fsdp", f"train.batch_size={2 * B}")
         return
+    if phase == "hsdp":  # 4 ranks, a 2 × 2 mesh (replicas × shards), batch B / 2 per rank: the same global batch
+        init_distributed("gloo")
+        trainer = train(out / "hsdp", "strategy.name=fsdp", "strategy.fsdp_replicate=2", f"train.batch_size={B // 2}")
+        qkv = trainer.model.backbone.blocks[0].attn.qkv.weight  # a DTensor on the 2-D mesh
+        if rank == 0:
+            (out / "hsdp_mesh.json").write_text(json.dumps({"mesh": list(qkv.device_mesh.shape),
+                                                            "placements": [str(p) for p in qkv.placements],
+                                                            "local_rows": qkv.to_local().shape[0],
+                                                            "rows": qkv.shape[0]}))
+        return
     if phase == "elastic":  # 2 ranks → 1: the recipe's per-rank batch B becomes 2B here
         for name in ("ddp", "fsdp"):
             cut_back(out / name, out / f"{name}_2to1", rank)
@@ -128,10 +140,12 @@ def main() -> None:
         train(out / f"{name}_1to2", f"strategy.name={strategy}", f"train.batch_size={2 * B}",
               "checkpoint.resume=auto")
     bf16_dtypes(out, rank)
-    # BatchNorm: running statistics are rank 0's on every rank at evaluation and in checkpoints.
+    # BatchNorm: running statistics are rank 0's on every rank at evaluation and in checkpoints. The run ends with
+    # eval.at_end: `sigmanens eval` of its DCP checkpoint on both ranks, sub-ensembles included.
     bn = out / "fsdp_bn"
     cfg = load_config(None, [*[o for o in COMMON if not o.startswith("model.")], "model.name=resnet10t",
-                             "strategy.name=fsdp", f"run_dir={bn}", f"train.batch_size={B}", "train.max_steps=3"])
+                             "strategy.name=fsdp", f"run_dir={bn}", f"train.batch_size={B}", "train.max_steps=3",
+                             "eval.at_end=true", "data.test_subset=45"])
     trainer = Trainer(cfg)
     assert trainer.fit() == 0
     stats = trainer.model.sigma.running_stats.detach().clone()
