@@ -90,7 +90,10 @@ class Trainer:
 
         # -- model, strategy, optimiser (model init is identical on every rank; later randomness is per rank) -------
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg, self.data.num_classes, self.data.in_chans, self.data.vocab_size)
+        # Pretrained weights are read on rank 0 only: wrapping gives every rank rank 0's model (Strategy).
+        built = cfg if env.is_main or not cfg.model.pretrained else cfg.model_copy(
+            update={"model": cfg.model.model_copy(update={"pretrained": False})})
+        model = build_model(built, self.data.num_classes, self.data.in_chans, self.data.vocab_size)
         self.data = member_train_stream(cfg, env, self.data, model)  # member-major when members read their own data
         self.member_major = member_major(cfg, model)
         if cfg.eval.at_end:  # hook: refuse bad eval options now, not after training (sigmanens_dist/eval)

@@ -169,6 +169,14 @@ def test_elastic_resume_continues_at_the_same_global_sample(matrix: Path, name: 
 
 
 @pytest.mark.slow
+def test_pretrained_weights_are_read_on_rank_zero_only(matrix: Path) -> None:
+    rank0, rank1 = (json.loads((matrix / f"pretrained_rank{r}.json").read_text()) for r in (0, 1))
+    names = ["ddp", "fsdp", *(["zero3"] if HAS_DEEPSPEED else [])]
+    assert (rank0["reads"], rank1["reads"]) == (len(names), 0)
+    assert all(rank0[n] and rank1[n] for n in names), (rank0, rank1)  # every rank holds the file's weights
+
+
+@pytest.mark.slow
 def test_hsdp_on_a_two_by_two_mesh_matches_one_process(matrix: Path) -> None:
     """4 processes: parameters sharded over 2 ranks and replicated twice; the same losses and weights as one
     process with the whole global batch."""

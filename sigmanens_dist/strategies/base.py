@@ -26,7 +26,9 @@ OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
 
 class Strategy(ABC):
     """One instance per run. ``wrap`` first, then ``build_optimizer``; after that ``model`` (the plain module, for
-    evaluation and the σ reads), ``wrapped`` (the one to call in training) and ``optimizer`` are set."""
+    evaluation and the σ reads), ``wrapped`` (the one to call in training) and ``optimizer`` are set, and every rank
+    holds rank 0's parameters (DDP's constructor, FSDP2's ``wrap`` and DeepSpeed's engine broadcast them), so only
+    rank 0 needs to read pretrained weights. Buffers follow :meth:`sync_buffers`."""
 
     name: str = "base"
     #: "file": one ``step_N.pt`` written by rank 0; "dcp" / "deepspeed": a folder every rank writes its shards into.

@@ -75,6 +75,7 @@ class FSDPStrategy(Strategy):
 
     # -- set-up ----------------------------------------------------------------------------------------------------
     def wrap(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -89,6 +90,9 @@ class FSDPStrategy(Strategy):
         block_mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
                     if self.amp == "bf16" else MixedPrecisionPolicy())
         units = shard_units(self.model)
+        # Every rank starts from rank 0's model, as DDP's constructor and DeepSpeed's engine broadcast it: pretrained
+        # weights are read on rank 0 only (the trainer), and fully_shard keeps each rank's own slice of its copy.
+        full = self.model.state_dict() if self.env.is_main else {}
         if not units:
             raise ValueError(f"strategy.name=fsdp found no blocks to shard in {type(model).__name__}: it shards "
                              "ViT 'blocks', ResNet 'layer1-4', ConvNeXt 'stages' and Hugging Face 'encoder.layer'")
@@ -96,6 +100,8 @@ class FSDPStrategy(Strategy):
             fully_shard(unit, mesh=mesh, mp_policy=block_mp, reshard_after_forward=self.reshard_after_forward)
         # The root (σ store, embeddings, head): kept whole from its pre-forward until backward, and never cast.
         fully_shard(self.model, mesh=mesh, reshard_after_forward=False)
+        set_model_state_dict(self.model, full, options=StateDictOptions(full_state_dict=True,
+                                                                         broadcast_from_rank0=True))
         self.units = [name for name, _ in units]
         return self.wrapped
 

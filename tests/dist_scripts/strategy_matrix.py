@@ -94,6 +94,40 @@ def bf16_dtypes(out: Path, rank: int) -> None:
         (out / "fsdp_bf16_dtypes.json").write_text(json.dumps(seen))
 
 
+def pretrained_from_rank0(out: Path, rank: int) -> None:
+    """``model.pretrained=true`` from a weights file: under each strategy only rank 0 reads it, and after set-up
+    every rank holds its weights. Writes ``pretrained_rank<r>.json``: files read, and per strategy whether the
+    shared weights equal the file's."""
+    import timm
+    import timm.models._builder as builder
+    from torch.distributed.tensor import DTensor
+
+    weights = out / "pretrained.pth"
+    if rank == 0:
+        torch.manual_seed(123)
+        source = timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=4, depth=2, embed_dim=48,
+                                   num_heads=2, num_classes=10)
+        torch.save(source.state_dict(), weights)
+    dist.barrier()
+    expected = torch.load(weights)["blocks.0.attn.qkv.weight"]
+    reads: list[str] = []
+    read = builder.load_state_dict
+    builder.load_state_dict = lambda path, *a, **k: reads.append(str(path)) or read(path, *a, **k)
+    report: dict[str, object] = {}
+    for name in ("ddp", "fsdp", *(["zero3"] if "zero3" in STRATEGIES else [])):
+        opts = [o.format(zero3=out / "zero3.json") for o in STRATEGIES[name]]
+        cfg = load_config(None, [*COMMON, *opts, f"run_dir={out / f'pretrained_{name}'}", f"train.batch_size={B}",
+                                 "model.pretrained=true", f"model.kwargs.pretrained_cfg_overlay={{file: {weights}}}"])
+        trainer = Trainer(cfg)
+        with trainer.strategy.gathered():
+            w = trainer.model.backbone.blocks[0].attn.qkv.weight
+            w = w.full_tensor() if isinstance(w, DTensor) else w
+            report[name] = bool(torch.equal(w.detach().cpu(), expected))
+    builder.load_state_dict = read
+    report["reads"] = len(reads)
+    (out / f"pretrained_rank{rank}.json").write_text(json.dumps(report))
+
+
 def main() -> None:
     phase, out = sys.argv[1], Path(sys.argv[2])
     rank = int(os.environ.get("RANK", "0"))
@@ -140,6 +174,7 @@ def main() -> None:
         train(out / f"{name}_1to2", f"strategy.name={strategy}", f"train.batch_size={2 * B}",
               "checkpoint.resume=auto")
     bf16_dtypes(out, rank)
+    pretrained_from_rank0(out, rank)
     # BatchNorm: running statistics are rank 0's on every rank at evaluation and in checkpoints. The run ends with
     # eval.at_end: `sigmanens eval` of its DCP checkpoint on both ranks, sub-ensembles included.
     bn = out / "fsdp_bn"
