@@ -431,10 +431,10 @@ class Config(_Section):
     @model_validator(mode="after")
     def _sharded_limits(self) -> Config:
         """What the sharded strategies do not do (yet), refused before anything starts."""
-        if self.strategy.name != "ddp" and self.train.ema_decay is not None:
-            raise _cross_field("train.ema_decay", f"EMA keeps a full copy of the model on every rank and is not "
-                                                  f"supported with strategy.name={self.strategy.name}; use ddp or "
-                                                  "set it to null", self.train.ema_decay)
+        if self.strategy.name == "deepspeed" and self.strategy.zero_stage == 3 and self.train.ema_decay is not None:
+            raise _cross_field("train.ema_decay", "EMA is not supported with ZeRO-3 (its parameters exist only "
+                                                  "while gathered); use strategy.zero_stage 1 or 2, strategy.name="
+                                                  "fsdp (a sharded EMA), or set it to null", self.train.ema_decay)
         if self.strategy.name != "ddp" and self.train.amp == "fp16":
             raise _cross_field("train.amp", f"fp16 loss scaling is not supported with strategy.name="
                                             f"{self.strategy.name}; use bf16", self.train.amp)

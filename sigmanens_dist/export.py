@@ -18,7 +18,7 @@ import torch
 
 from sigmanens_dist.checkpoint import CheckpointManager
 
-__all__ = ["consolidated_state_dict", "load_model", "main"]
+__all__ = ["consolidated_ema", "consolidated_state_dict", "load_model", "main"]
 
 
 def consolidated_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -37,6 +37,18 @@ def consolidated_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict[s
     from sigmanens_dist.strategies.deepspeed import TAG
 
     return get_fp32_state_dict_from_zero_checkpoint(str(path), tag=TAG), state
+
+
+def consolidated_ema(path: Path, state: dict[str, Any]) -> dict[str, torch.Tensor] | None:
+    """The EMA weights of a checkpoint whose run kept an EMA (in ``trainer.pt``, or with the DCP shards), else None."""
+    if state.get("ema") is not None or state.get("format") != "dcp":
+        return state.get("ema")
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    if not any(k.startswith("ema.") for k in dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata):
+        return None
+    return _load_state_dict_from_keys("ema", checkpoint_id=str(path))["ema"]
 
 
 def load_model(path: Path) -> torch.nn.Module:

@@ -12,6 +12,7 @@ Exit status 0 when done, ``EXIT_PREEMPTED`` (75) after a signal-triggered checkp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -33,7 +34,6 @@ from sigmanens_dist.checkpoint import CheckpointManager, capture_rng, restore_rn
 from sigmanens_dist.config import Config, flatten, load_config, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.distributed import DistEnv, all_gather_object, init_distributed
-from sigmanens_dist.ema import EMA
 from sigmanens_dist.ensemble import map_tensors
 from sigmanens_dist.methods import member_major, member_train_stream
 from sigmanens_dist.metrics import EnsembleMetrics, reliability_diagram
@@ -109,7 +109,7 @@ class Trainer:
         groups = param_groups(self.model, cfg.optim.weight_decay, sigma_lr(cfg, self.model))
         self.optimizer = self.strategy.build_optimizer(groups, lambda groups: _optimizer(cfg, groups))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _warmup_cosine(cfg, self.total_steps))
-        self.ema = EMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
+        self.ema = self.strategy.build_ema(cfg.train.ema_decay) if cfg.train.ema_decay else None
         self.mixup = _mixup(cfg, self.data.num_classes)
         self.pos, run_id = Position(), None
         if resumed is not None:
@@ -142,8 +142,8 @@ class Trainer:
         except RuntimeError as err:
             raise RuntimeError(f"cannot resume from {path}: it does not match this model ({err})") from err
         self.scheduler.load_state_dict(state["scheduler"])
-        if self.ema is not None and state.get("ema") is not None:
-            self.ema.load_state_dict(state["ema"])
+        if self.ema is not None and state.get("ema") is not None:  # a folder strategy restores it with the shards
+            self.ema.load_state_dict(state["ema"], self.model)
         if len(state["rng"]) == self.env.world_size:
             restore_rng(state["rng"][self.env.rank])
         elif self.env.is_main:
@@ -196,12 +196,12 @@ class Trainer:
     def evaluate(self, final: bool = False) -> dict[str, float]:
         """Ensemble and per-member metrics on the validation pass (the EMA weights when EMA is on); on the final
         evaluation also the predictions and the reliability diagram."""
-        scored = self.ema.module if self.ema is not None else self.model
-        scored.eval()
         self.strategy.sync_buffers()  # every rank scores the same running statistics
-        metrics = EnsembleMetrics(self.data.num_classes, scored.num_members).to(self.env.device)
         probs, targets = [], []
-        with self.strategy.gathered(), self.strategy.autocast():
+        weights = self.ema.scored(self.model) if self.ema is not None else contextlib.nullcontext(self.model)
+        with weights as scored, self.strategy.gathered(), self.strategy.autocast():
+            scored.eval()
+            metrics = EnsembleMetrics(self.data.num_classes, scored.num_members).to(self.env.device)
             for x, y in self.data.val():
                 x, y = map_tensors(x, lambda t: t.to(self.env.device)), y.to(self.env.device)
                 logits = scored(x).float()
@@ -235,7 +235,9 @@ class Trainer:
         rng = all_gather_object(capture_rng(), self.env)
         self.strategy.sync_buffers()
         trainer_state = {"scheduler": self.scheduler.state_dict(),
-                         "ema": None if self.ema is None else self.ema.state_dict(), "rng": rng,
+                         # a folder strategy saves the EMA with its shards (FSDP2: DCP) or in trainer.pt
+                         "ema": None if self.ema is None or self.strategy.checkpoint_format == "dcp"
+                         else self.ema.state_dict(self.model), "rng": rng,
                          "position": asdict(self.pos), "batch": asdict(self.layout),
                          "config": self.cfg.model_dump(mode="json"), "mlflow_run_id": self.run_id,
                          "model_args": {"num_classes": self.data.num_classes, "in_chans": self.data.in_chans,

@@ -17,7 +17,7 @@ from sigmanens_dist.checkpoint import CheckpointManager
 from sigmanens_dist.config import ConfigError, load_config
 from sigmanens_dist.distributed import DistEnv
 from sigmanens_dist.eval.cli import main as eval_main
-from sigmanens_dist.export import consolidated_state_dict, load_model
+from sigmanens_dist.export import consolidated_ema, consolidated_state_dict, load_model
 from sigmanens_dist.strategies.fsdp import FSDPStrategy, shard_units
 from tests.helpers import REPO, env, torchrun
 
@@ -52,7 +52,7 @@ def test_fsdp_shards_every_hugging_face_encoder_layer() -> None:
     (["strategy.name=fsdp", "strategy.zero_stage=2"], "strategy.zero_stage applies to strategy.name=deepspeed only"),
     (["strategy.deepspeed_config=x.json"], "applies to strategy.name=deepspeed only, not strategy.name=ddp"),
     (["strategy.fsdp_replicate=2"], "strategy.fsdp_replicate applies to strategy.name=fsdp only"),
-    (["strategy.name=fsdp", "train.ema_decay=0.9"], "EMA keeps a full copy of the model"),
+    (["strategy.name=deepspeed", "strategy.zero_stage=3", "train.ema_decay=0.9"], "EMA is not supported with ZeRO-3"),
     (["strategy.name=megatron"], "megatron"),
 ])
 def test_strategy_options_that_do_not_apply_are_refused(overrides: list[str], message: str) -> None:
@@ -166,6 +166,26 @@ def test_two_ranks_match_one_process_with_double_batch_and_resume_continues(matr
 def test_elastic_resume_continues_at_the_same_global_sample(matrix: Path, name: str) -> None:
     source = name.rsplit("_", 1)[0]
     _assert_same_run(matrix, name, source)
+
+
+@pytest.mark.slow
+def test_ema_under_every_strategy_is_the_same_average(matrix: Path) -> None:
+    """DDP's EMA copy, FSDP2's sharded shadows (straight, and resumed from its DCP checkpoint) and ZeRO-2's copy hold
+    the same averaged weights, differ from the raw ones, and the loop scored them alike."""
+    names = ["ddp_ema", "fsdp_ema", "fsdp_ema_resumed", *(["zero2_ema"] if HAS_DEEPSPEED else [])]
+    averages = {}
+    for name in names:
+        raw, state = consolidated_state_dict(_final(matrix / name))
+        averages[name] = consolidated_ema(_final(matrix / name), state)
+        assert averages[name] is not None and averages[name].keys() == raw.keys(), name
+        assert not torch.equal(averages[name]["sigma.flat"], raw["sigma.flat"]), name
+    metrics = {n: json.loads((matrix / n / "final_metrics.json").read_text()) for n in names}
+    for name in names[1:]:
+        for key, value in averages["ddp_ema"].items():
+            if value.is_floating_point():
+                torch.testing.assert_close(averages[name][key], value, rtol=1e-5, atol=1e-6,
+                                           msg=lambda m, k=key, n=name: f"{n} {k}: {m}")
+        assert metrics[name]["nll"] == pytest.approx(metrics["ddp_ema"]["nll"], rel=1e-5), name
 
 
 @pytest.mark.slow

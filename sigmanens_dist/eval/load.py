@@ -17,7 +17,7 @@ import yaml
 from torch import nn
 
 from sigmanens_dist.config import Config, load_config
-from sigmanens_dist.export import consolidated_state_dict
+from sigmanens_dist.export import consolidated_ema, consolidated_state_dict
 
 __all__ = ["EvalCheckpoint", "load_for_eval", "method_of", "model_dims"]
 
@@ -50,9 +50,8 @@ def load_for_eval(path: Path | str, overrides: Sequence[str] = ()) -> EvalCheckp
     cfg = _config(state["config"], overrides, path)
     num_classes, in_chans, vocab_size = model_dims(cfg)
     model = _build(cfg, num_classes, in_chans, vocab_size, weights, path, "model")
-    ema = None
-    if state.get("ema") is not None:
-        ema = _build(cfg, num_classes, in_chans, vocab_size, state["ema"], path, "ema")
+    ema_weights = consolidated_ema(path, state)
+    ema = None if ema_weights is None else _build(cfg, num_classes, in_chans, vocab_size, ema_weights, path, "ema")
     return EvalCheckpoint(cfg, model, ema, state.get("mlflow_run_id"), int(state["position"]["step"]))
 
 

@@ -2,7 +2,8 @@
 
 The trainer only calls these methods: it never asks which strategy it has. A strategy wraps the model, builds the
 optimiser from parameter groups, runs backward with gradient accumulation (communicating only on the last
-micro-batch), unscales + clips + steps, and saves/loads model and optimiser state in its checkpoint format.
+micro-batch), unscales + clips + steps, keeps the weight average (EMA) its sharding allows, and saves/loads model
+and optimiser state in its checkpoint format.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from sigmanens_dist.distributed import DistEnv
+from sigmanens_dist.ema import EMA, ShardedEMA
 
 __all__ = ["OptimizerFactory", "Strategy"]
 
@@ -39,6 +41,7 @@ class Strategy(ABC):
         self.model: nn.Module | None = None
         self.wrapped: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
+        self.ema: EMA | ShardedEMA | None = None
         # fp16 needs loss scaling; bf16 and fp32 do not (a disabled scaler is a pass-through).
         self.scaler = torch.amp.GradScaler(env.device.type, enabled=amp == "fp16")
 
@@ -46,6 +49,11 @@ class Strategy(ABC):
     @abstractmethod
     def wrap(self, model: nn.Module) -> nn.Module:
         """Move to the device and wrap for distributed training; sets and returns ``self.wrapped``."""
+
+    def build_ema(self, decay: float) -> EMA | ShardedEMA:
+        """The weight average this strategy can keep (after ``build_optimizer``): a whole copy of the model here."""
+        self.ema = EMA(self.model, decay)
+        return self.ema
 
     def build_optimizer(self, groups: list[dict[str, Any]], factory: OptimizerFactory) -> torch.optim.Optimizer:
         """The optimiser over this strategy's view of the parameters (``groups`` hold the plain model's)."""

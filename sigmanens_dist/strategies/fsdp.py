@@ -35,6 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from sigmanens_dist.checkpoint import FOLDER_KEY
 from sigmanens_dist.distributed import DistEnv
+from sigmanens_dist.ema import ShardedEMA
 from sigmanens_dist.strategies.base import Strategy
 
 __all__ = ["FSDPStrategy", "shard_units"]
@@ -105,6 +106,11 @@ class FSDPStrategy(Strategy):
         self.units = [name for name, _ in units]
         return self.wrapped
 
+    def build_ema(self, decay: float) -> ShardedEMA:
+        """Shadows of the local shards (FSDP2 modules cannot be deep-copied); saved in the DCP checkpoint."""
+        self.ema = ShardedEMA(self.model, decay)
+        return self.ema
+
     def _fsdp_modules(self) -> Iterator[nn.Module]:
         from torch.distributed.fsdp import FSDPModule
 
@@ -139,9 +145,12 @@ class FSDPStrategy(Strategy):
                 m.set_reshard_after_forward(m is not self.model and self.reshard_after_forward, recurse=False)
 
     # -- state -----------------------------------------------------------------------------------------------------
-    def _state(self) -> dict[str, Any]:
-        return {"model": get_model_state_dict(self.model),
-                "optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
+    def _state(self, with_ema: bool = True) -> dict[str, Any]:
+        state = {"model": get_model_state_dict(self.model),
+                 "optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
+        if self.ema is not None and with_ema:
+            state["ema"] = self.ema.state_dict(self.model)
+        return state
 
     def save_shards(self, folder: Path) -> None:
         dcp.save(self._state(), checkpoint_id=str(folder))
@@ -154,7 +163,10 @@ class FSDPStrategy(Strategy):
         if folder is None:
             raise ValueError("strategy.name=fsdp resumes from DCP checkpoint folders (step_N/); this checkpoint is "
                              "one file written by strategy.name=ddp: resume it with strategy.name=ddp")
-        target = self._state()
+        saved = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+        target = self._state(with_ema=any(key.startswith("ema.") for key in saved))
         dcp.load(target, checkpoint_id=str(folder))  # reshards to this world size
         set_model_state_dict(self.model, target["model"])
         set_optimizer_state_dict(self.model, self.optimizer, target["optimizer"])
+        if self.ema is not None and "ema" in target:
+            self.ema.load_state_dict(target["ema"], self.model)

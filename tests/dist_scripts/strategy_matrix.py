@@ -174,7 +174,13 @@ def main() -> None:
         train(out / f"{name}_1to2", f"strategy.name={strategy}", f"train.batch_size={2 * B}",
               "checkpoint.resume=auto")
     bf16_dtypes(out, rank)
-    pretrained_from_rank0(out, rank)
+    # EMA: DDP's copy of the model, FSDP2's sharded shadows (also resumed from its DCP checkpoint), ZeRO-2's copy.
+    ema = ["train.ema_decay=0.5", f"train.batch_size={B}"]
+    for name in ("ddp", "fsdp", *(["zero2"] if "zero2" in STRATEGIES else [])):
+        train(out / f"{name}_ema", *STRATEGIES[name], *ema)
+    cut_back(out / "fsdp_ema", out / "fsdp_ema_resumed", rank)
+    train(out / "fsdp_ema_resumed", *STRATEGIES["fsdp"], *ema, "checkpoint.resume=auto")
+    pretrained_from_rank0(out, rank)  # last: its ZeRO-3 engine is set up but never trained
     # BatchNorm: running statistics are rank 0's on every rank at evaluation and in checkpoints. The run ends with
     # eval.at_end: `sigmanens eval` of its DCP checkpoint on both ranks, sub-ensembles included.
     bn = out / "fsdp_bn"
