@@ -169,6 +169,11 @@ def test_elastic_resume_continues_at_the_same_global_sample(matrix: Path, name: 
 
 
 @pytest.mark.slow
+def test_compiled_model_under_fsdp_trains_like_eager(matrix: Path) -> None:
+    _assert_same_run(matrix, "fsdp_compiled", "fsdp")
+
+
+@pytest.mark.slow
 def test_ema_under_every_strategy_is_the_same_average(matrix: Path) -> None:
     """DDP's EMA copy, FSDP2's sharded shadows (straight, and resumed from its DCP checkpoint) and ZeRO-2's copy hold
     the same averaged weights, differ from the raw ones, and the loop scored them alike."""

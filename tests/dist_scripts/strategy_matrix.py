@@ -174,6 +174,9 @@ def main() -> None:
         train(out / f"{name}_1to2", f"strategy.name={strategy}", f"train.batch_size={2 * B}",
               "checkpoint.resume=auto")
     bf16_dtypes(out, rank)
+    # train.compile under FSDP2: the model is compiled before fully_shard wraps it (aot_eager: no C++ build in CI)
+    train(out / "fsdp_compiled", *STRATEGIES["fsdp"], f"train.batch_size={B}", "train.compile=true",
+          "train.compile_backend=aot_eager")
     # EMA: DDP's copy of the model, FSDP2's sharded shadows (also resumed from its DCP checkpoint), ZeRO-2's copy.
     ema = ["train.ema_decay=0.5", f"train.batch_size={B}"]
     for name in ("ddp", "fsdp", *(["zero2"] if "zero2" in STRATEGIES else [])):
