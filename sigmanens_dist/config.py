@@ -395,12 +395,11 @@ class EvalConfig(_Section):
     def _known_corruptions(cls, names: list[str]) -> list[str]:
         if not names:
             return names
-        from sigmanens_dist.data.corruptions import CORRUPTIONS  # only when asked for: it imports torch
+        from sigmanens_dist.data.corruptions import CORRUPTIONS, unknown  # only when asked for: it imports torch
 
         bad = [n for n in names if n not in (*CORRUPTIONS, "all")]
         if bad:
-            raise ValueError(f"unknown corruption(s) {', '.join(map(repr, bad))}; allowed: all, "
-                             + ", ".join(CORRUPTIONS))
+            raise ValueError(unknown(bad))
         return names
 
     @field_validator("severities")

@@ -255,7 +255,7 @@ def test_test_set_against_itself_is_chance(trained: Path) -> None:
 @needs_fmnist
 @pytest.mark.slow
 @pytest.mark.parametrize(("args", "match"), [
-    (["--corruptions", "fog"], r"unknown corruption\(s\) 'fog'; allowed: all, gaussian_noise, shot_noise"),
+    (["--corruptions", "smoke"], r"unknown corruption\(s\) 'smoke'; allowed: all, gaussian_noise, shot_noise"),
     (["--severities", "0-7"], r"--severities '0-7': give severities in 1..5"),
     (["--members", "3"], r"--members 3: the model has only M=2 members \(choose 1..2\)"),
     (["--ood", "svhn"], r"--ood 'svhn': for data.dataset='fashion_mnist' the OOD sets are digits"),
@@ -284,7 +284,7 @@ def test_missing_or_mismatched_checkpoint(trained: Path, tmp_path: Path, capsys:
 
 @pytest.mark.parametrize(("overrides", "match"), [
     (["eval.members=5"], r"eval.members: the model has only model.num_members=4 members \(got 5\)"),
-    (["eval.corruptions=[fog]"], r"eval.corruptions: unknown corruption\(s\) 'fog'; allowed: all, gaussian_noise"),
+    (["eval.corruptions=[smoke]"], r"eval.corruptions: unknown corruption\(s\) 'smoke'; allowed: all, gaussian_noise"),
     (["eval.severities=[0, 6]"], r"eval.severities: severities must be a non-empty list of 1..5"),
 ])
 def test_eval_config_errors(overrides: list[str], match: str) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from sigmanens_dist.data.corruptions import CORRUPTIONS, SEVERITIES
+from sigmanens_dist.data.corruptions import CORRUPTIONS, SEVERITIES, unknown
 
 __all__ = ["main", "parse_corruptions", "parse_severities"]
 
@@ -49,8 +49,7 @@ def parse_corruptions(text: str | None) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in (*CORRUPTIONS, "all")]
     if bad or not names:
-        raise ValueError(f"--corruptions {text!r}: unknown corruption(s) {', '.join(map(repr, bad)) or '(none)'}; "
-                         f"allowed: all, {', '.join(CORRUPTIONS)}")
+        raise ValueError(f"--corruptions {text!r}: {unknown(bad)}")
     return ["all"] if "all" in names else names
 
 
