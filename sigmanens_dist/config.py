@@ -319,6 +319,17 @@ class DataConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _converted_data_is_what_was_written(self) -> DataConfig:
+        """Converted readers stream whole files: a subset asked for here would be silently ignored."""
+        for key in ("train_subset", "val_subset", "test_subset"):
+            if self.format != "raw" and getattr(self, key) is not None:
+                flag = {"val_subset": "--val-split"}.get(key, f"--{key.replace('_', '-')}")
+                raise _cross_field(key, f"applies to data.format=raw only: data.format={self.format} reads what "
+                                        f"`sigmanens data convert {flag} …` wrote; set it to null",
+                                   getattr(self, key))
+        return self
+
+    @model_validator(mode="after")
     def _ffcv_cannot_skip(self) -> DataConfig:
         if self.format == "ffcv" and self.on_bad_sample == "skip":
             raise _cross_field("on_bad_sample", "FFCV decodes whole batches in compiled code and cannot skip one "

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sigmanens_dist.config import load_config
+from sigmanens_dist.config import ConfigError, load_config
 from sigmanens_dist.data import FASHION_MNIST_ROOT
 from sigmanens_dist.data.loaders import build_data
 from sigmanens_dist.distributed import DistEnv
@@ -82,8 +82,9 @@ def test_converted_splits_are_the_raw_carved_splits(converted: Path, fmt: str) -
     env = DistEnv(0, 1, 0, torch.device("cpu"))
 
     def labels(overrides: list[str], split: str) -> list[int]:
-        cfg = load_config(None, ["data.dataset=fashion_mnist", "data.num_workers=1", "data.train_subset=800",
-                                 "data.test_subset=200", *overrides])
+        raw = [] if any(o.startswith("data.format=") for o in overrides) else ["data.train_subset=800",
+                                                                                 "data.test_subset=200"]
+        cfg = load_config(None, ["data.dataset=fashion_mnist", "data.num_workers=1", *raw, *overrides])
         data = build_data(cfg.data, 50, 0, env)
         return [int(y) for _, ys in getattr(data, split)() for y in ys]
 
@@ -99,6 +100,8 @@ def test_converted_splits_are_the_raw_carved_splits(converted: Path, fmt: str) -
         labels([*converted_format], "val")
     with pytest.raises(ValueError, match=r"data.val_split=100 data.split_seed=3, but"):
         labels([*converted_format, "data.val_split=100", "data.split_seed=3"], "val")
+    with pytest.raises(ConfigError, match=r"data.test_subset: applies to data.format=raw only: .*--test-subset"):
+        labels([*converted_format, "data.val_split=100", "data.test_subset=50"], "test")
 
 
 def test_a_folder_of_the_old_layout_is_refused(converted: Path, tmp_path: Path) -> None:
