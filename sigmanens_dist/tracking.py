@@ -119,7 +119,10 @@ class Tracker:
                                                                                           self.uri)
             mlflow.set_experiment(experiment_id=exp_id)
             run_tags = {**tags, PARENT_TAG: parent} if parent else dict(tags)
-            run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name, log_system_metrics=True)
+            # a new run gets its tags (the parent among them) as it is created: a store busy with other writers
+            # (sqlite under a Slurm array) can fail a later call, which must not leave a child without its parent
+            run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name, log_system_metrics=True,
+                                   tags=None if run_id else run_tags)
             if run_id is None:
                 mlflow.log_params({k: _param(v) for k, v in params.items()})
                 mlflow.log_input(_dataset_input(params), context="training")
