@@ -136,11 +136,11 @@ class ShardedEMA:
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any], model: nn.Module) -> None:
+        """Load ``state`` through ``model`` (which reshards it) and keep it as the shadows; ``model``'s own weights
+        are put back by :meth:`scored`."""
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-        own = _tensors(_resharded(model), self.names)
-        kept = {name: t.detach().clone() for name, t in own.items()}
-        set_model_state_dict(model, state)
-        for name, t in own.items():
-            self.shadow[name].copy_(t.detach())
-            t.detach().copy_(kept[name])
+        with self.scored(model):
+            set_model_state_dict(model, state)
+            for name, t in _tensors(model, self.names).items():
+                self.shadow[name].copy_(t.detach())

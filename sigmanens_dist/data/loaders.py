@@ -131,7 +131,7 @@ def build_data(d: Any, batch_size: int, seed: int, env: DistEnv, randaugment: st
                       seed=seed, img_size=size, mean=mean, std=std, device=env.device)
         train = FFCVLoader(root / "train.beton", train=True, **common)
         val_loader = FFCVLoader(root / f"{val_name}.beton", train=False, **common)
-        test_loader = FFCVLoader(root / "test.beton", train=False, **common)
+        test_loader = val_loader if val_name == "test" else FFCVLoader(root / "test.beton", train=False, **common)
         return Data(train, lambda: val_loader.iter_epoch(0), lambda: test_loader.iter_epoch(0), num_classes, 3)
 
     from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, image_transform, iter_eval
@@ -183,7 +183,8 @@ def _converted_text(d: Any, batch: int, seed: int, env: DistEnv, root: Path, num
                       seed=seed, batcher=batcher)
         train = FFCVTextLoader(root / "train.beton", train=True, **common)
         val_loader = FFCVTextLoader(root / f"{val_name}.beton", train=False, **common)
-        test_loader = FFCVTextLoader(root / "test.beton", train=False, **common)
+        test_loader = (val_loader if val_name == "test"
+                       else FFCVTextLoader(root / "test.beton", train=False, **common))
         return Data(train, lambda: val_loader.iter_epoch(0), lambda: test_loader.iter_epoch(0), num_classes, 0,
                     len(tokenizer))
 
