@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CheckpointManager", "capture_rng", "restore_rng"]
+__all__ = ["CheckpointManager", "capture_rng", "resolve_checkpoint", "restore_rng"]
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +165,26 @@ class CheckpointManager:
         if not isinstance(state, dict) or "model" not in state or "position" not in state:
             raise ValueError(f"{path} is not a sigmanens checkpoint (missing 'model'/'position')")
         return state
+
+
+def resolve_checkpoint(path: Path | str, what: str = "checkpoint") -> tuple[Path, str]:
+    """A checkpoint as given (a ``step_N.pt`` / ``best.pt`` file or a step folder), or for a run directory its best
+    checkpoint, else its newest; returned with a phrase saying which was picked (callers log it). ``what`` names
+    the argument in the error (e.g. ``model.init_from``)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path}: no such file or folder")
+    if path.is_file() or (path / TRAINER_STATE).is_file():
+        return path, f"{path}"
+    manager = CheckpointManager(path)
+    best = [b for b in (manager.directory / "best.pt", manager.directory / "best") if b.exists()]
+    if best:
+        return best[0], f"{best[0]} (the run's best checkpoint)"
+    steps = manager.checkpoints()
+    if steps:
+        return steps[-1], f"{steps[-1]} (the run's newest checkpoint; it has no best)"
+    raise FileNotFoundError(f"{what} {path}: a folder that is neither a checkpoint (no {TRAINER_STATE}) nor a run "
+                            f"directory with checkpoints (nothing in {manager.directory})")
 
 
 def check_folder(path: Path, fmt: str) -> None:

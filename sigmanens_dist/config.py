@@ -86,6 +86,10 @@ class ModelConfig(_Section):
     # auto: divide for a pretrained backbone, plain from scratch (there is no function to preserve)
     affine_init: Literal["auto", "divide", "plain"] = "auto"
     layers: list[str] | None = None  # fnmatch patterns of norm layers to convert; None: every norm
+    # a trained network to convert (loaded into the backbone before conversion): a run directory (its best
+    # checkpoint, else its newest), a checkpoint file or folder of any strategy of a single-model run, or a plain
+    # state dict (`sigmanens export`, or any file timm's model loads); None: model.pretrained or random init
+    init_from: str | None = None
 
     @field_validator("name")
     @classmethod
@@ -150,7 +154,16 @@ class ModelConfig(_Section):
     def _resolve_affine_init(self) -> ModelConfig:
         """``auto`` becomes what it means here, so the saved config says what ran."""
         if self.affine_init == "auto":
-            self.affine_init = "divide" if self.pretrained else "plain"
+            self.affine_init = "divide" if self.pretrained or self.init_from else "plain"
+        return self
+
+    @model_validator(mode="after")
+    def _one_weight_source(self) -> ModelConfig:
+        """init_from and pretrained both name the backbone's starting weights. (Whether init_from exists is checked
+        when the model is built: a resumed run or an evaluation reads its weights from the checkpoint instead.)"""
+        if self.init_from is not None and self.pretrained:
+            raise _cross_field("init_from", "loads the backbone's weights itself; drop model.pretrained=true",
+                               self.init_from)
         return self
 
     @model_validator(mode="after")
@@ -470,6 +483,13 @@ class Config(_Section):
                 raise _cross_field(f"train.{key}", "an image augmentation; set it to 0/null for text data",
                                    getattr(self.train, key))
         return self
+
+    def without_source_weights(self) -> Config:
+        """This config with the backbone built untrained (no ``model.pretrained`` read, no ``model.init_from``):
+        for a model whose weights come next from a checkpoint, or from rank 0 when wrapping broadcasts them.
+        Everything else, ``affine_init`` as resolved included, stays as it is."""
+        return self.model_copy(update={"model": self.model.model_copy(update={"pretrained": False,
+                                                                              "init_from": None})})
 
     def data_root(self) -> Path | None:
         """``data.root``, or the Debian package's folder for Fashion-MNIST; None for synthetic data or if unset."""

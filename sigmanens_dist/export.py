@@ -60,8 +60,7 @@ def load_model(path: Path) -> torch.nn.Module:
     if "model_args" not in state:
         raise ValueError(f"{path} does not record the model's class count and input channels (written by an "
                          "older version); rebuild the model yourself and load the state dict")
-    cfg = Config.model_validate(state["config"])
-    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"pretrained": False})})
+    cfg = Config.model_validate(state["config"]).without_source_weights()
     model = build_model(cfg, **state["model_args"])
     model.load_state_dict(weights)
     return model.eval()

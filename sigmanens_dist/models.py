@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import timm
+import torch
 from torch import nn
 
 from sigmanens_dist.layers import SigmaStore, sigma_class_for
 from sigmanens_dist.methods import EnsembleMethod, build_method
 from sigmanens_dist.methods.single import SingleModel
 
-__all__ = ["SingleModel", "build_model", "enable_grad_checkpointing", "param_groups"]
+__all__ = ["SingleModel", "build_model", "enable_grad_checkpointing", "param_groups", "source_weights"]
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,7 @@ def build_model(cfg: Any, num_classes: int, in_chans: int, vocab_size: int | Non
     cover the tokenizer's ``vocab_size``). Methods with several backbones (Deep Ensemble) call the factory once per
     member."""
     model_cfg = cfg.model
+    source = source_weights(model_cfg.init_from) if model_cfg.init_from else None
 
     def make_backbone() -> nn.Module:
         if model_cfg.source == "hf":
@@ -36,11 +38,58 @@ def build_model(cfg: Any, num_classes: int, in_chans: int, vocab_size: int | Non
             backbone = timm.create_model(model_cfg.name, pretrained=model_cfg.pretrained,
                                          num_classes=model_cfg.num_classes or num_classes,
                                          in_chans=model_cfg.in_chans or in_chans, **model_cfg.kwargs)
+        if source is not None:
+            _load_source(backbone, source, model_cfg)
         if cfg.train.grad_checkpointing:
             enable_grad_checkpointing(backbone, model_cfg.name)
         return backbone
 
     return build_method(cfg, make_backbone)
+
+
+def source_weights(init_from: str | Path) -> dict[str, torch.Tensor]:
+    """The trained network ``model.init_from`` names, as a plain backbone state dict: from a run directory (best
+    checkpoint, else newest), a checkpoint file or folder of any strategy of a single-model run, or a plain state
+    dict (``sigmanens export``, a timm weights file). An ensemble's checkpoint is refused: convert one network."""
+    from sigmanens_dist.checkpoint import resolve_checkpoint
+    from sigmanens_dist.export import consolidated_state_dict
+
+    path, which = resolve_checkpoint(init_from, "model.init_from")
+    state = (consolidated_state_dict(path) if path.is_dir() else
+             _checkpoint_or_weights(torch.load(path, map_location="cpu", weights_only=False), path))
+    weights, meta = state
+    if meta is not None:
+        method = meta.get("config", {}).get("model", {}).get("method", "single")
+        if method != "single":
+            raise ValueError(f"model.init_from={init_from}: {which} is a model.method={method} run; a conversion "
+                             f"starts from one network: write one member with `sigmanens export {path} OUT "
+                             "--member K` and give OUT")
+    if weights and all(k.startswith("backbone.") for k in weights):  # a SingleModel's keys
+        weights = {k.removeprefix("backbone."): v for k, v in weights.items()}
+    log.info("model.init_from: the backbone starts from %s", which)
+    return weights
+
+
+def _checkpoint_or_weights(obj: Any, path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """A trainer checkpoint file → (its model weights, its state); a plain state dict → (itself, None)."""
+    if isinstance(obj, dict) and "model" in obj and "position" in obj:
+        return obj["model"], obj
+    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
+        obj = obj["state_dict"]  # the common {"state_dict": …} wrapper of other trainers
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise ValueError(f"model.init_from {path}: neither a sigmanens checkpoint nor a state dict of tensors")
+    return obj, None
+
+
+def _load_source(backbone: nn.Module, weights: dict[str, torch.Tensor], model_cfg: Any) -> None:
+    """Load the source network, strictly: a conversion that silently kept random layers would not be one."""
+    try:
+        backbone.load_state_dict(weights)
+    except RuntimeError as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()][1:4]
+        raise ValueError(f"model.init_from={model_cfg.init_from} does not fit model.name={model_cfg.name!r} "
+                         f"({' '.join(lines)[:400]}); the source must be the same architecture with the same "
+                         "class count and input channels") from err
 
 
 def enable_grad_checkpointing(backbone: nn.Module, name: str) -> None:

@@ -90,9 +90,9 @@ class Trainer:
 
         # -- model, strategy, optimiser (model init is identical on every rank; later randomness is per rank) -------
         torch.manual_seed(cfg.seed)
-        # Pretrained weights are read on rank 0 only: wrapping gives every rank rank 0's model (Strategy).
-        built = cfg if env.is_main or not cfg.model.pretrained else cfg.model_copy(
-            update={"model": cfg.model.model_copy(update={"pretrained": False})})
+        # Pretrained or source weights are read on rank 0 only: wrapping gives every rank rank 0's model (Strategy).
+        # A resumed run's weights come from its checkpoint.
+        built = cfg if env.is_main and resumed is None else cfg.without_source_weights()
         model = build_model(built, self.data.num_classes, self.data.in_chans, self.data.vocab_size)
         self.data = member_train_stream(cfg, env, self.data, model)  # member-major when members read their own data
         self.member_major = member_major(cfg, model)

@@ -91,10 +91,8 @@ def _build(cfg: Config, num_classes: int, in_chans: int, vocab_size: int | None,
            path: Path, key: str) -> nn.Module:
     from sigmanens_dist.models import build_model
 
-    # The weights come from the checkpoint: never fetch pretrained ones again.
-    plain = cfg.model_copy(update={"model": cfg.model.model_copy(update={"pretrained": False})})
-    torch.manual_seed(cfg.seed)
-    model = build_model(plain, num_classes, in_chans, vocab_size)
+    torch.manual_seed(cfg.seed)  # the weights come from the checkpoint: never read pretrained or source ones again
+    model = build_model(cfg.without_source_weights(), num_classes, in_chans, vocab_size)
     try:
         model.load_state_dict(weights)
     except RuntimeError as err:
