@@ -47,9 +47,12 @@ SPLITS = ("auto", "test", "val")
 PAIRINGS = {"epochs": "the same M, τ, λ (where both methods have them) and step budget: equal epochs",
             "compute": "the same training compute (images × members through the backbone) and τ, λ where both "
                        "methods have them: e.g. σN-Ens M=4 against the single model trained 4× the steps"}
-DIFFS = ("acc", "nll", "ece", "brier", "ood_auroc")  # paired against the reference
-# what `sigmanens eval` logs: eval/<split>/<weights>/shift/<corruption>/s<k>/ece and .../ood_<set>/<score>/auroc
-_SEVERITY = re.compile(r"^(eval/[^/]+/[^/]+)/shift/[^/]+/s(\d+)/ece$")
+DIFFS = ("acc", "nll", "ece", "brier", "ood_auroc", "ece_shift", "nll_shift")  # paired against the reference
+# "under shift": the mean over corruptions and these severities (the strong end, where calibration breaks)
+SHIFT_SEVERITIES = (3, 5)
+# what `sigmanens eval` logs: eval/<split>/<weights>/shift/<corruption>/s<k>/{ece,nll} and
+# .../ood_<set>/<score>/auroc
+_SEVERITY = re.compile(r"^(eval/[^/]+/[^/]+)/shift/[^/]+/s(\d+)/(ece|nll)$")
 _AUROC = re.compile(r"^(eval/[^/]+/[^/]+)/ood_[^/]+/entropy/auroc$")  # predictive entropy, the README's OOD score
 _MS_PER_IMAGE = re.compile(r"^eval/test/raw/k(\d+)/ms_per_image$")  # forward time of the k-member ensemble
 
@@ -74,6 +77,9 @@ class RunRecord:
     values: dict[str, float] = field(default_factory=dict)  # table columns
     split_values: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> score columns, as logged
     severity_ece: dict[int, float] = field(default_factory=dict)  # corruption severity -> ECE, if logged
+    severity_nll: dict[int, float] = field(default_factory=dict)  # corruption severity -> NLL, if logged
+    # σ runs: validation step -> (members on, histogram of σ(γ) over IMPORTANCE_BINS bins), read by load_runs
+    sharing_history: dict[int, tuple[float, list[float]]] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, int, float | None, float | None, int]:
@@ -165,7 +171,24 @@ def load_runs(uri: str, *, parent: str | None = None, experiment: str | None = N
     records, notes = _pick_runs(runs, expected)
     if not records:
         raise CompareError("no finished runs to compare yet:\n" + "\n".join(notes))
+    for r in records:
+        if r.tau is not None:
+            r.sharing_history = _sharing_history(client, r.run_id)
     return records, notes, parent
+
+
+def _sharing_history(client: Any, run_id: str) -> dict[int, tuple[float, list[float]]]:
+    """Members on and the σ(γ) histogram at every validation step of a σ run (empty for runs that did not log the
+    histogram). A step logged twice (a resumed run re-did it) keeps its newest value."""
+    from sigmanens_dist.ensemble import IMPORTANCE_BINS
+
+    def latest(key: str) -> dict[int, float]:
+        return {m.step: m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)}
+
+    on = latest(SPLIT_METRICS["val"]["sharing"])
+    bins = [latest(f"val/sharing/hist/{i}") for i in range(IMPORTANCE_BINS)]
+    steps = sorted(set(on).intersection(*bins)) if bins[0] else []
+    return {step: (on[step], [b[step] for b in bins]) for step in steps}
 
 
 def _expected_children(client: Any, parent: str) -> list[str] | None:
@@ -240,15 +263,19 @@ def _record(run: Any) -> RunRecord:
     auroc = sorted((k for k in metrics if _AUROC.match(k)), key=lambda k: raw_first(_AUROC.match(k).group(1)))
     if auroc:
         values["ood_auroc"] = metrics[auroc[0]]
-    shifted = [(m.group(1), int(m.group(2)), v) for k, v in metrics.items() if (m := _SEVERITY.match(k))]
-    first = min((prefix for prefix, _, _ in shifted), key=raw_first, default=None)
-    by_severity: dict[int, list[float]] = defaultdict(list)
-    for prefix, sev, v in shifted:
+    shifted = [(m.group(1), int(m.group(2)), m.group(3), v) for k, v in metrics.items() if (m := _SEVERITY.match(k))]
+    first = min((prefix for prefix, _, _, _ in shifted), key=raw_first, default=None)
+    by_severity: dict[str, dict[int, list[float]]] = {"ece": defaultdict(list), "nll": defaultdict(list)}
+    for prefix, sev, score, v in shifted:
         if prefix == first:
-            by_severity[sev].append(v)
-    severity = {sev: float(np.mean(vs)) for sev, vs in by_severity.items()}  # mean over corruptions
+            by_severity[score][sev].append(v)
+    severity = {score: {sev: float(np.mean(vs)) for sev, vs in by.items()}  # mean over corruptions
+                for score, by in by_severity.items()}
+    for score, by in severity.items():
+        if all(s in by for s in SHIFT_SEVERITIES):
+            values[f"{score}_shift"] = float(np.mean([by[s] for s in SHIFT_SEVERITIES]))
     return RunRecord(run.info.run_id, run.info.run_name, run.info.status, method, members, tau, lam,
-                     int(params.get("seed", 0)), budget, values, split_values, severity)
+                     int(params.get("seed", 0)), budget, values, split_values, severity["ece"], severity["nll"])
 
 
 def select_split(records: list[RunRecord], split: str) -> str:
@@ -328,7 +355,8 @@ COLUMNS = [("params", "params", "{:,.0f}"), ("train_compute", "train compute (im
            ("inference_passes", "inference passes/img", "{:.0f}"), ("ms_per_image", "inference ms/img", "{:.3f}"),
            ("train_img_per_s", "train img/s", "{:.0f}"),
            ("acc", "acc", "{:.4f}"), ("nll", "NLL", "{:.4f}"), ("ece", "ECE", "{:.4f}"), ("brier", "Brier", "{:.4f}"),
-           ("ood_auroc", "OOD AUROC", "{:.4f}"), ("disagreement", "disagreement", "{:.4f}"),
+           ("ood_auroc", "OOD AUROC", "{:.4f}"), ("ece_shift", "ECE shift s3,s5", "{:.4f}"),
+           ("nll_shift", "NLL shift s3,s5", "{:.4f}"), ("disagreement", "disagreement", "{:.4f}"),
            ("sharing", "sharing (members on)", "{:.3f}")]
 
 
@@ -355,7 +383,8 @@ def write_report(records: list[RunRecord], notes: list[str], out: Path, referenc
     files += [p for p in (_plot_members(groups, out / "metric_vs_members.png"),
                           _plot_pareto(groups, out / "acc_vs_ece.png"),
                           _plot_cost(groups, out / "nll_vs_cost.png"),
-                          _plot_severity(groups, out / "ece_vs_severity.png")) if p is not None]
+                          _plot_severity(groups, out / "ece_vs_severity.png"),
+                          _plot_sharing(groups, out / "sharing_vs_step.png")) if p is not None]
     return files
 
 
@@ -448,13 +477,16 @@ def _csv(report: _Report, path: Path) -> Path:
 def _runs_csv(records: list[RunRecord], path: Path) -> Path:
     keys = sorted({k for r in records for k in r.values})
     severities = sorted({s for r in records for s in r.severity_ece})
+    nll_severities = sorted({s for r in records for s in r.severity_nll})
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["run_id", "name", "method", "M", "tau", "lambda", "budget", "seed", *keys,
-                    *(f"ece_severity{s}" for s in severities)])  # mean over the corruptions evaluated
+                    *(f"ece_severity{s}" for s in severities),  # means over the corruptions evaluated
+                    *(f"nll_severity{s}" for s in nll_severities)])
         for r in sorted(records, key=lambda r: r.name):
             w.writerow([r.run_id, r.name, r.method, r.members, r.tau, r.lam, r.budget, r.seed,
-                        *(r.values.get(k, "") for k in keys), *(r.severity_ece.get(s, "") for s in severities)])
+                        *(r.values.get(k, "") for k in keys), *(r.severity_ece.get(s, "") for s in severities),
+                        *(r.severity_nll.get(s, "") for s in nll_severities)])
     return path
 
 
@@ -500,39 +532,92 @@ def _plot_members(groups: list[Group], path: Path) -> Path | None:
         ax.set_xlabel("members M")
         ax.set_title(f"{title} vs M (mean ± std over seeds)")
         ax.grid(alpha=0.3)
+    budgeted = any(g.budget != 1 for g in groups)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize=8,
-               title="a single model at b× the steps\nis drawn at M = b (equal compute)", title_fontsize=8)
+               title="a single model at b× the steps\nis drawn at M = b (equal compute)" if budgeted else None,
+               title_fontsize=8)
     fig.savefig(path, dpi=110)
     return path
 
 
-def _plot_pareto(groups: list[Group], path: Path) -> Path | None:
-    """Accuracy against ECE for every grid point (labelled with τ), with the Pareto frontier: no other point is both
-    more accurate and better calibrated."""
-    points = [(g.mean("ece"), g.mean("acc"), g) for g in groups if not math.isnan(g.mean("ece") + g.mean("acc"))]
-    if len(points) < 2:
-        return None
-    fig = Figure(figsize=(7, 5.5), layout="constrained")
-    ax = fig.subplots()
-    for method in dict.fromkeys(p[2].method for p in points):
-        mine = [p for p in points if p[2].method == method]
-        ax.scatter([p[0] for p in mine], [p[1] for p in mine], label=method, s=40)
-        for ece, acc, g in mine:
-            label = (f"τ={g.tau:g}" if g.tau is not None else "") + (f" M={g.members}" if _uses(method, "members")
-                                                                      else "")
-            ax.annotate(label.strip(), (ece, acc), fontsize=7, xytext=(4, 3), textcoords="offset points")
-    frontier, best = [], -math.inf
-    for ece, acc, _ in sorted(points, key=lambda p: (p[0], -p[1])):
-        if acc > best:
+def _frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The Pareto frontier of (ECE, accuracy) points: those no other point beats on both, by increasing ECE."""
+    frontier: list[tuple[float, float]] = []
+    for ece, acc in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not frontier or acc > frontier[-1][1]:
             frontier.append((ece, acc))
-            best = acc
-    ax.plot(*zip(*frontier, strict=True), "k--", lw=1, label="Pareto frontier")
-    ax.ticklabel_format(useOffset=False)
-    ax.set_xlabel("ECE (lower is better)")
-    ax.set_ylabel("accuracy")
-    ax.set_title("accuracy vs calibration across the grid")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    return frontier
+
+
+def _plot_pareto(groups: list[Group], path: Path) -> Path | None:
+    """The paper's figure: accuracy against ECE, and against ECE under shift (mean of severities 3 and 5) where the
+    runs were evaluated on corruptions; one point per grid point, a σN-Ens point labelled with τ and its measured
+    members on per feature; the Pareto frontier (no other point is both more accurate and better calibrated) drawn
+    as a staircase through the points on it."""
+    panels = [(c, t) for c, t in (("ece", "ECE"), ("ece_shift", "ECE under shift (mean of severities 3 and 5)"))
+              if sum(not math.isnan(g.mean(c) + g.mean("acc")) for g in groups) >= 2]
+    if not panels:
+        return None
+    fig = Figure(figsize=(7 * len(panels) + 2, 5.5), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(panels)))
+    methods = list(dict.fromkeys(g.method for g in groups))
+    colors = dict(zip(methods, _colors(len(methods)), strict=True))
+    for ax, (column, title) in zip(axes, panels, strict=True):
+        points = [(g.mean(column), g.mean("acc"), g) for g in groups if not math.isnan(g.mean(column) + g.mean("acc"))]
+        for method in methods:
+            mine = [p for p in points if p[2].method == method]
+            if not mine:
+                continue
+            ax.scatter([p[0] for p in mine], [p[1] for p in mine], label=method, s=40, color=colors[method])
+            for x, y, g in mine:
+                label = " ".join(
+                    ([f"τ={g.tau:g}"] if g.tau is not None else []) + ([f"λ={g.lam:g}"] if g.lam == 0 else [])
+                    + ([f"M={g.members}"] if _uses(method, "members") and len({p[2].members for p in points}) > 1
+                       else []) + ([f"{g.mean('sharing'):.2f} on"] if not math.isnan(g.mean("sharing")) else [])
+                    + ([f"{g.budget}× steps"] if g.budget != 1 else []))
+                ax.annotate(label, (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
+        frontier = _frontier([(x, y) for x, y, _ in points])
+        xs = [frontier[0][0], *(x for x, _ in frontier[1:] for _ in (0, 1))]
+        ys = [y for _, y in frontier for _ in (0, 1)][: len(xs)]
+        xmax = max(x for x, _, _ in points)
+        ax.plot([*xs, xmax], [*ys, frontier[-1][1]], "k--", lw=1, label="Pareto frontier")
+        ax.ticklabel_format(useOffset=False)
+        ax.set_xlabel(f"{title} (lower is better)")
+        ax.set_ylabel("accuracy")
+        ax.set_title(f"accuracy vs {title.split(' (')[0]}")
+        ax.grid(alpha=0.3)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize=8,
+               title="σN-Ens points: τ and\nmembers on per feature", title_fontsize=8)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _plot_sharing(groups: list[Group], path: Path) -> Path | None:
+    """How τ sets the sharing during training: per σN-Ens grid point (its first seed), the histogram of the
+    importances σ(γ) at every validation step as a heat map, with the members on per feature above it."""
+    series = [(g, g.runs[min(g.runs)]) for g in groups if g.tau is not None and g.runs[min(g.runs)].sharing_history]
+    if not series:
+        return None
+    from sigmanens_dist.ensemble import IMPORTANCE_BINS
+
+    fig = Figure(figsize=(3.2 * len(series) + 1, 5.5), layout="constrained")
+    axes = fig.subplots(2, len(series), squeeze=False, sharex="col", height_ratios=[1, 2.2])
+    image = None
+    for col, (g, run) in enumerate(series):
+        steps = sorted(run.sharing_history)
+        on = [run.sharing_history[s][0] for s in steps]
+        hist = np.array([run.sharing_history[s][1] for s in steps]).T  # bins × steps
+        axes[0, col].plot(steps, on, marker=".", color="k")
+        axes[0, col].set_ylim(0, g.members + 0.3)
+        axes[0, col].set_title(f"τ={g.tau:g} λ={g.lam:g} M={g.members}\n(seed {min(g.runs)})", fontsize=9)
+        axes[0, col].grid(alpha=0.3)
+        image = axes[1, col].imshow(hist, aspect="auto", origin="lower", cmap="viridis", vmin=0, vmax=1,
+                                    extent=(steps[0], steps[-1], 0, 1), interpolation="nearest")
+        axes[1, col].set_xlabel("step")
+    axes[0, 0].set_ylabel("members on\nper feature")
+    axes[1, 0].set_ylabel(f"σ(γ) ({IMPORTANCE_BINS} bins)")
+    fig.colorbar(image, ax=axes[1, :].tolist(), label="fraction of member × feature importances")
+    fig.suptitle("importance trajectories: σ(γ) over training, per τ")
     fig.savefig(path, dpi=110)
     return path
 

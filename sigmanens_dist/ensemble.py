@@ -27,6 +27,7 @@ from sigmanens_dist.regularizer import diversity_loss, members_on
 
 __all__ = [
     "AFFINE_INITS",
+    "IMPORTANCE_BINS",
     "ConversionSummary",
     "SigmaEnsemble",
     "check_num_members",
@@ -60,6 +61,7 @@ class ConversionSummary:
                 f"{self.param_ratio:.4f}x the source model's {self.source_params:,}")
 
 AFFINE_INITS = ("divide", "plain")
+IMPORTANCE_BINS = 10  # bins of the σ(γ) histogram logged with every evaluation
 
 
 def count_params(model: nn.Module) -> int:
@@ -155,7 +157,13 @@ class SigmaEnsemble(EnsembleMethod):
         return reg.lam * self.diversity_loss(reg.tau, reg.normalize)
 
     def extra_metrics(self) -> dict[str, float]:
-        return {"sharing/members_on": self.sharing()["all"]}
+        """The measured sharing, and the histogram of the regularised importances σ(γ) over
+        :data:`IMPORTANCE_BINS` equal bins of [0, 1] (fractions of member × feature entries): logged at every
+        evaluation, it is the trajectory that shows τ setting the sharing during training."""
+        hist = torch.histc(self.importances(regularized_only=True).detach().float(), IMPORTANCE_BINS, 0.0, 1.0)
+        hist = hist / hist.sum().clamp_min(1)
+        return {"sharing/members_on": self.sharing()["all"],
+                **{f"sharing/hist/{i}": float(v) for i, v in enumerate(hist.tolist())}}
 
     def sharing(self, threshold: float = 0.5) -> dict[str, float]:
         """Measured sharing: mean number of members "on" (σ(γ) > threshold) per feature, per regularised layer,

@@ -69,7 +69,7 @@ METHODS: dict[str, Method] = {
 # What each kind sweeps by default; any axis can also be given explicitly (then it is part of the grid too).
 KINDS: dict[str, dict[str, list[Any]]] = {
     "m-scaling": {"members": [1, 2, 4, 8, 16]},
-    "tau-sweep": {"taus": [0.1, 0.25, 0.5, 1.0, 2.0]},
+    "tau-sweep": {"taus": [0.05, 0.1, 0.25, 0.5, 1.0, 2.0]},
     "lambda-sweep": {"lambdas": [1e-4, 1e-3, 1e-2, 1e-1]},
     "methods": {"methods": []},  # filled with every method the installed config supports
 }
@@ -78,6 +78,9 @@ LAMBDA_POLICIES = {
     "fixed": "reg.lambda is the same at every M (L_div sums over members, so its weight grows in proportion to M)",
     "per-member": "reg.lambda = λ / M (L_div's weight per member stays constant as M grows)",
 }
+# τ acts only through L_div: a τ sweep on a recipe with λ = 0 (the default one) runs at this documented strength
+# (docs/quality.md) unless --lambdas says otherwise.
+TAU_SWEEP_LAMBDA = 0.01
 AXES = ("methods", "members", "taus", "lambdas", "budgets", "seeds")
 
 
@@ -171,6 +174,10 @@ def _grid_axes(kind: str, axes: dict[str, list[Any] | None], base: Config, probl
                                       "members": [base.model.num_members], "taus": [base.reg.tau],
                                       "lambdas": [base.reg.lam], "budgets": [1], "seeds": [0, 1, 2]}
     kind_defaults = {**KINDS[kind], **({"methods": known} if kind == "methods" else {})}
+    if kind == "tau-sweep" and axes.get("lambdas") is None and base.reg.lam == 0:
+        log.info("the recipe has reg.lambda=0, which leaves τ inert: the τ sweep runs at λ=%g (docs/quality.md); "
+                 "--lambdas sets another", TAU_SWEEP_LAMBDA)
+        kind_defaults["lambdas"] = [TAU_SWEEP_LAMBDA]
     grid: dict[str, list[Any]] = {}
     for axis in AXES:
         values = axes.get(axis)
@@ -198,6 +205,14 @@ def _grid_axes(kind: str, axes: dict[str, list[Any] | None], base: Config, probl
                 problems.append(f"--{axis}: {v!r} is not {what}")
         if all(isinstance(v, (int, float)) for v in grid[axis]):
             grid[axis] = [kind_of(v) for v in grid[axis]]
+    regularised = any(METHODS[m].regularised for m in grid["methods"] if m in METHODS)
+    if regularised and len(grid["taus"]) > 1 and 0 in grid["lambdas"]:
+        problems.append(f"--taus {','.join(map(str, grid['taus']))} with λ = 0: L_div is off, so τ changes nothing "
+                        "(every τ trains the same model); give --lambdas 0.01, the documented τ-sweep strength "
+                        "(docs/quality.md)")
+    elif regularised and 0 in grid["lambdas"]:
+        log.warning("λ = 0 in the grid: at that point L_div is off and τ=%s has no effect (the unregularised "
+                    "reference)", ",".join(map(str, grid["taus"])))
     if grid["budgets"] != [1] and base.train.max_steps is None:
         problems.append(f"--budgets {','.join(map(str, grid['budgets']))}: multiplies train.max_steps, which the base "
                         f"config does not set (it trains train.epochs={base.train.epochs}); give train.max_steps=N")

@@ -334,3 +334,62 @@ def test_local_m_scaling_script_runs_the_study_and_compares(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = (tmp_path / "ms" / "compare" / "table.md").read_text()
     assert "| sigma | 1 |" in table and "| sigma | 2 |" in table, table
+
+
+def test_tau_sweep_refuses_lambda_zero_and_brings_its_strength(tmp_path: Path) -> None:
+    """λ = 0 turns L_div off, so a τ sweep at λ = 0 would train the same model at every τ: refused, naming the fix;
+    without --lambdas a τ sweep of a recipe with λ = 0 uses the documented strength."""
+    with pytest.raises(StudyError, match=r"--taus 0\.1,1\.0 with λ = 0: L_div is off, so τ changes nothing .*"
+                                         r"give --lambdas 0\.01"):
+        build_definition("tau-sweep", None, {"taus": [0.1, 1.0], "lambdas": [0.0], "seeds": [0]}, BASE,
+                         tmp_path / "a")
+    definition = build_definition("tau-sweep", None, {"taus": [0.1, 1.0], "seeds": [0]}, [*BASE, "reg.lambda=0"],
+                                  tmp_path / "b")
+    assert definition["axes"]["lambdas"] == [0.01]
+    assert [c["name"] for c in definition["children"]] == ["sigma-M4-tau0.1-lam0.01-s0", "sigma-M4-tau1-lam0.01-s0"]
+    # a λ sweep keeps its unregularised reference point
+    no_lambda = [o for o in BASE if not o.startswith("reg.lambda=")]
+    lam = build_definition("lambda-sweep", None, {"lambdas": [0.0, 0.01], "seeds": [0]}, no_lambda, tmp_path / "c")
+    assert len(lam["children"]) == 2
+
+
+def test_frontier_and_sharing_plots_from_a_tau_sweep(tmp_path: Path) -> None:
+    """acc_vs_ece.png draws the frontier in both panels (clean and under shift); sharing_vs_step.png shows every τ's
+    importance trajectory; the ECE and NLL under shift are columns with paired differences."""
+    from sigmanens_dist.compare import _frontier
+
+    assert _frontier([(0.1, 0.8), (0.05, 0.7), (0.2, 0.9), (0.15, 0.75)]) == [(0.05, 0.7), (0.1, 0.8), (0.2, 0.9)]
+    records = []
+    for seed in (0, 1):
+        single = _record("single", 1, None, seed, 0.8)
+        single.values.update({"ece": 0.03, "ece_shift": 0.3, "nll_shift": 2.0})
+        records.append(single)
+        for tau, on in ((0.1, 1.1), (1.0, 3.9)):
+            r = _record("sigma", 4, tau, seed, 0.78 + tau / 10)
+            r.values.update({"ece": 0.02 + tau / 100, "ece_shift": 0.2 + tau / 10, "nll_shift": 1.5, "sharing": on})
+            r.sharing_history = {step: (on, [0.5, *[0.0] * 8, 0.5]) for step in (100, 200, 300)}
+            records.append(r)
+    files = {p.name for p in write_report(records, [], tmp_path, None)}
+    assert {"acc_vs_ece.png", "sharing_vs_step.png"} <= files
+    assert (tmp_path / "sharing_vs_step.png").stat().st_size > 10_000
+    table = (tmp_path / "table.md").read_text()
+    assert "ECE shift s3,s5" in table and "Δece_shift vs single [95% CI]" in table
+    assert "Δnll_shift vs single [95% CI]" in table
+
+
+def test_run_record_reads_shift_scores_and_history() -> None:
+    from types import SimpleNamespace
+
+    from sigmanens_dist.compare import _record as record_of
+
+    metrics = {"val/acc": 0.8, "eval/test/raw/shift/noise/s3/ece": 0.2, "eval/test/raw/shift/noise/s5/ece": 0.4,
+               "eval/test/raw/shift/blur/s3/ece": 0.4, "eval/test/raw/shift/blur/s5/ece": 0.6,
+               "eval/test/raw/shift/noise/s3/nll": 1.0, "eval/test/raw/shift/noise/s5/nll": 3.0}
+    run = SimpleNamespace(info=SimpleNamespace(run_id="r", run_name="sigma-M4-s0", status="FINISHED"),
+                          data=SimpleNamespace(params={"model.method": "sigma", "model.num_members": "4", "seed": "0",
+                                                       "reg.tau": "0.5", "reg.lambda": "0.01"}, tags={},
+                                               metrics=metrics))
+    r = record_of(run)
+    assert r.values["ece_shift"] == pytest.approx(0.4)  # mean over corruptions, then over severities 3 and 5
+    assert r.values["nll_shift"] == pytest.approx(2.0)
+    assert r.severity_nll == pytest.approx({3: 1.0, 5: 3.0})
