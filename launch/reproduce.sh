@@ -2,13 +2,22 @@
 # The README's reproduction of the paper's claims at CPU scale (README "Reproduction"; docs/studies.md): six
 # studies on configs/fmnist_small.yaml, 3 paired seeds each, in two lanes of one process each, tracked by one local
 # MLflow server, then `sigmanens compare` at equal epochs and at equal training compute.
-#   bash launch/reproduce.sh [OUT]        # OUT defaults to runs/repro; run it again to continue where it stopped
-# The tables, plots and per-run CSVs go to OUT/compare{,_compute,_vs_deep}/ (the README's copies: results/repro/).
+#   bash launch/reproduce.sh [OUT] [small|long]   # OUT defaults to runs/repro[_long]; run it again to continue
+# The tables, plots and per-run CSVs go to OUT/compare{,_compute,_vs_deep}/ (the README's copies: results/repro*/).
+# small: the recipe as written (200 steps, 0.64 epoch, 2,000 test images). long: where models converge (issue 18):
+# 6,250 steps of 32 on the 10,000 training images (20 epochs), scored on the full 10,000-image test set.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/launch/setup.sh"
 cd "$ROOT"
-OUT="$(mkdir -p "${1:-runs/repro}" && cd "${1:-runs/repro}" && pwd)"
+BUDGET="${2:-small}"
+case "$BUDGET" in
+  small) BUDGET_ARGS=() ; DEFAULT_OUT=runs/repro ;;
+  long) BUDGET_ARGS=(train.max_steps=6250 data.test_subset=10000 schedule.warmup_steps=100
+                     train.eval_every_steps=250 checkpoint.every_steps=1250) ; DEFAULT_OUT=runs/repro_long ;;
+  *) echo "budget must be small or long, got '$BUDGET'" >&2; exit 2 ;;
+esac
+OUT="$(mkdir -p "${1:-$DEFAULT_OUT}" && cd "${1:-$DEFAULT_OUT}" && pwd)"
 PORT="${SIGMANENS_REPRO_PORT:-5055}"
 CFG=configs/fmnist_small.yaml
 URI="http://127.0.0.1:$PORT"
@@ -25,11 +34,14 @@ for _ in $(seq 120); do
   sleep 1
 done
 
-study() {  # name, then the study's arguments; logs to OUT/<name>.log with its wall-clock time
+study() {  # name, [--own-budget,] then the study's arguments; logs to OUT/<name>.log with its wall-clock time
   local name=$1 begin=$SECONDS
   shift
   echo "[$(date +%T)] study $name: sigmanens study $*"
-  if sigmanens study "$@" --config "$CFG" --out "$OUT/$name" "tracking.uri=$URI" >"$OUT/$name.log" 2>&1; then
+  local budget=("${BUDGET_ARGS[@]}")
+  if [ "$1" = --own-budget ]; then budget=(); shift; fi  # the study's overrides set the whole budget (the fine-tune)
+  if nice -n "${SIGMANENS_REPRO_NICE:-0}" sigmanens study "$@" --config "$CFG" --out "$OUT/$name" "tracking.uri=$URI" \
+      "${budget[@]}" >"$OUT/$name.log" 2>&1; then
     echo "[$(date +%T)] study $name finished in $((SECONDS - begin)) s"
   else  # the lane goes on; the study's log names the failed children, and running this again retries them
     echo "[$(date +%T)] study $name FAILED (exit $?) after $((SECONDS - begin)) s: $OUT/$name.log"
@@ -42,7 +54,7 @@ study() {  # name, then the study's arguments; logs to OUT/<name>.log with its w
 # (b) τ sweep at M = 4, λ = 0.01 and (e) λ sweep at M = 4, τ = 0.25 (λ = 0 is the recipe's, in the headline study);
 # then BatchEnsemble and the FiLM ablation at M = 2 and 8. (M = 1 of every method is one network: the single model.)
 NOSHIFT="eval.corruptions=[]"
-lane1() {
+small_lane1() {
   study methods methods --methods sigma,single,deep,batch,packed,film --members 4
   study tau tau-sweep --taus 0.1,0.5,1,2 --lambdas 0.01 "$NOSHIFT"
   study lambda lambda-sweep --lambdas 0.001,0.01,0.1 "$NOSHIFT"
@@ -50,15 +62,39 @@ lane1() {
 }
 # The single model at 4× the steps (equal training compute with M = 4); (a) M-scaling of σN-Ens, the Deep Ensemble
 # and Packed-Ensembles at M = 2 and 8, and σN-Ens at M = 16.
-lane2() {
+small_lane2() {
   study compute methods --methods single --budgets 4 "$NOSHIFT"
   study scaling methods --methods sigma,deep,packed --members 2,8
   study m16 m-scaling --methods sigma --members 16
 }
+# The long budget (issue 18), one seed per study so a partial run is still paired. (b) The τ sweep on the τ-active
+# recipe (docs/quality.md: γ starts on but below saturation, λ = 0.01). (a) The methods at M = 4 (σN-Ens on the
+# default recipe); (f) the fine-tune: seed s's single model converted to σN-Ens M=4 by 625 steps (10 %) at a tenth
+# of the rate, against the same single model continued for those steps (its own experiment, so compare pairs them);
+# then the single model at 4× the steps and the other baselines for the later seeds.
+TAU_ACTIVE=(model.gamma_init_mean=2 model.gamma_init_std=0.1)
+FINETUNE=(data.test_subset=10000 train.max_steps=625 optim.lr=0.005 schedule.warmup_steps=20 train.eval_every_steps=125
+          checkpoint.every_steps=625 reg.lambda=0.01 reg.tau=1 model.gamma_init_mean=0 model.gamma_init_std=1
+          tracking.experiment=sigmanens-fmnist-finetune)
+long_lane1() {
+  for seed in 0 1 2; do
+    study "tau_s$seed" tau-sweep --taus 0.05,0.1,0.25,0.5,1,2 --lambdas 0.01 --seeds "$seed" "${TAU_ACTIVE[@]}"
+  done
+}
+long_lane2() {
+  study methods_s0 methods --methods single,sigma,deep,film,batch,packed --members 4 --seeds 0
+  for seed in 0 1 2; do
+    [ "$seed" = 0 ] || study "methods_s$seed" methods --methods single,sigma,deep --members 4 --seeds "$seed"
+    study "finetune_s$seed" --own-budget methods --methods single,sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" \
+      "model.init_from=$OUT/methods_s$seed/single-s$seed"
+  done
+  for seed in 0 1 2; do study "compute_s$seed" methods --methods single --budgets 4 --seeds "$seed"; done
+  for seed in 1 2; do study "baselines_s$seed" methods --methods film,batch,packed --members 4 --seeds "$seed"; done
+}
 start=$SECONDS
 rm -f "$OUT/.failed"
-lane1 &
-lane2 &
+"${BUDGET}_lane1" &
+"${BUDGET}_lane2" &
 wait
 rc=0
 [ -e "$OUT/.failed" ] && rc=1
@@ -68,4 +104,7 @@ experiment=$(python -c "from sigmanens_dist.config import load_config; print(loa
 sigmanens compare --experiment "$experiment" --uri "$URI" --out "$OUT/compare" --pair epochs
 sigmanens compare --experiment "$experiment" --uri "$URI" --out "$OUT/compare_compute" --pair compute
 sigmanens compare --experiment "$experiment" --uri "$URI" --out "$OUT/compare_vs_deep" --reference deep
+if [ "$BUDGET" = long ]; then
+  sigmanens compare --experiment sigmanens-fmnist-finetune --uri "$URI" --out "$OUT/compare_finetune" --pair epochs
+fi
 exit "$rc"
