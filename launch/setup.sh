@@ -13,7 +13,9 @@ for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"
 if ((${#missing[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "[setup] apt-get install ${missing[*]}"
-    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    # another apt may hold the dpkg lock: wait for it, at most 5 minutes
+    apt-get -o DPkg::Lock::Timeout=300 update -qq >/dev/null \
+      && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq "${missing[@]}" >/dev/null
   else
     echo "[setup] missing system packages: ${missing[*]} (run as root: apt-get install ${missing[*]})" >&2
   fi

@@ -38,8 +38,10 @@ install_packages() {
   ((${#missing[@]})) || return 0
   [ "$(id -u)" = 0 ] || die "missing ${missing[*]}; run as root or apt-get install ${missing[*]}"
   echo "slurm_local: apt-get install ${missing[*]}"
-  apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  # another apt (unattended-upgrades, a second set-up) may hold the dpkg lock: wait for it, at most 5 minutes
+  local wait=(-o DPkg::Lock::Timeout=300)
+  apt-get "${wait[@]}" update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get "${wait[@]}" install -y -qq "${missing[@]}" >/dev/null
 }
 
 write_config() {

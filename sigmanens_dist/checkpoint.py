@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from sigmanens_dist.errors import MissingPathError, UsageError
+
 __all__ = ["CheckpointManager", "capture_rng", "resolve_checkpoint", "restore_rng"]
 
 log = logging.getLogger(__name__)
@@ -140,7 +142,7 @@ class CheckpointManager:
         if resume != "auto":
             path = Path(resume)
             if not path.exists():
-                raise FileNotFoundError(f"checkpoint.resume={resume!r}: no such file or folder")
+                raise MissingPathError(f"checkpoint.resume={resume!r}: no such file or folder")
             return self.read(path), path
         for path in reversed(self.checkpoints()):
             try:
@@ -158,12 +160,12 @@ class CheckpointManager:
         if path.is_dir():
             state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
             if not isinstance(state, dict) or "format" not in state or "position" not in state:
-                raise ValueError(f"{path} is not a sigmanens checkpoint folder (missing 'format'/'position')")
+                raise UsageError(f"{path} is not a sigmanens checkpoint folder (missing 'format'/'position')")
             check_folder(path, state["format"])
             return {**state, FOLDER_KEY: path}
         state = torch.load(path, map_location="cpu", weights_only=False)
         if not isinstance(state, dict) or "model" not in state or "position" not in state:
-            raise ValueError(f"{path} is not a sigmanens checkpoint (missing 'model'/'position')")
+            raise UsageError(f"{path} is not a sigmanens checkpoint (missing 'model'/'position')")
         return state
 
 
@@ -173,7 +175,7 @@ def resolve_checkpoint(path: Path | str, what: str = "checkpoint") -> tuple[Path
     the argument in the error (e.g. ``model.init_from``)."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{what} {path}: no such file or folder")
+        raise MissingPathError(f"{what} {path}: no such file or folder")
     if path.is_file() or (path / TRAINER_STATE).is_file():
         return path, f"{path}"
     manager = CheckpointManager(path)
@@ -183,7 +185,7 @@ def resolve_checkpoint(path: Path | str, what: str = "checkpoint") -> tuple[Path
     steps = manager.checkpoints()
     if steps:
         return steps[-1], f"{steps[-1]} (the run's newest checkpoint; it has no best)"
-    raise FileNotFoundError(f"{what} {path}: a folder that is neither a checkpoint (no {TRAINER_STATE}) nor a run "
+    raise MissingPathError(f"{what} {path}: a folder that is neither a checkpoint (no {TRAINER_STATE}) nor a run "
                             f"directory with checkpoints (nothing in {manager.directory})")
 
 

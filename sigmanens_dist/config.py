@@ -24,13 +24,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_core import PydanticCustomError
 
 from sigmanens_dist.datasets import DATASETS, DatasetName, resolve_root
+from sigmanens_dist.errors import UsageError
 
 __all__ = ["CheckpointConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig",
            "RegConfig", "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig", "check_paths", "flatten",
            "load_config", "save_config"]
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError):
     """Every problem found in one config, one ``  - dotted.path: what is wrong (got value)`` line each."""
 
     def __init__(self, source: str, problems: Sequence[str]) -> None:

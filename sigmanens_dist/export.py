@@ -10,13 +10,15 @@ the source architecture (``SigmaEnsemble.member(K)``) that ``timm.create_model(n
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from sigmanens_dist.checkpoint import CheckpointManager
+from sigmanens_dist.checkpoint import CheckpointManager, resolve_checkpoint
+from sigmanens_dist.errors import EXIT_USAGE, UsageError
 
 __all__ = ["consolidated_ema", "consolidated_state_dict", "load_model", "main"]
 
@@ -69,20 +71,26 @@ def load_model(path: Path) -> torch.nn.Module:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="sigmanens export", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("checkpoint", type=Path, help="step_N.pt file, or a DCP / DeepSpeed step folder")
+    ap.add_argument("checkpoint", type=Path, help="step_N.pt file, a DCP / DeepSpeed step folder, or a run directory "
+                                                  "(its best checkpoint, else its newest)")
     ap.add_argument("out", type=Path, help="where to write the state dict (torch.save)")
     ap.add_argument("--member", type=int, help="write only member K as a plain model of the source architecture")
     args = ap.parse_args(argv)
-    if not args.checkpoint.exists():
-        ap.error(f"{args.checkpoint}: no such file or folder")
-    if args.member is None:
-        weights, _ = consolidated_state_dict(args.checkpoint)
-    else:
-        model = load_model(args.checkpoint)
-        if not hasattr(model, "member"):
-            ap.error(f"{args.checkpoint} is a single-model run (model.ensemble=false): it has no members; "
-                     "export it without --member")
-        weights = model.member(args.member).state_dict()
+    try:
+        checkpoint, which = resolve_checkpoint(args.checkpoint, "checkpoint")
+        print(f"exporting {which}")
+        if args.member is None:
+            weights, _ = consolidated_state_dict(checkpoint)
+        else:
+            model = load_model(checkpoint)
+            if model.num_members == 1:
+                raise UsageError(f"{checkpoint} is a single-model run: it has no members; export it without --member")
+            if not 0 <= args.member < model.num_members:
+                raise UsageError(f"--member {args.member}: the model has members 0..{model.num_members - 1}")
+            weights = model.member(args.member).state_dict()
+    except UsageError as err:
+        print(f"sigmanens export: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
     args.out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(weights, args.out)
     print(f"wrote {len(weights)} tensors to {args.out}")

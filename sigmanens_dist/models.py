@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import timm
 import torch
 from torch import nn
 
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.layers import SigmaStore, sigma_class_for
 from sigmanens_dist.methods import EnsembleMethod, build_method
 from sigmanens_dist.methods.single import SingleModel
 
-__all__ = ["SingleModel", "build_model", "enable_grad_checkpointing", "param_groups", "source_weights"]
+__all__ = ["SingleModel", "Source", "build_model", "enable_grad_checkpointing", "param_groups", "source_weights"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ def build_model(cfg: Any, num_classes: int, in_chans: int, vocab_size: int | Non
             backbone = timm.create_model(model_cfg.name, pretrained=model_cfg.pretrained,
                                          num_classes=model_cfg.num_classes or num_classes,
                                          in_chans=model_cfg.in_chans or in_chans, **model_cfg.kwargs)
-        if source is not None:
+        if source is not None and not source.whole_model:
             _load_source(backbone, source, model_cfg)
         if cfg.train.grad_checkpointing:
             enable_grad_checkpointing(backbone, model_cfg.name)
@@ -47,27 +48,31 @@ def build_model(cfg: Any, num_classes: int, in_chans: int, vocab_size: int | Non
     return build_method(cfg, make_backbone)
 
 
-def source_weights(init_from: str | Path) -> dict[str, torch.Tensor]:
-    """The trained network ``model.init_from`` names, as a plain backbone state dict: from a run directory (best
-    checkpoint, else newest), a checkpoint file or folder of any strategy of a single-model run, or a plain state
-    dict (``sigmanens export``, a timm weights file). An ensemble's checkpoint is refused: convert one network."""
+class Source(NamedTuple):
+    """What ``model.init_from`` names: backbone weights (a network to convert) or a whole model's (the same method,
+    carried to a new run, e.g. under another strategy), and the method that wrote them when known."""
+
+    weights: dict[str, torch.Tensor]
+    whole_model: bool
+    method: str | None
+
+
+def source_weights(init_from: str | Path) -> Source:
+    """The weights ``model.init_from`` names: a run directory (best checkpoint, else newest), a checkpoint file or
+    folder of any strategy, or a plain state dict (``sigmanens export``, a timm weights file). A single model's become
+    backbone weights (a conversion); an ensemble's stay a whole model's."""
     from sigmanens_dist.checkpoint import resolve_checkpoint
     from sigmanens_dist.export import consolidated_state_dict
 
     path, which = resolve_checkpoint(init_from, "model.init_from")
-    state = (consolidated_state_dict(path) if path.is_dir() else
-             _checkpoint_or_weights(torch.load(path, map_location="cpu", weights_only=False), path))
-    weights, meta = state
-    if meta is not None:
-        method = meta.get("config", {}).get("model", {}).get("method", "single")
-        if method != "single":
-            raise ValueError(f"model.init_from={init_from}: {which} is a model.method={method} run; a conversion "
-                             f"starts from one network: write one member with `sigmanens export {path} OUT "
-                             "--member K` and give OUT")
+    weights, meta = (consolidated_state_dict(path) if path.is_dir() else
+                     _checkpoint_or_weights(torch.load(path, map_location="cpu", weights_only=False), path))
+    method = None if meta is None else meta.get("config", {}).get("model", {}).get("method", "single")
+    log.info("model.init_from: the model starts from %s", which)
     if weights and all(k.startswith("backbone.") for k in weights):  # a SingleModel's keys
-        weights = {k.removeprefix("backbone."): v for k, v in weights.items()}
-    log.info("model.init_from: the backbone starts from %s", which)
-    return weights
+        return Source({k.removeprefix("backbone."): v for k, v in weights.items()}, False, method)
+    whole = method not in (None, "single") or any(k.startswith("backbone.") for k in weights)
+    return Source(weights, whole, method)
 
 
 def _checkpoint_or_weights(obj: Any, path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
@@ -77,19 +82,25 @@ def _checkpoint_or_weights(obj: Any, path: Path) -> tuple[dict[str, torch.Tensor
     if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
         obj = obj["state_dict"]  # the common {"state_dict": …} wrapper of other trainers
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ValueError(f"model.init_from {path}: neither a sigmanens checkpoint nor a state dict of tensors")
+        raise UsageError(f"model.init_from {path}: neither a sigmanens checkpoint nor a state dict of tensors")
     return obj, None
 
 
-def _load_source(backbone: nn.Module, weights: dict[str, torch.Tensor], model_cfg: Any) -> None:
-    """Load the source network, strictly: a conversion that silently kept random layers would not be one."""
+def _load_source(module: nn.Module, source: Source, model_cfg: Any) -> None:
+    """Load the source strictly: a conversion that silently kept random layers would not be one."""
+    what = "backbone" if not source.whole_model else f"model.method={model_cfg.method} model"
+    if source.whole_model and source.method not in (None, model_cfg.method):
+        raise UsageError(f"model.init_from={model_cfg.init_from} holds a whole model.method={source.method} model; "
+                         f"it starts a model.method={source.method} run only. To convert one network, write one "
+                         f"member with `sigmanens export <checkpoint> OUT --member K` and give OUT")
     try:
-        backbone.load_state_dict(weights)
+        module.load_state_dict(source.weights)
     except RuntimeError as err:
         lines = [line.strip() for line in str(err).splitlines() if line.strip()][1:4]
-        raise ValueError(f"model.init_from={model_cfg.init_from} does not fit model.name={model_cfg.name!r} "
-                         f"({' '.join(lines)[:400]}); the source must be the same architecture with the same "
-                         "class count and input channels") from err
+        raise UsageError(f"model.init_from={model_cfg.init_from} does not fit this {what} (model.name="
+                         f"{model_cfg.name!r}; {' '.join(lines)[:400]}); the source must be the same architecture "
+                         "with the same class count, input channels"
+                         + (" and members" if source.whole_model else "")) from err
 
 
 def enable_grad_checkpointing(backbone: nn.Module, name: str) -> None:

@@ -14,6 +14,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from sigmanens_dist.errors import UsageError
+
 __all__ = ["SAME_RUN_KEYS", "BatchLayout", "check_same_run"]
 
 log = logging.getLogger(__name__)
@@ -51,15 +53,41 @@ def check_same_run(state: dict[str, Any], cfg: Any, layout: BatchLayout) -> Batc
                 for key in SAME_RUN_KEYS if _get(saved_cfg, key) != _get(current, key)]
     saved = BatchLayout(**state["batch"]) if "batch" in state else BatchLayout(
         saved_cfg["train"]["batch_size"], len(state["rng"]), saved_cfg["train"]["grad_accum"])
+    problems += _strategy_problems(state, cfg, saved.world_size, layout.world_size)
     resumed = _adapt(saved, layout, problems)
     if problems:
-        raise ValueError("cannot resume: the config describes a different run than the checkpoint\n"
+        raise UsageError("cannot resume: the config describes a different run than the checkpoint\n"
                          + "\n".join(problems) + "\nstart a new run_dir for a different run")
     for key in ("train.max_steps", "train.epochs", "schedule.warmup_steps", "schedule.name"):
         if _get(saved_cfg, key) != _get(current, key):
             warnings.warn(f"{key} changed from {_get(saved_cfg, key)!r} to {_get(current, key)!r} on resume: the "
                           "learning-rate schedule is recomputed for the new budget from this step on", stacklevel=2)
     return resumed
+
+
+# The checkpoint format each strategy writes and reads (the trainer records it as "format"; a DDP file has none).
+_FORMATS = {"ddp": "file", "fsdp": "dcp", "deepspeed": "deepspeed"}
+
+
+def _strategy_problems(state: dict[str, Any], cfg: Any, saved_world: int, world: int) -> list[str]:
+    """A checkpoint is read by the strategy that wrote it (a DeepSpeed one also at its ZeRO stage and world size):
+    told from its metadata, before any model, engine or process group is built, with the way across."""
+    saved = state["config"].get("strategy", {})
+    name, stage, now_stage = saved.get("name", "ddp"), saved.get("zero_stage") or 2, cfg.strategy.zero_stage or 2
+    fmt = state.get("format", "file")
+    wrote = f"strategy.name={name}" + (f" strategy.zero_stage={stage}" if name == "deepspeed" else "")
+    now = cfg.strategy.name
+    wants = f"strategy.name={now}" + (f" strategy.zero_stage={now_stage}" if now == "deepspeed" else "")
+    across = ("to change strategy, carry the weights across: `sigmanens export <checkpoint> model.pt` (any "
+              "strategy's checkpoint) and start a new run with model.init_from=model.pt")
+    if _FORMATS.get(now) != fmt or (now == "deepspeed" and stage != now_stage):
+        return [f"  - strategy: the checkpoint was written by {wrote} ({fmt} format) and this run uses {wants}; "
+                f"resume with {wrote}, or {across}"]
+    if now == "deepspeed" and saved_world != world:
+        return [f"  - world size: the checkpoint is a ZeRO-{stage} checkpoint of {saved_world} ranks and this run has "
+                f"{world}; the installed DeepSpeed's engine checkpoints do not reshard here: resume on {saved_world} "
+                f"ranks, or {across}"]
+    return []
 
 
 def _adapt(saved: BatchLayout, wanted: BatchLayout, problems: list[str]) -> BatchLayout:

@@ -30,11 +30,12 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from sigmanens_dist.checkpoint import CheckpointManager, capture_rng, restore_rng
+from sigmanens_dist.checkpoint import CheckpointManager, capture_rng, resolve_checkpoint, restore_rng
 from sigmanens_dist.config import Config, flatten, load_config, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.distributed import DistEnv, all_gather_object, init_distributed
 from sigmanens_dist.ensemble import map_tensors
+from sigmanens_dist.errors import EXIT_USAGE, RunExistsError, UsageError
 from sigmanens_dist.methods import member_major, member_train_stream
 from sigmanens_dist.metrics import EnsembleMetrics, reliability_diagram
 from sigmanens_dist.models import build_model, param_groups
@@ -44,7 +45,7 @@ from sigmanens_dist.resume import BatchLayout, check_same_run
 from sigmanens_dist.strategies import build_strategy, strategy_options
 from sigmanens_dist.tracking import Tracker, git_commit
 
-__all__ = ["Position", "Trainer", "main", "run"]
+__all__ = ["USAGE_MARKER", "Position", "Trainer", "main", "run"]
 
 log = logging.getLogger("sigmanens")
 
@@ -67,10 +68,10 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir)
         self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last)
         if cfg.checkpoint.resume == "none" and self.ckpt.checkpoints():
-            raise FileExistsError(f"run_dir={self.run_dir} already holds checkpoints of an earlier run; continue it "
+            raise RunExistsError(f"run_dir={self.run_dir} already holds checkpoints of an earlier run; continue it "
                                   "with checkpoint.resume=auto (or --resume auto), or start this one in a new run_dir")
         if cfg.train.amp == "fp16" and env.device.type != "cuda":
-            raise ValueError("train.amp=fp16 needs a CUDA device (GradScaler); use bf16 or none on CPU")
+            raise UsageError("train.amp=fp16 needs a CUDA device (GradScaler); use bf16 or none on CPU")
 
         # -- the checkpoint to resume, read before anything is built: it may change the per-rank batch ------------
         resumed, resumed_path = self._pick_checkpoint(cfg)
@@ -85,13 +86,15 @@ class Trainer:
         self.data: Data = build_data(cfg.data, cfg.train.batch_size, cfg.seed, env, cfg.train.randaugment)
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * len(self.data.train) // cfg.train.grad_accum
         if self.total_steps < 1:
-            raise ValueError(f"train.epochs={cfg.train.epochs} gives no optimiser step: an epoch has "
+            raise UsageError(f"train.epochs={cfg.train.epochs} gives no optimiser step: an epoch has "
                              f"{len(self.data.train)} batches per rank and train.grad_accum={cfg.train.grad_accum}")
 
         # -- model, strategy, optimiser (model init is identical on every rank; later randomness is per rank) -------
         torch.manual_seed(cfg.seed)
         # Pretrained or source weights are read on rank 0 only: wrapping gives every rank rank 0's model (Strategy).
         # A resumed run's weights come from its checkpoint.
+        if cfg.model.init_from and resumed is None:
+            resolve_checkpoint(cfg.model.init_from, "model.init_from")  # every rank: a missing source fails on all
         built = cfg if env.is_main and resumed is None else cfg.without_source_weights()
         model = build_model(built, self.data.num_classes, self.data.in_chans, self.data.vocab_size)
         self.data = member_train_stream(cfg, env, self.data, model)  # member-major when members read their own data
@@ -121,6 +124,7 @@ class Trainer:
         if env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             clear_marker(self.run_dir)  # a marker from an earlier preemption is stale once this run starts
+            (self.run_dir / USAGE_MARKER).unlink(missing_ok=True)  # so is an earlier attempt's refusal
             save_config(cfg, self.run_dir / "config.yaml")
             run_id = self.tracker.start(cfg.tracking.run_name or self.run_dir.name, run_id, flatten(cfg),
                                         self._tags())
@@ -429,19 +433,57 @@ def _setup_logging(env: DistEnv) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The entry point. A :class:`UsageError` (a bad config, a missing path, a checkpoint of another run) is one
+    message from rank 0 and exit status 2, recorded in ``<run_dir>/usage_error.txt`` so batch scripts do not retry
+    it; any other exception is a bug and keeps its traceback."""
     parser = argparse.ArgumentParser(prog="python -m sigmanens_dist.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, help="YAML recipe (default: built-in defaults)")
     parser.add_argument("--resume", help="'auto', 'none' or a checkpoint path (overrides checkpoint.resume)")
+    parser.add_argument("--check", action="store_true",
+                        help="validate the recipe and overrides, print the run directory and exit (0, or 2 with the "
+                             "problems): what the Slurm scripts run before anything is queued")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.num_members=8 reg.tau=0.25")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # flags and overrides in any order
     overrides = list(args.overrides) + ([f"checkpoint.resume={args.resume}"] if args.resume else [])
-    cfg = load_config(args.config, overrides)
+    cfg = None
     try:
-        return run(cfg)
+        cfg = load_config(args.config, overrides)
+        if args.check:
+            print(f"config ok: run_dir={cfg.run_dir}")
+            return 0
+        try:
+            trainer = Trainer(cfg)
+        except SETUP_REFUSALS as err:  # the project's convention for bad input; SIGMANENS_TRACEBACK=1 shows where
+            if os.environ.get("SIGMANENS_TRACEBACK") or isinstance(err, UsageError):
+                raise
+            raise UsageError(str(err)) from err
+        return trainer.fit()
+    except UsageError as err:
+        if os.environ.get("SIGMANENS_TRACEBACK"):
+            raise
+        return _usage_error(err, cfg)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+USAGE_MARKER = "usage_error.txt"
+# What set-up raises for bad input (a value, a path, a dataset too small…): the project's errors of these types name
+# the problem and its fix, so before the first step they are reported like a UsageError. A bug raises other types,
+# and any error keeps its traceback with SIGMANENS_TRACEBACK=1.
+SETUP_REFUSALS = (ValueError, FileNotFoundError, FileExistsError)
+
+
+def _usage_error(err: UsageError, cfg: Config | None) -> int:
+    """Rank 0 (every rank raised the same error) prints the message alone and records it for the batch script."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        if cfg is not None and Path(cfg.run_dir).is_dir():
+            (Path(cfg.run_dir) / USAGE_MARKER).write_text(f"{err}\n")
+    else:  # torchrun stops every worker once one exits: give rank 0 the time to say why
+        time.sleep(3)
+    return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@
 #   SIGMANENS_RUN_DIR         the exact run directory (default: $SIGMANENS_RUNS_ROOT/<name>-<job id>, array
 #                             elements <name>-<array job id>_<task id>): a requeued job finds its checkpoints here
 #   SIGMANENS_NPROC_PER_NODE  processes per node (default: $SLURM_GPUS_ON_NODE, else 1)
-#   SIGMANENS_RDZV_PORT       rendezvous port (default: 20000 + job id mod 20000, so jobs sharing a host differ)
+#   SIGMANENS_RDZV_PORT       rendezvous port (default: 10000 + job id mod 22000, so jobs sharing a host differ,
+#                             below Linux's ephemeral range 32768-60999 where outgoing connections take ports)
 #   SIGMANENS_SHUTDOWN_TIMEOUT seconds torchrun waits for workers after forwarding a signal before SIGKILL
 #                             (default 300; must exceed the checkpoint time the trainer logs)
 #   SIGMANENS_MAX_RETRIES     requeues after failures that made no checkpoint progress (default 3)
@@ -25,6 +26,8 @@
 
 SIGMANENS_SIGNALS="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 SIGMANENS_EXIT_PREEMPTED=75
+SIGMANENS_EXIT_USAGE=2  # a mistake in the recipe or overrides: reported once, never requeued
+SIGMANENS_USAGE_MARKER=usage_error.txt  # written by the trainer when it refuses the run (sigmanens_dist.train)
 
 # The M-scaling grid from SIGMANENS_MEMBERS, SIGMANENS_SEEDS, SIGMANENS_TAUS, SIGMANENS_METHODS (space separated) as
 # `sigmanens study m-scaling` arguments, one per line: slurm/m_scaling.sh and launch/m_scaling_local.sh share it.
@@ -54,10 +57,10 @@ _sm_ckpt_step() {
 }
 
 # How many of the latest attempts in the attempts log $1 failed without checkpoint progress, back to the last one
-# that progressed.
+# that progressed (or the last give-up: a run directory submitted again starts a fresh count).
 _sm_failures_without_progress() {
   [ -s "$1" ] || { echo 0; return; }
-  awk '{ if ($5 != "preempted" && $5 != "finished" && $3 == $4) n++; else n = 0 } END { print n + 0 }' "$1"
+  awk '{ if ($5 == "failed" && $3 == $4) n++; else n = 0 } END { print n + 0 }' "$1"
 }
 
 # Requeue after a failure unless more than $2 attempts in a row made no checkpoint progress; then exit $3.
@@ -66,9 +69,13 @@ _sm_retry_or_stop() {
   stuck="$(_sm_failures_without_progress "$1")"
   if [ "$stuck" -gt "$2" ]; then
     _sm_log "$4; $stuck attempts in a row without checkpoint progress (SIGMANENS_MAX_RETRIES=$2): giving up"
+    echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_ID - - gave-up" >> "$1"
     exit "$3"
   fi
-  _sm_requeue "$4 (attempt $stuck without progress; at most $(($2 + 1)))"
+  if [ "$stuck" = 0 ]; then
+    _sm_requeue "$4 (the attempt made checkpoint progress)"
+  fi
+  _sm_requeue "$4 ($stuck attempt(s) in a row without checkpoint progress; giving up after $(($2 + 1)))"
 }
 
 # Address of the first node of the allocation: node names need not resolve, NodeAddr is what slurmd listens on.
@@ -89,6 +96,29 @@ _sm_requeue() {
 }
 
 _sm_root() { echo "${SIGMANENS_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}"; }
+
+# The trainer's own validation of the recipe $1 with the overrides after it: nothing on success, its problems (one
+# line each) on stderr and status 2 otherwise. Cheap: no data, model or process group is built.
+_sm_validate() {
+  "${SIGMANENS_PYTHON:-python}" -m sigmanens_dist.train --check --config "$@" >/dev/null
+}
+
+# Submit mode of a batch script run with bash instead of sbatch: `bash SCRIPT [sbatch options --] [overrides]`
+# validates the recipe and overrides first and queues nothing when they are wrong (exit 2), then submits the
+# script itself with sbatch and prints the job id. $1: the script, $2: its default recipe.
+sigmanens_submit() {
+  local script="$1" config="${SIGMANENS_CONFIG:-$2}"
+  shift 2
+  local sbatch_args=()
+  if [[ " $* " == *" -- "* ]]; then
+    while [ "$1" != "--" ]; do sbatch_args+=("$1"); shift; done
+    shift
+  fi
+  export SIGMANENS_ROOT="${SIGMANENS_ROOT:-$(cd "$(dirname "$script")/.." && pwd)}"
+  [ "${config#/}" != "$config" ] || config="$SIGMANENS_ROOT/$config"
+  _sm_validate "$config" "$@" || exit "$SIGMANENS_EXIT_USAGE"
+  sbatch --parsable "${sbatch_args[@]}" "$script" "$@"
+}
 _sm_runs_root() { echo "${SIGMANENS_RUNS_ROOT:-$(_sm_root)/runs}"; }
 
 sigmanens_slurm_main() {
@@ -118,7 +148,7 @@ sigmanens_slurm_main() {
   export PYTHONUNBUFFERED=1
   local head port
   head="$(_sm_head_addr)"
-  port="${SIGMANENS_RDZV_PORT:-$((20000 + SLURM_JOB_ID % 20000))}"
+  port="${SIGMANENS_RDZV_PORT:-$((10000 + SLURM_JOB_ID % 22000))}"
   local start_step
   start_step="$(_sm_ckpt_step "$run_dir")"
   _sm_log "run_dir=$run_dir nodes=$nnodes (${SLURM_JOB_NODELIST:-?}) nproc_per_node=$nproc head=$head:$port resume_from_step=$start_step"
@@ -127,7 +157,13 @@ sigmanens_slurm_main() {
     echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_ID $start_step $start_step signalled-before-start" >> "$attempts"
     _sm_retry_or_stop "$attempts" "$max_retries" "$SIGMANENS_EXIT_PREEMPTED" "SIGUSR1 arrived before training started"
   fi
-  rm -f "$marker"  # only this attempt's trainer may write it
+  rm -f "$marker" "$run_dir/$SIGMANENS_USAGE_MARKER"  # only this attempt's trainer may write them
+  # A mistake in the recipe or the overrides fails here, once, in one line: retrying cannot fix it.
+  if ! _sm_validate "$config" "run_dir=$run_dir" "$@"; then
+    echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_ID $start_step $start_step usage-error" >> "$attempts"
+    _sm_log "the recipe $config or its overrides are invalid (above): not starting, not requeueing"
+    exit "$SIGMANENS_EXIT_USAGE"
+  fi
 
   # srun in its own session: a signal to the batch step's process group must not reach it, so each signal reaches
   # torchrun exactly once (a second one makes torchrun abandon workers that are still checkpointing).
@@ -161,6 +197,11 @@ sigmanens_slurm_main() {
       exit "$SIGMANENS_EXIT_PREEMPTED"
     fi
     _sm_requeue "the time-limit/preemption warning was answered with a checkpoint at step $end_step"
+  fi
+  if [ -s "$run_dir/$SIGMANENS_USAGE_MARKER" ]; then
+    echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_ID $start_step $end_step usage-error" >> "$attempts"
+    _sm_log "the trainer refused the run (not requeueing): $(head -c 2000 "$run_dir/$SIGMANENS_USAGE_MARKER")"
+    exit "$SIGMANENS_EXIT_USAGE"
   fi
   if [ "$rc" = 0 ] || [ -s "$run_dir/final_metrics.json" ]; then
     echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_ID $start_step $end_step finished" >> "$attempts"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # σN-Ens ViT on ImageNet, multi-node: one torchrun agent per node, one process per GPU, checkpoint + requeue on
 # Slurm's time-limit/preemption warning. Submit from the repository checkout (on a file system all nodes share):
-#   sbatch slurm/imagenet_vit.sh [key=value overrides...]
+#   bash slurm/imagenet_vit.sh [sbatch options --] [key=value overrides...]   validates, then submits (prints the job id)
+#   sbatch slurm/imagenet_vit.sh [key=value overrides...]                     also works; a bad config fails the job once
 #   sbatch --nodes=4 --time=12:00:00 slurm/imagenet_vit.sh data.root=/scratch/imagenet_ffcv model.num_members=8
 # Command-line sbatch options override the #SBATCH lines below. Arguments are config overrides for the trainer
 # (python -m sigmanens_dist.train), e.g. strategy.name=fsdp, train.batch_size=64, tracking.experiment=vit.
@@ -35,5 +36,10 @@ trap 'SIGMANENS_GOT_USR1=1' USR1
 trap 'SIGMANENS_GOT_TERM=1' TERM
 set -uo pipefail
 # shellcheck source=common.sh
-source "${SIGMANENS_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}/slurm/common.sh" || exit 2
+source "${SIGMANENS_ROOT:-${SLURM_SUBMIT_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}}/slurm/common.sh" \
+  || exit 2
+if [ -z "${SLURM_JOB_ID:-}" ]; then  # run with bash: validate, then queue this script (nothing queued if invalid)
+  sigmanens_submit "${BASH_SOURCE[0]}" configs/imagenet_vit.yaml "$@"
+  exit $?
+fi
 sigmanens_slurm_main configs/imagenet_vit.yaml "$@"

@@ -51,14 +51,16 @@ def test_converted_run_starts_as_its_source(source: Path, tmp_path: Path) -> Non
 def test_sources_of_every_kind_give_the_same_backbone(source: Path, tmp_path: Path) -> None:
     ckpt = sorted((source / "checkpoints").glob("step_*.pt"))[-1]
     from_ckpt = source_weights(ckpt)
+    assert not from_ckpt.whole_model and from_ckpt.method == "single"
     plain = tmp_path / "plain.pt"
-    torch.save(from_ckpt, plain)  # a timm backbone's own state dict
+    torch.save(from_ckpt.weights, plain)  # a timm backbone's own state dict
     wrapped = tmp_path / "wrapped.pt"
-    torch.save({"state_dict": {f"backbone.{k}": v for k, v in from_ckpt.items()}}, wrapped)  # `sigmanens export`
+    torch.save({"state_dict": {f"backbone.{k}": v for k, v in from_ckpt.weights.items()}}, wrapped)  # export
     for other in (source_weights(plain), source_weights(wrapped)):
-        assert other.keys() == from_ckpt.keys()
-        assert all(torch.equal(other[k], from_ckpt[k]) for k in other)
-    assert not any(k.startswith("backbone.") for k in from_ckpt)
+        assert not other.whole_model
+        assert other.weights.keys() == from_ckpt.weights.keys()
+        assert all(torch.equal(other.weights[k], from_ckpt.weights[k]) for k in other.weights)
+    assert not any(k.startswith("backbone.") for k in from_ckpt.weights)
 
 
 def test_bad_sources_are_named(source: Path, tmp_path: Path) -> None:
@@ -76,15 +78,23 @@ def test_bad_sources_are_named(source: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_ensemble_source_and_other_architecture_are_refused(source: Path, tmp_path: Path) -> None:
+def test_an_ensemble_carries_to_its_own_method_only(source: Path, tmp_path: Path) -> None:
+    """An ensemble's weights start a run of the same method (the way across strategies); converting needs one
+    network; another architecture is named."""
     ens = tmp_path / "ens"
     run_train(ens, *BASE, "model.num_members=2", "train.max_steps=2")
-    proc = run_train(tmp_path / "x", *BASE, f"model.init_from={ens}", "train.max_steps=1", expect=1)
-    assert "is a model.method=sigma run; a conversion starts from one network" in proc.stderr
-    assert f"sigmanens export {ens}/checkpoints/best.pt OUT --member K" in proc.stderr
+    proc = run_train(tmp_path / "x", *BASE, "model.method=single", f"model.init_from={ens}", "train.max_steps=1",
+                     expect=2)
+    assert "holds a whole model.method=sigma model; it starts a model.method=sigma run only" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    carried = tmp_path / "carried"
+    run_train(carried, *BASE, "model.num_members=2", f"model.init_from={ens}", "train.max_steps=1",
+              "optim.lr=1e-12")
+    before, after = (json.loads((r / "final_metrics.json").read_text()) for r in (ens, carried))
+    assert after["nll"] == pytest.approx(before["nll"], abs=2e-5)
     proc = run_train(tmp_path / "y", *BASE, f"model.init_from={source}", "model.kwargs.depth=3",
-                     "train.max_steps=1", expect=1)
-    assert "does not fit model.name='vit_tiny_patch16_224'" in proc.stderr
+                     "train.max_steps=1", expect=2)
+    assert "does not fit this backbone (model.name='vit_tiny_patch16_224'" in proc.stderr
 
 
 def _efficientnet_lite0_timm_file(tmp_path: Path) -> Path:

@@ -158,10 +158,36 @@ def test_crashing_job_is_retried_a_bounded_number_of_times(slurm: SlurmCluster, 
     info = slurm.wait_done(job, timeout=400)
     log = (tmp / f"slurm-sigmanens-cifar100-wrn-{job}.out").read_text()
     assert info["JobState"] == "FAILED" and info["Restarts"] == "1", log[-4000:]
-    assert [a[4] for a in _attempts(tmp / "runs" / f"cifar100_wrn-{job}")] == ["failed", "failed"]
+    assert [a[4] for a in _attempts(tmp / "runs" / f"cifar100_wrn-{job}")] == ["failed", "failed", "gave-up"]
     assert "AssertionError" in log and "giving up" in log
     mlruns = _mlflow_runs(tmp / "runs")
     assert len(mlruns) == 2 and {r.info.status for r, _ in mlruns} == {"FAILED"}
+
+
+def test_a_config_mistake_fails_once_without_requeue(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Run with bash, a batch script validates first and queues nothing; submitted with sbatch directly, the job
+    validates before srun and fails once (exit 2, one message, no requeue, no traceback)."""
+    runs = tmp_path / "runs"
+    job_env = slurm.env(SIGMANENS_RUNS_ROOT=str(runs))
+    script = str(REPO / "slurm/cifar100_wrn.sh")
+    proc = subprocess.run(["bash", script, *NO_GPUS, "--", *OVERRIDES, "model.bogus_key=1"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False, env=job_env)
+    assert proc.returncode == 2, proc.stderr
+    assert "  - model.bogus_key: unknown key (got 1)" in proc.stderr and not proc.stdout.strip()
+    job = slurm.sbatch(tmp_path, *NO_GPUS, str(REPO / "slurm/cifar100_wrn.sh"), *OVERRIDES, "model.bogus_key=1",
+                       env=job_env)
+    info = slurm.wait_done(job, timeout=300)
+    log = (tmp_path / f"slurm-sigmanens-cifar100-wrn-{job}.out").read_text()
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "0" and info["ExitCode"] == "2:0", log[-3000:]
+    assert [a[4] for a in _attempts(runs / f"cifar100_wrn-{job}")] == ["usage-error"]
+    assert "model.bogus_key: unknown key (got 1)" in log and "not requeueing" in log and "Traceback" not in log
+    # The same through bash submit mode with a valid config: the job id is printed and the job is queued.
+    proc = subprocess.run(["bash", str(REPO / "slurm/cifar100_wrn.sh"), *NO_GPUS, "--", *OVERRIDES,
+                           "train.max_steps=2"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          check=False, env=job_env)
+    assert proc.returncode == 0, proc.stderr
+    info = slurm.wait_done(int(proc.stdout.strip().split(";")[0]), timeout=300)
+    assert info["JobState"] == "COMPLETED", info
 
 
 def test_m_scaling_study_trains_each_m_and_compares(slurm: SlurmCluster,

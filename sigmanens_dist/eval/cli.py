@@ -56,7 +56,9 @@ def parse_corruptions(text: str | None) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="sigmanens eval", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", type=Path, required=True, help="step_N.pt or best.pt of a training run")
+    ap.add_argument("--checkpoint", type=Path, required=True,
+                    help="step_N.pt / best.pt or a step folder of a training run, or its run directory (its best "
+                         "checkpoint, else its newest)")
     ap.add_argument("--data", nargs="+", default=[], metavar="KEY=VALUE",
                     help="overrides of the checkpoint's data config, e.g. root=/data/cifar10 test_subset=1000")
     ap.add_argument("--split", choices=["test", "val"], default="test")
@@ -83,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from sigmanens_dist.checkpoint import resolve_checkpoint
     from sigmanens_dist.config import EvalConfig
     from sigmanens_dist.eval.load import load_for_eval
     from sigmanens_dist.eval.run import check_options, markdown, run_eval
@@ -94,7 +97,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.members is not None and args.members < 1:
         raise ValueError(f"--members {args.members}: must be ≥ 1")
     overrides = [kv if kv.startswith("data.") else f"data.{kv}" for kv in args.data]
-    loaded = load_for_eval(args.checkpoint, overrides)
+    checkpoint, which = resolve_checkpoint(args.checkpoint, "--checkpoint")
+    logging.getLogger("sigmanens").info("evaluating %s", which)
+    loaded = load_for_eval(checkpoint, overrides)
     cfg = loaded.cfg
     if args.no_mlflow:
         cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"enabled": False})})
@@ -110,9 +115,9 @@ def _run(args: argparse.Namespace) -> int:
     device = env.device if env is not None else torch.device(args.device)
     model = loaded.model.to(device)
     ema = loaded.ema.to(device) if loaded.ema is not None else None
-    out = args.out or args.checkpoint.parent / f"eval_{args.checkpoint.stem}"
+    out = args.out or checkpoint.parent / f"eval_{checkpoint.stem}"
     report = run_eval(cfg, model, ema, options, out_dir=out, run_id=loaded.run_id, step=loaded.step,
-                      checkpoint=args.checkpoint.resolve(), env=env)
+                      checkpoint=checkpoint.resolve(), env=env)
     if env is None or env.is_main:
         print(markdown(report))
         print(f"wrote {out / 'eval.json'} and {out / 'eval.md'}")

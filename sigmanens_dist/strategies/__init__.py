@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sigmanens_dist.distributed import DistEnv
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.strategies.base import OptimizerFactory, Strategy
 from sigmanens_dist.strategies.ddp import DDPStrategy
 
@@ -27,7 +28,7 @@ def build_strategy(name: str, env: DistEnv, *, amp: str = "none", options: dict[
         from sigmanens_dist.strategies.deepspeed import DeepSpeedStrategy
 
         return DeepSpeedStrategy(env, amp=amp, **options)
-    raise ValueError(f"strategy.name={name!r} is not available; available: {', '.join(map(repr, STRATEGIES))}")
+    raise UsageError(f"strategy.name={name!r} is not available; available: {', '.join(map(repr, STRATEGIES))}")
 
 
 def strategy_options(cfg: Any) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from torch import nn
 
 from sigmanens_dist.checkpoint import FOLDER_KEY
 from sigmanens_dist.distributed import DistEnv
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.strategies.base import OptimizerFactory, Strategy
 
 __all__ = ["DeepSpeedStrategy", "build_ds_config", "merge_config"]
@@ -76,7 +77,7 @@ def merge_config(ours: dict[str, Any], theirs: dict[str, Any], where: str = "") 
         elif ours[key] != value:
             conflicts.append(f"{name}: ours {ours[key]!r}, strategy.deepspeed_config {value!r}")
     if conflicts:
-        raise ValueError("\n".join(conflicts))
+        raise UsageError("\n".join(conflicts))
     return merged
 
 
@@ -117,11 +118,11 @@ class DeepSpeedStrategy(Strategy):
             try:
                 self.config = merge_config(self.config, json.loads(Path(config_file).read_text()))
             except ValueError as err:
-                raise ValueError(f"strategy.deepspeed_config={config_file} conflicts with the training config:\n"
+                raise UsageError(f"strategy.deepspeed_config={config_file} conflicts with the training config:\n"
                                  f"{err}\nremove these keys from the file or change the training config") from err
         for key in ("bf16", "fp16"):
             if self.config.get(key, {}).get("enabled"):
-                raise ValueError(f"strategy.deepspeed_config enables {key}: DeepSpeed would cast the flat σ "
+                raise UsageError(f"strategy.deepspeed_config enables {key}: DeepSpeed would cast the flat σ "
                                  "parameter; use train.amp=bf16 (autocast over fp32 parameters) instead")
         self.engine: Any = None
         self._last = True
@@ -191,14 +192,9 @@ class DeepSpeedStrategy(Strategy):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         folder = state.get(FOLDER_KEY)
         if folder is None or state.get("format") != "deepspeed":
-            raise ValueError("strategy.name=deepspeed resumes from its own checkpoint folders; this checkpoint was "
+            raise UsageError("strategy.name=deepspeed resumes from its own checkpoint folders; this checkpoint was "
                              "written by another strategy: resume it with that strategy")
-        saved = len(state["rng"])
-        if saved != self.env.world_size:
-            raise ValueError(f"{folder} is a ZeRO checkpoint of {saved} ranks and this run has {self.env.world_size}:"
-                             " DeepSpeed cannot reshard it here; convert it with `python -m "
-                             "deepspeed.checkpoint.ds_to_universal` and load the universal checkpoint, or resume "
-                             f"on {saved} ranks")
+        # another world size or ZeRO stage was refused from the checkpoint's metadata (resume.check_same_run)
         path, _ = self.engine.load_checkpoint(str(folder), tag=TAG, load_optimizer_states=True,
                                               load_lr_scheduler_states=False)
         if path is None:

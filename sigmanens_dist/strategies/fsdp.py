@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor
 from sigmanens_dist.checkpoint import FOLDER_KEY
 from sigmanens_dist.distributed import DistEnv
 from sigmanens_dist.ema import ShardedEMA
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.strategies.base import Strategy
 
 __all__ = ["FSDPStrategy", "shard_units"]
@@ -65,10 +66,10 @@ class FSDPStrategy(Strategy):
     def __init__(self, env: DistEnv, *, amp: str = "none", reshard_after_forward: bool = True,
                  replicate: int = 1) -> None:
         if amp == "fp16":
-            raise ValueError("train.amp=fp16 is not supported with strategy.name=fsdp (it would need a sharded "
+            raise UsageError("train.amp=fp16 is not supported with strategy.name=fsdp (it would need a sharded "
                              "GradScaler); use train.amp=bf16")
         if env.world_size % replicate:
-            raise ValueError(f"strategy.fsdp_replicate={replicate} does not divide the world size "
+            raise UsageError(f"strategy.fsdp_replicate={replicate} does not divide the world size "
                              f"{env.world_size}: the HSDP mesh is replicas × shards")
         super().__init__(env, amp=amp)
         self.reshard_after_forward, self.replicate = reshard_after_forward, replicate
@@ -95,7 +96,7 @@ class FSDPStrategy(Strategy):
         # weights are read on rank 0 only (the trainer), and fully_shard keeps each rank's own slice of its copy.
         full = self.model.state_dict() if self.env.is_main else {}
         if not units:
-            raise ValueError(f"strategy.name=fsdp found no blocks to shard in {type(model).__name__}: it shards "
+            raise UsageError(f"strategy.name=fsdp found no blocks to shard in {type(model).__name__}: it shards "
                              "ViT 'blocks', ResNet 'layer1-4', ConvNeXt 'stages' and Hugging Face 'encoder.layer'")
         for _, unit in units:
             fully_shard(unit, mesh=mesh, mp_policy=block_mp, reshard_after_forward=self.reshard_after_forward)
@@ -161,7 +162,7 @@ class FSDPStrategy(Strategy):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         folder = state.get(FOLDER_KEY)
         if folder is None:
-            raise ValueError("strategy.name=fsdp resumes from DCP checkpoint folders (step_N/); this checkpoint is "
+            raise UsageError("strategy.name=fsdp resumes from DCP checkpoint folders (step_N/); this checkpoint is "
                              "one file written by strategy.name=ddp: resume it with strategy.name=ddp")
         saved = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
         target = self._state(with_ema=any(key.startswith("ema.") for key in saved))
