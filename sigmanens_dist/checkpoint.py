@@ -226,9 +226,16 @@ def _replace_folder(src: Path, dst: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _atomic_torch_save(obj: Any, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a shared project directory needs the umask's mode
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()

@@ -62,22 +62,27 @@ class PreemptionFlag:
 
 class PreemptionCheck:
     """True on every rank once any rank's flag was set, one step late on several ranks: the all-reduce launched
-    after step t is waited for after step t+1, by which time it has long completed (no per-step host sync)."""
+    after step t is waited for after step t+1, by which time it has long completed (no per-step host sync). The
+    ranks reduce the signal numbers (max: SIGTERM, which must not be requeued, wins over SIGUSR1), so every rank
+    knows which signal arrived, wherever it arrived (``signum``)."""
 
     def __init__(self, flag: PreemptionFlag, env: DistEnv) -> None:
         self.flag, self.env = flag, env
+        self.signum: int | None = None
         self._pending: tuple[Any, torch.Tensor] | None = None
         self._device = env.device if env.distributed and dist.get_backend() == "nccl" else torch.device("cpu")
 
     def poll(self) -> bool:
         if not self.env.distributed:
+            self.signum = self.flag.signum
             return self.flag.raised
         agreed = False
         if self._pending is not None:
             work, value = self._pending
             work.wait()
             agreed = bool(value.item())
-        value = torch.tensor([int(self.flag.raised)], device=self._device)
+            self.signum = int(value.item()) or None
+        value = torch.tensor([self.flag.signum or 0], device=self._device)
         self._pending = (dist.all_reduce(value, op=dist.ReduceOp.MAX, async_op=True), value)
         return agreed
 
@@ -92,7 +97,7 @@ def write_marker(run_dir: Path, step: int, signum: int | None) -> Path:
     """Atomically write the marker that says "a complete preemption checkpoint of ``step`` exists"."""
     path = Path(run_dir) / MARKER
     tmp = path.with_name(f".{MARKER}.tmp")
-    name = signal.Signals(signum).name if signum is not None else "another rank's signal"
+    name = signal.Signals(signum).name if signum is not None else "unknown"
     tmp.write_text(json.dumps({"step": step, "signal": name}))
     os.replace(tmp, path)
     return path

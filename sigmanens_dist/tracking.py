@@ -133,6 +133,20 @@ class Tracker:
         self.run_id = self._guard("start run", _start) or run_id
         return self.run_id
 
+    def resumed(self, step: int) -> None:
+        """A run continues from its checkpoint at ``step``: ``metrics.jsonl`` drops what the interrupted attempt
+        logged after it (those steps are trained again), and MLflow, which only appends, gets a
+        ``resumed_from_step`` metric at that step: readers of a metric's history keep the newest value per step."""
+        if not self.active:
+            return
+        if self._local.is_file():
+            keep = [line for line in self._local.read_text().splitlines(keepends=True)
+                    if line.strip() and json.loads(line)["step"] <= step]
+            tmp = self._local.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(keep))
+            os.replace(tmp, self._local)
+        self.log_metrics({"resumed_from_step": float(step)}, step)
+
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if not self.active:
             return

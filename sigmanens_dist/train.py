@@ -128,6 +128,8 @@ class Trainer:
             save_config(cfg, self.run_dir / "config.yaml")
             run_id = self.tracker.start(cfg.tracking.run_name or self.run_dir.name, run_id, flatten(cfg),
                                         self._tags())
+            if resumed is not None:
+                self.tracker.resumed(self.pos.step)
             self.tracker.log_artifact(self.run_dir / "config.yaml")
         self.run_id = all_gather_object(run_id, env)[0]
 
@@ -266,14 +268,14 @@ class Trainer:
         """Train to the budget; returns 0, or ``EXIT_PREEMPTED`` after a signal-triggered checkpoint."""
         try:
             with PreemptionFlag() as flag:
-                status = self._loop(PreemptionCheck(flag, self.env), flag)
+                status = self._loop(PreemptionCheck(flag, self.env))
         except BaseException:
             self.tracker.finish("FAILED")
             raise
         self.tracker.finish("KILLED" if status == EXIT_PREEMPTED else "FINISHED")
         return status
 
-    def _loop(self, preempt: PreemptionCheck, flag: PreemptionFlag) -> int:
+    def _loop(self, preempt: PreemptionCheck) -> int:
         cfg, env, pos = self.cfg, self.env, self.pos
         batches = _micro_batches(self.data.train, pos)
         bar = tqdm(total=self.total_steps, initial=pos.step, disable=not env.is_main, desc="train",
@@ -303,7 +305,7 @@ class Trainer:
                 seconds = self.save()
                 bar.close()
                 if env.is_main:
-                    write_marker(self.run_dir, pos.step, flag.signum)
+                    write_marker(self.run_dir, pos.step, preempt.signum)
                     self.tracker.log_metrics({"checkpoint/preempt_seconds": seconds}, pos.step)
                     log.warning("checkpointed at step %d after a signal (%.1f s); exiting with status %d", pos.step,
                                 seconds, EXIT_PREEMPTED)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -80,8 +81,20 @@ def test_interrupted_and_resumed_run_is_identical(tmp_path: Path, sig: signal.Si
         done = sorted(int(p.stem.split("_")[1]) for p in (run / "checkpoints").glob("step_*.pt"))
         assert done[-1] < 24, "the signal arrived too late to test anything"
         assert max(losses(run)) == done[-1], "a step ran after the preemption checkpoint"
+        # the signal that arrived, also when it reached one worker only (the last one of two: not rank 0's)
+        assert json.loads((run / "preempted.json").read_text())["signal"] == sig.name
+    umask = os.umask(0)
+    os.umask(umask)
+    for ckpt in (run / "checkpoints").iterdir():  # every file as the umask says (shared project directories)
+        assert ckpt.stat().st_mode & 0o777 == 0o666 & ~umask, ckpt
     run_train(run, *overrides, "checkpoint.resume=auto", nproc=nproc)
     assert losses(run) == losses(tmp_path / "straight")
+    # The records hold each step once: what the killed attempt logged past its checkpoint was dropped on resume.
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    trained = [r["step"] for r in rows if "train/loss" in r]
+    assert trained == list(range(1, 25)), trained
+    [mark] = [r for r in rows if "resumed_from_step" in r]
+    assert mark["step"] == mark["resumed_from_step"] < 24
     for part in ("model", "ema"):
         straight, resumed = final_state(tmp_path / "straight", part), final_state(run, part)
         for k in straight:
