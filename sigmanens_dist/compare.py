@@ -33,7 +33,7 @@ from matplotlib.figure import Figure
 from scipy import stats
 
 from sigmanens_dist.study import DEFINITION, METHODS, ROLE_TAG
-from sigmanens_dist.tracking import PARENT_TAG
+from sigmanens_dist.tracking import PARENT_TAG, ui_hint
 
 __all__ = ["CompareError", "Group", "RunRecord", "group_runs", "load_runs", "main", "paired_difference", "select_split",
            "write_report"]
@@ -707,6 +707,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"logged to the parent run {parent} under compare/")
         except Exception as err:  # the report is on disk; a store that refuses artifacts only loses the copy
             print(f"warning: could not log the report to the parent run {parent}: {err}", file=sys.stderr)
+    print(ui_hint(args.uri, _client(args.uri).get_run(records[0].run_id).info.experiment_id))
     return 0
 
 

@@ -52,6 +52,16 @@ def artifact_root_for(uri: str) -> str | None:
     return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
 
 
+def ui_hint(uri: str, experiment_id: str) -> str:
+    """How to open an experiment's runs in the MLflow UI. MLflow 3 opens a fresh browser in its GenAI overview; the
+    ``workflowType=machine_learning`` runs view is what a training run needs. A sqlite store needs ``mlflow ui``
+    started on it first (port 5000)."""
+    runs = f"#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    if uri.startswith(("http://", "https://")):
+        return f"MLflow UI: {uri.rstrip('/')}/{runs}"
+    return f"MLflow UI: mlflow ui --backend-store-uri {uri}  then open http://127.0.0.1:5000/{runs}"
+
+
 def ensure_experiment(client: Any, name: str, uri: str) -> str:
     """The id of experiment ``name``, created if missing (artifacts beside a sqlite store; an existing experiment
     keeps its location, which MLflow cannot change), tagged as model development either way."""

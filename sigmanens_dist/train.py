@@ -28,7 +28,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from tqdm import tqdm
 
 from sigmanens_dist.checkpoint import CheckpointManager, capture_rng, resolve_checkpoint, restore_rng
 from sigmanens_dist.config import Config, flatten, load_config, save_config
@@ -41,6 +40,7 @@ from sigmanens_dist.metrics import EnsembleMetrics, reliability_diagram
 from sigmanens_dist.models import build_model, param_groups
 from sigmanens_dist.objective import loss_reduction, member_loss, sigma_lr
 from sigmanens_dist.preemption import EXIT_PREEMPTED, PreemptionCheck, PreemptionFlag, clear_marker, write_marker
+from sigmanens_dist.progress import progress
 from sigmanens_dist.resume import BatchLayout, check_same_run
 from sigmanens_dist.strategies import build_strategy, strategy_options
 from sigmanens_dist.tracking import Tracker, git_commit
@@ -278,8 +278,7 @@ class Trainer:
     def _loop(self, preempt: PreemptionCheck) -> int:
         cfg, env, pos = self.cfg, self.env, self.pos
         batches = _micro_batches(self.data.train, pos)
-        bar = tqdm(total=self.total_steps, initial=pos.step, disable=not env.is_main, desc="train",
-                   dynamic_ncols=True, unit="step")
+        bar = progress(total=self.total_steps, initial=pos.step, disable=not env.is_main, desc="train", unit="step")
         window = Throughput()
         self.wrapped.train()
         while pos.step < self.total_steps:

@@ -393,3 +393,13 @@ def test_run_record_reads_shift_scores_and_history() -> None:
     assert r.values["ece_shift"] == pytest.approx(0.4)  # mean over corruptions, then over severities 3 and 5
     assert r.values["nll_shift"] == pytest.approx(2.0)
     assert r.severity_nll == pytest.approx({3: 1.0, 5: 3.0})
+
+
+def test_ui_hint_opens_the_runs_view() -> None:
+    """MLflow 3 opens a fresh browser in its GenAI overview; the printed link goes to the experiment's runs."""
+    from sigmanens_dist.tracking import ui_hint
+
+    assert ui_hint("http://h:5055/", "7") == "MLflow UI: http://h:5055/#/experiments/7/runs?workflowType=machine_learning"
+    assert ui_hint("sqlite:///r/mlflow.db", "3") == ("MLflow UI: mlflow ui --backend-store-uri sqlite:///r/mlflow.db  "
+                                                     "then open http://127.0.0.1:5000/#/experiments/3/runs?"
+                                                     "workflowType=machine_learning")

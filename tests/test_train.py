@@ -155,3 +155,30 @@ def test_compiled_model_trains_like_eager(tmp_path: Path) -> None:
     assert eager.keys() == compiled.keys() == {1, 2, 3}
     for step in eager:
         assert compiled[step] == pytest.approx(eager[step], rel=1e-5, abs=1e-6), step
+
+
+def test_progress_is_plain_lines_outside_a_terminal(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """In a Slurm .out file (stderr not a TTY) progress is a readable line every few seconds, never \\r frames."""
+    import time as clock
+
+    from sigmanens_dist.progress import LineProgress, progress
+
+    monkeypatch.setenv("SIGMANENS_PROGRESS_SECONDS", "0")
+    bar = progress(total=4, desc="train", unit="step")
+    assert isinstance(bar, LineProgress)  # pytest's captured stderr is not a TTY
+    bar.set_postfix(task="0.500")
+    for _ in range(4):
+        bar.update(1)
+    bar.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert "\r" not in "".join(lines) and len(lines) == 5  # one per update (interval 0) and one at the end
+    assert lines[1].startswith("train: 2/4 step (50%) ") and " ETA " in lines[1] and lines[1].endswith("| task=0.500")
+    assert lines[-1].startswith("train: 4/4 step (100%) ")
+    assert list(progress(range(3), desc="x", disable=True)) == [0, 1, 2]  # other ranks: nothing shown
+    monkeypatch.setenv("SIGMANENS_PROGRESS_SECONDS", "3600")
+    quiet = progress(total=100, desc="train", unit="step")
+    began = clock.monotonic()
+    for _ in range(50):
+        quiet.update(1)
+    assert clock.monotonic() - began < 5 and not capsys.readouterr().err  # nothing until the interval passes

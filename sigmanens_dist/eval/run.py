@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-from tqdm import tqdm
 
 from sigmanens_dist.config import Config, EvalConfig
 from sigmanens_dist.data.corruptions import CORRUPTIONS, corrupt
@@ -37,6 +37,7 @@ from sigmanens_dist.ensemble import SigmaEnsemble, map_tensors
 from sigmanens_dist.eval.load import method_of
 from sigmanens_dist.layers import SigmaStore
 from sigmanens_dist.metrics import SampleMetrics, ood_detection
+from sigmanens_dist.progress import progress
 
 __all__ = ["OOD_SETS", "check_options", "flat_metrics", "layer_importances", "markdown", "run_eval", "score_pass",
            "sub_ensemble"]
@@ -124,7 +125,8 @@ def score_pass(model: nn.Module, batches: Iterable[Any], num_classes: int, devic
     model.eval()
     metrics = SampleMetrics(num_classes, model.num_members, sync_on_compute=sync).to(device)
     seconds = 0.0
-    for i, (x, y) in enumerate(tqdm(batches, desc=desc, unit="batch", leave=False, dynamic_ncols=True)):
+    not_main = dist.is_available() and dist.is_initialized() and dist.get_rank() != 0  # one bar: rank 0's
+    for i, (x, y) in enumerate(progress(batches, desc=desc, unit="batch", leave=False, disable=not_main)):
         x, y = map_tensors(x, lambda t: t.to(device)), y.to(device)
         if transform is not None:
             x = transform(x, i)
