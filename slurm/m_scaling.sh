@@ -83,14 +83,17 @@ fi
 config="${args[1]}"  # the study's copy of the recipe: editing the original later does not change the study
 overrides=("${args[@]:2}")
 unset SIGMANENS_CONFIG
-for kv in "${overrides[@]}"; do
+uri=""
+for kv in "${overrides[@]}"; do  # the last tracking.uri wins, as in the trainer (the study may repeat it)
   case "$kv" in
     run_dir=*) export SIGMANENS_RUN_DIR="${kv#run_dir=}" ;;
-    tracking.uri=sqlite*) _sm_log "warning: MLflow writes to a sqlite file; array elements running at once may" \
-                                  "corrupt or lock it on a shared file system: export MLFLOW_TRACKING_URI=<an MLflow" \
-                                  "server> for studies" ;;
+    tracking.uri=*) uri="${kv#tracking.uri=}" ;;
   esac
 done
+if [[ "$uri" == sqlite* ]]; then
+  _sm_log "warning: MLflow writes to a sqlite file; array elements running at once may corrupt or lock it on a" \
+          "shared file system: export MLFLOW_TRACKING_URI=<an MLflow server> for studies"
+fi
 if [ -s "${SIGMANENS_RUN_DIR:?}/final_metrics.json" ]; then
   _sm_log "$SIGMANENS_RUN_DIR has finished already: skipped"
   exit 0
