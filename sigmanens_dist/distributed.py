@@ -29,8 +29,10 @@ class DistEnv:
         return self.world_size > 1
 
 
-def init_distributed(backend: str = "auto") -> DistEnv:
-    """Join the process group torchrun describes (nccl on GPU, gloo on CPU, unless ``backend`` says otherwise)."""
+def init_distributed(backend: str = "auto", group_of_one: bool = False) -> DistEnv:
+    """Join the process group torchrun describes (nccl on GPU, gloo on CPU, unless ``backend`` says otherwise).
+    ``group_of_one``: also a single process gets a process group (of one rank, in-memory store), for libraries that
+    need one whatever the world size (DeepSpeed's engine)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
@@ -43,6 +45,9 @@ def init_distributed(backend: str = "auto") -> DistEnv:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend, timeout=timedelta(minutes=30),
+                                device_id=device if backend == "nccl" else None)
+    elif group_of_one and not dist.is_initialized():
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                                 device_id=device if backend == "nccl" else None)
     return DistEnv(rank, world, local_rank, device)
 

@@ -63,7 +63,7 @@ class Trainer:
     """One training run, from a validated :class:`Config`."""
 
     def __init__(self, cfg: Config) -> None:
-        self.env = env = init_distributed(cfg.strategy.backend)
+        self.env = env = init_distributed(cfg.strategy.backend, group_of_one=cfg.strategy.name == "deepspeed")
         _setup_logging(env)
         self.run_dir = Path(cfg.run_dir)
         self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last)

@@ -265,3 +265,22 @@ def test_fsdp_bf16_casts_blocks_but_keeps_sigma_fp32(matrix: Path) -> None:
     seen = json.loads((matrix / "fsdp_bf16_dtypes.json").read_text())
     assert seen == {"flat": "torch.float32", "gate": "torch.float32", "block_weight": "torch.bfloat16",
                     "block_input": "torch.bfloat16", "div": "torch.float32"}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="DeepSpeed is not installed")
+def test_deepspeed_runs_and_resumes_on_one_process(tmp_path: Path) -> None:
+    """One GPU (here: one CPU process, no torchrun) is where users start: ZeRO builds its engine on a process group
+    of one, and a resumed run continues as the uninterrupted one."""
+    from tests.helpers import SYNTHETIC, TINY_VIT, losses, run_train
+
+    common = [*TINY_VIT, *SYNTHETIC, "train.batch_size=16", "optim.name=adamw", "optim.lr=0.002",
+              "model.num_members=2", "strategy.name=deepspeed", "checkpoint.every_steps=3", "train.log_every_steps=1",
+              "eval.at_end=false", "schedule.name=constant"]  # constant: stopping at 3 of 6 keeps the same rates
+    run_train(tmp_path / "straight", *common, "train.max_steps=6")
+    run_train(tmp_path / "resumed", *common, "train.max_steps=3")
+    run_train(tmp_path / "resumed", *common, "train.max_steps=6", "--resume", "auto")
+    straight, resumed = losses(tmp_path / "straight"), losses(tmp_path / "resumed")
+    assert sorted(resumed) == list(range(1, 7))
+    for step in straight:
+        assert resumed[step] == pytest.approx(straight[step], rel=1e-6), step

@@ -105,6 +105,9 @@ class DeepSpeedStrategy(Strategy):
     def __init__(self, env: DistEnv, *, amp: str = "none", zero_stage: int = 2, config_file: Path | None = None,
                  per_rank_batch: int = 1, grad_accum: int = 1, clip_grad: float | None = None) -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if env.device.type == "cuda" else "cpu")
+        # the engine reads the launcher's variables, which a plain `python -m sigmanens_dist.train` does not set
+        for key, value in (("LOCAL_RANK", env.local_rank), ("RANK", env.rank), ("WORLD_SIZE", env.world_size)):
+            os.environ.setdefault(key, str(value))
         try:
             import deepspeed  # noqa: F401
         except ImportError as err:
