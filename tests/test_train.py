@@ -137,9 +137,10 @@ def test_epoch_end_eval_and_checkpoint_when_accumulation_straddles_the_epoch(tmp
 
 
 def test_bad_config_fails_before_anything_starts(tmp_path: Path) -> None:
-    proc = run_train(tmp_path / "run", "model.num_members=0", "reg.tau=-1", "model.nmembers=3", expect=1)
+    proc = run_train(tmp_path / "run", "model.num_members=0", "reg.tau=-1", "model.nmembers=3", expect=2)
     for needle in ("model.num_members", "reg.tau", "model.nmembers"):
         assert needle in proc.stderr, needle
+    assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
 
 
