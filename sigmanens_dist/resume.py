@@ -112,7 +112,8 @@ def _adapt(saved: BatchLayout, wanted: BatchLayout, problems: list[str]) -> Batc
                         f"cannot share equally; resume on a world size that divides {saved.micro_global}")
         return saved
     adapted = BatchLayout(saved.micro_global // wanted.world_size, wanted.world_size, saved.grad_accum)
-    log.warning("elastic resume: %d ranks instead of %d; per-rank batch %d → %d keeps the global batch of %d",
+    # info: rank 0 logs at INFO, the others only from WARNING on, so this prints once, not once per rank
+    log.info("elastic resume: %d ranks instead of %d; per-rank batch %d → %d keeps the global batch of %d",
                 wanted.world_size, saved.world_size, saved.per_rank, adapted.per_rank, saved.global_batch)
     return adapted
 

@@ -303,6 +303,11 @@ class Manifest:
     shards: list[Shard]
 
 
+# What a user runs to write shards again (the loaders' errors name it).
+_RECONVERT = ("write the shards again with `sigmanens data convert --format webdataset --dataset NAME --root RAW "
+              "--out DIR`")
+
+
 def read_manifest(path: Path | str, verify: bool = False) -> Manifest:
     """The manifest at ``path`` (or ``path/manifest.json``), checked against the shards on disk: every shard must
     exist with the recorded size (a cheap stat; ``verify=True`` also re-hashes them)."""
@@ -313,10 +318,10 @@ def read_manifest(path: Path | str, verify: bool = False) -> Manifest:
         shards = [Shard(path.parent / s["name"], int(s["count"]), int(s["bytes"]), s["sha256"]) for s in raw["shards"]]
         manifest = Manifest(path, int(raw["num_samples"]), int(raw["num_classes"]), raw["classes"], shards)
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no webdataset manifest; write one with write_shards()") from None
+        raise FileNotFoundError(f"{path}: no webdataset manifest; {_RECONVERT}") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{path}: not a {_FORMAT} manifest ({type(err).__name__}: {err}); "
-                         f"re-run write_shards()") from err
+                         f"{_RECONVERT}") from err
     if sum(s.count for s in shards) != manifest.num_samples:
         raise ValueError(f"{path}: shard counts add up to {sum(s.count for s in shards)}, "
                          f"but num_samples is {manifest.num_samples}")
@@ -326,9 +331,9 @@ def read_manifest(path: Path | str, verify: bool = False) -> Manifest:
         size = s.path.stat().st_size
         if size != s.bytes:
             raise ShardError(f"shard {s.path} is {size} bytes but {path} records {s.bytes} "
-                             f"({'truncated' if size < s.bytes else 'replaced or appended to'}); re-run write_shards()")
+                             f"({'truncated' if size < s.bytes else 'replaced or appended to'}); {_RECONVERT}")
         if verify and _sha256(s.path) != s.sha256:
-            raise ShardError(f"shard {s.path}: sha256 differs from {path}; the shard is corrupt, re-run write_shards()")
+            raise ShardError(f"shard {s.path}: sha256 differs from {path}; the shard is corrupt, {_RECONVERT}")
     return manifest
 
 
@@ -367,7 +372,7 @@ def _records(shard: Shard) -> Iterator[tuple[str, dict[str, bytes]]]:
         yield key, parts
     if count != shard.count:
         raise ShardError(f"shard {shard.path} ended after {count} samples (last key {key!r}) but its manifest "
-                         f"lists {shard.count}: truncated or rewritten; re-run write_shards()")
+                         f"lists {shard.count}: truncated or rewritten; {_RECONVERT}")
 
 
 def _shuffled(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
