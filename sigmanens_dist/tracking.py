@@ -23,12 +23,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXPERIMENT_KIND", "PARENT_TAG", "ParentRunNotFound", "Tracker", "artifact_root_for", "default_tracking_uri",
-           "ensure_experiment"]
+__all__ = ["EXPERIMENT_KIND", "PARENT_TAG", "RUN_ID_FILE", "ParentRunNotFound", "Tracker", "artifact_root_for",
+           "default_tracking_uri", "ensure_experiment", "set_status", "ui_hint"]
 
 log = logging.getLogger(__name__)
 
 PARENT_TAG = "mlflow.parentRunId"  # what the MLflow UI nests runs by
+RUN_ID_FILE = "mlflow_run.txt"  # <run_dir>/mlflow_run.txt: the tracking URI and the run id, one per line
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 
@@ -141,6 +142,9 @@ class Tracker:
             return run.info.run_id
 
         self.run_id = self._guard("start run", _start) or run_id
+        if self.run_id is not None:  # for whoever must close the run when this process cannot (a batch script)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / RUN_ID_FILE).write_text(f"{self.uri}\n{self.run_id}\n")
         return self.run_id
 
     def resumed(self, step: int) -> None:
@@ -238,3 +242,37 @@ def _dataset_input(params: dict[str, Any]) -> Any:
 def _param(value: Any) -> str:
     text = str(value)
     return text if len(text) <= 500 else text[:497] + "..."
+
+
+def set_status(run_dir: Path, status: str) -> str | None:
+    """Mark a run directory's MLflow run ``status`` (FAILED, KILLED, FINISHED) from outside the trainer: a batch
+    script that gives up after rank 0 was killed knows the outcome, the dead trainer could not report it. Returns the
+    run id, or None when the run directory has no MLflow run."""
+    path = Path(run_dir) / RUN_ID_FILE
+    if not path.is_file():
+        return None
+    uri, run_id = path.read_text().split()[:2]
+    from mlflow import MlflowClient
+
+    MlflowClient(uri).set_terminated(run_id, status=status)
+    return run_id
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sigmanens_dist.tracking set-status RUN_DIR STATUS`` (what slurm/common.sh calls on giving up)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m sigmanens_dist.tracking")
+    ap.add_argument("command", choices=["set-status"])
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("status", choices=["FAILED", "KILLED", "FINISHED"])
+    args = ap.parse_args(argv)
+    run_id = set_status(args.run_dir, args.status)
+    print(f"MLflow run {run_id}: {args.status}" if run_id else f"{args.run_dir}: no MLflow run recorded")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -62,9 +62,22 @@ if [ -z "${SLURM_JOB_ID:-}" ]; then  # submit mode: the study definition and par
   array=$(sbatch --parsable --array="0-$((count - 1))" --export="ALL,SIGMANENS_DEFINITION=$study_dir/study.yaml" \
     "${sbatch_args[@]}" "${BASH_SOURCE[0]}") || exit 1
   array="${array%%;*}"
+  echo "m_scaling: array job $array submitted" >&2  # before anything else can fail
+  # The user's accounting options (a cluster may require an account) reach the comparison job too; its shape
+  # (one CPU, 20 minutes, no GPU request) is its own.
+  account_args=()
+  for ((i = 0; i < ${#sbatch_args[@]}; i++)); do
+    case "${sbatch_args[i]}" in
+      --account=*|--partition=*|--qos=*|--nice=*|--reservation=*|--clusters=*|--wckey=*|--comment=*|--mail-*)
+        account_args+=("${sbatch_args[i]}") ;;
+      -A|-p|-q|-M|--account|--partition|--qos|--reservation|--clusters|--wckey|--comment)
+        account_args+=("${sbatch_args[i]}" "${sbatch_args[i + 1]}"); ((i++)) ;;
+      --nice) account_args+=("--nice") ;;
+    esac
+  done
   if [ "$parent" != - ]; then
     compare=$(sbatch --parsable --dependency="afterany:$array" --job-name=sigmanens-m-scaling-compare \
-      --output="$study_dir/slurm-compare-%j.out" --ntasks=1 --cpus-per-task=1 --time=20 \
+      "${account_args[@]}" --output="$study_dir/slurm-compare-%j.out" --ntasks=1 --cpus-per-task=1 --time=20 \
       --wrap="$(printf '%q ' "$python" -m sigmanens_dist.compare --parent "$parent" --uri "$uri" \
         --out "$study_dir/compare")") || exit 1
     echo "m_scaling: study $study_dir ($count children), array job $array, comparison job $compare (afterany)" >&2

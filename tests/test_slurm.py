@@ -49,7 +49,9 @@ def m_scaling_array(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactor
     overlap the other tests."""
     tmp = tmp_path_factory.mktemp("m_scaling")
     # Submit mode (bash, not sbatch): the study definition and parent run once, then the array and the comparison.
-    proc = subprocess.run(["bash", str(REPO / "slurm/m_scaling.sh"), *NO_GPUS, "--", *OVERRIDES, "train.max_steps=6",
+    # --nice and --comment stand for a cluster's required accounting options: they must reach the comparison job too
+    proc = subprocess.run(["bash", str(REPO / "slurm/m_scaling.sh"), *NO_GPUS, "--nice=5", "--comment=sigmanens-test",
+                           "--", *OVERRIDES, "train.max_steps=6",
                            "model.kwargs.depth=1"], cwd=tmp, capture_output=True, text=True, timeout=300, check=False,
                           env=slurm.env(SIGMANENS_RUNS_ROOT=str(tmp / "runs"), SIGMANENS_MEMBERS="1 2 4"))
     assert proc.returncode == 0, proc.stderr
@@ -211,6 +213,7 @@ def test_m_scaling_study_trains_each_m_and_compares(slurm: SlurmCluster,
     assert {r.info.status for r in by_name.values()} == {"FINISHED"}
     info = slurm.wait_done(compare_job, timeout=300)
     assert info["JobState"] == "COMPLETED", next(study.glob("slurm-compare-*.out")).read_text()[-4000:]
+    assert info["Nice"] == "5" and info["Comment"] == "sigmanens-test", info  # the user's sbatch options
     table = (study / "compare" / "table.md").read_text()
     assert all(f"| sigma | {m} |" in table for m in (1, 2, 4)), table
     assert (study / "compare" / "metric_vs_members.png").stat().st_size > 10_000

@@ -120,3 +120,25 @@ def test_child_run_joins_its_parent_with_the_dataset_as_input(tmp_path: Path, mo
     orphan = Tracker(tmp_path / "orphan", enabled=True, active=True, uri=uri, experiment="study")
     with pytest.raises(ParentRunNotFound, match=r"tracking\.parent_run_id='0123456789abcdef0123456789abcdef'"):
         orphan.start("orphan", None, {**params, "tracking.parent_run_id": "0123456789abcdef0123456789abcdef"}, {})
+
+
+def test_a_batch_script_can_mark_a_dead_trainers_run_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer killed before it could report leaves its run RUNNING; slurm/common.sh marks it FAILED on giving up
+    with ``python -m sigmanens_dist.tracking set-status RUN_DIR FAILED``."""
+    import subprocess
+    import sys
+
+    from sigmanens_dist.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    run_id = Tracker(tmp_path / "run", enabled=True, active=True, uri=uri, experiment="x").start("run", None, {}, {})
+    client = mlflow.MlflowClient(uri)
+    assert client.get_run(run_id).info.status == "RUNNING"  # the process "died" here
+    proc = subprocess.run([sys.executable, "-m", "sigmanens_dist.tracking", "set-status", str(tmp_path / "run"),
+                           "FAILED"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert client.get_run(run_id).info.status == "FAILED"
+    empty = subprocess.run([sys.executable, "-m", "sigmanens_dist.tracking", "set-status", str(tmp_path),
+                            "FAILED"], capture_output=True, text=True, check=False)
+    assert empty.returncode == 0 and "no MLflow run recorded" in empty.stdout
