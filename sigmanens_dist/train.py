@@ -65,6 +65,7 @@ class Trainer:
     def __init__(self, cfg: Config) -> None:
         self.env = env = init_distributed(cfg.strategy.backend, group_of_one=cfg.strategy.name == "deepspeed")
         _setup_logging(env)
+        _quiet_known_warnings()
         self.run_dir = Path(cfg.run_dir)
         self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last)
         if cfg.checkpoint.resume == "none" and self.ckpt.checkpoints():
@@ -428,6 +429,22 @@ def _print_summary(metrics: dict[str, float], m: int) -> None:
     print("  " + "  ".join(f"{k}={metrics[k]:.4f}" for k in keys if k in metrics))
     for i in range(m if m > 1 else 0):
         print(f"  member {i}: " + "  ".join(f"{k}={metrics[f'member{i}/{k}']:.4f}" for k in ("acc", "nll", "ece")))
+
+
+# Library warnings known to be benign here, silenced by their exact text (anything else still shows): each would
+# otherwise repeat every step, on every rank, burying the log.
+KNOWN_BENIGN_WARNINGS = (
+    # FSDP2 on our root module: the (M, B, K) logits are a view of the batched output, never written in place
+    (r"FSDP2-wrapped module \(FSDPSigmaEnsemble\) returned a view tensor\.", UserWarning),
+    # DeepSpeed ZeRO's collectives, deprecated in torch for the *_single names (DeepSpeed 0.19 still calls them)
+    (r"`torch\.distributed\.all_gather_into_tensor` is deprecated\.", FutureWarning),
+    (r"`torch\.distributed\.reduce_scatter_tensor` is deprecated\.", FutureWarning),
+)
+
+
+def _quiet_known_warnings() -> None:
+    for message, category in KNOWN_BENIGN_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
 
 
 def _setup_logging(env: DistEnv) -> None:

@@ -183,3 +183,20 @@ def test_progress_is_plain_lines_outside_a_terminal(monkeypatch: pytest.MonkeyPa
     for _ in range(50):
         quiet.update(1)
     assert clock.monotonic() - began < 5 and not capsys.readouterr().err  # nothing until the interval passes
+
+
+def test_known_benign_library_warnings_are_silenced_by_their_exact_text() -> None:
+    """FSDP2's view-tensor warning and DeepSpeed's deprecated collectives would repeat every step on every rank."""
+    import warnings
+
+    from sigmanens_dist.train import _quiet_known_warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _quiet_known_warnings()
+        warnings.warn("`torch.distributed.reduce_scatter_tensor` is deprecated. Please use "
+                      "`torch.distributed.reduce_scatter_single` instead.", FutureWarning, stacklevel=1)
+        warnings.warn("FSDP2-wrapped module (FSDPSigmaEnsemble) returned a view tensor. An in-place op …",
+                      UserWarning, stacklevel=1)
+        warnings.warn("`torch.distributed.scatter` is deprecated.", FutureWarning, stacklevel=1)  # not ours to hide
+    assert [str(w.message) for w in caught] == ["`torch.distributed.scatter` is deprecated."]
