@@ -45,7 +45,10 @@ def build_model(cfg: Any, num_classes: int, in_chans: int, vocab_size: int | Non
             enable_grad_checkpointing(backbone, model_cfg.name)
         return backbone
 
-    return build_method(cfg, make_backbone)
+    model = build_method(cfg, make_backbone)
+    if source is not None and source.whole_model:
+        _load_source(model, source, model_cfg)
+    return model
 
 
 class Source(NamedTuple):
