@@ -81,12 +81,14 @@ long_lane1() {
     study "tau_s$seed" tau-sweep --taus 0.05,0.1,0.25,0.5,1,2 --lambdas 0.01 --seeds "$seed" "${TAU_ACTIVE[@]}"
   done
 }
-long_lane2() {
-  study methods_s0 methods --methods single,sigma,deep,film,batch,packed --members 4 --seeds 0
-  for seed in 0 1 2; do
-    [ "$seed" = 0 ] || study "methods_s$seed" methods --methods single,sigma,deep --members 4 --seeds "$seed"
+long_lane2() {  # what the targets need first (single, default σN-Ens, Deep Ensemble, fine-tune per seed)
+  study finetune_s0 --own-budget methods --methods single,sigma --members 4 --seeds 0 "${FINETUNE[@]}" \
+    "model.init_from=$OUT/methods_s0/single-s0"
+  for seed in 1 2; do
+    study "methods_s$seed" methods --methods single,sigma,deep --members 4 --seeds "$seed"
     study "finetune_s$seed" --own-budget methods --methods single,sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" \
       "model.init_from=$OUT/methods_s$seed/single-s$seed"
+    [ "$seed" = 2 ] || study methods_s0 methods --methods single,sigma,deep,film,batch,packed --members 4 --seeds 0
   done
   for seed in 0 1 2; do study "compute_s$seed" methods --methods single --budgets 4 --seeds "$seed"; done
   for seed in 1 2; do study "baselines_s$seed" methods --methods film,batch,packed --members 4 --seeds "$seed"; done
