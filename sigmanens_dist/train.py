@@ -283,6 +283,11 @@ class Trainer:
         batches = _micro_batches(self.data.train, pos)
         bar = progress(total=self.total_steps, initial=pos.step, disable=not env.is_main, desc="train", unit="step")
         window = Throughput()
+        if pos.step == 0:  # where the trajectories start: the method's extras (σN-Ens: the sharing) at init
+            with self.strategy.gathered():
+                start = self.model.extra_metrics()
+            if start:
+                self.tracker.log_metrics({f"val/{k}": v for k, v in start.items()}, 0)
         self.wrapped.train()
         while pos.step < self.total_steps:
             t_step, epoch_at_start = time.perf_counter(), pos.epoch
