@@ -83,10 +83,10 @@ def _strategy_problems(state: dict[str, Any], cfg: Any, saved_world: int, world:
     if _FORMATS.get(now) != fmt or (now == "deepspeed" and stage != now_stage):
         return [f"  - strategy: the checkpoint was written by {wrote} ({fmt} format) and this run uses {wants}; "
                 f"resume with {wrote}, or {across}"]
-    if now == "deepspeed" and saved_world != world:
-        return [f"  - world size: the checkpoint is a ZeRO-{stage} checkpoint of {saved_world} ranks and this run has "
-                f"{world}; the installed DeepSpeed's engine checkpoints do not reshard here: resume on {saved_world} "
-                f"ranks, or {across}"]
+    if now == "deepspeed" and saved_world != world and stage == 3:
+        return [f"  - world size: the checkpoint is a ZeRO-3 checkpoint of {saved_world} ranks and this run has "
+                f"{world}; the installed DeepSpeed's universal checkpoint does not reshard ZeRO-3 here (stages 1 and "
+                f"2 do): resume on {saved_world} ranks, or {across}"]
     return []
 
 

@@ -107,7 +107,9 @@ class Trainer:
         if cfg.train.compile:
             model.compile(backend=cfg.train.compile_backend)  # in place: the module, its keys and hooks stay
             log.info("model compiled with torch.compile(backend=%r)", cfg.train.compile_backend)
-        self.strategy = build_strategy(cfg.strategy.name, env, amp=cfg.train.amp, options=strategy_options(cfg))
+        elastic = resumed is not None and len(resumed["rng"]) != env.world_size  # written at another world size
+        self.strategy = build_strategy(cfg.strategy.name, env, amp=cfg.train.amp,
+                                       options=strategy_options(cfg, elastic=elastic))
         self.wrapped = self.strategy.wrap(model)
         self.model = self.strategy.model
         groups = param_groups(self.model, cfg.optim.weight_decay, sigma_lr(cfg, self.model))

@@ -284,3 +284,27 @@ def test_deepspeed_runs_and_resumes_on_one_process(tmp_path: Path) -> None:
     assert sorted(resumed) == list(range(1, 7))
     for step in straight:
         assert resumed[step] == pytest.approx(straight[step], rel=1e-6), step
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="DeepSpeed is not installed")
+@pytest.mark.parametrize(("stage", "before", "after"), [(1, 2, 1), (2, 1, 2)])
+def test_zero_resumes_on_another_world_size(tmp_path: Path, stage: int, before: int, after: int) -> None:
+    """Elastic ZeRO: the step folder is converted once to DeepSpeed's universal checkpoint and loaded on the new world
+    size with the global batch kept; a LayerNorm model continues as the uninterrupted run (to float precision)."""
+    from tests.helpers import SYNTHETIC, TINY_VIT, losses, run_train
+
+    per_rank = 16 // before
+    common = [*TINY_VIT, *SYNTHETIC, f"train.batch_size={per_rank}", "optim.name=adamw", "optim.lr=0.002",
+              "model.num_members=2", "strategy.name=deepspeed", f"strategy.zero_stage={stage}",
+              "checkpoint.every_steps=3", "train.log_every_steps=1", "eval.at_end=false", "schedule.name=constant"]
+    run_train(tmp_path / "straight", *common, "train.max_steps=6", nproc=before)
+    run = tmp_path / "elastic"
+    run_train(run, *common, "train.max_steps=3", nproc=before)
+    proc = run_train(run, *common, "train.max_steps=6", "--resume", "auto", nproc=after)
+    assert f"elastic resume: {after} ranks instead of {before}" in proc.stderr
+    assert (run / "checkpoints" / "step_00000003" / "universal").is_dir()  # converted once, kept
+    straight, resumed = losses(tmp_path / "straight"), losses(run)
+    assert sorted(resumed) == list(range(1, 7))
+    for step in straight:
+        assert resumed[step] == pytest.approx(straight[step], rel=1e-5), step

@@ -17,8 +17,10 @@ parameter (a small share of the model) is whole for the step and partitioned at 
 optimiser state partitioned like any other. Every other read goes through :meth:`gathered`.
 
 Checkpoints are the engine's own (``save_checkpoint`` into the step folder; the common keep-last/best/auto-resume
-policy applies). Resuming a ZeRO checkpoint on another world size is refused, naming DeepSpeed's universal-checkpoint
-conversion.
+policy applies). On another world size (``universal=True``, elastic resume) rank 0 converts the step folder once to
+DeepSpeed's universal checkpoint (``deepspeed.checkpoint.ds_to_universal``, into ``<step>/universal/``, kept for the
+next resume) and every rank loads it with the engine's ``checkpoint.load_universal``; the trainer keeps the global
+batch. ZeRO stages 1 and 2 (stage 3 is refused from the checkpoint's metadata, ``resume.check_same_run``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import contextlib
 import importlib
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,7 +106,8 @@ class DeepSpeedStrategy(Strategy):
     checkpoint_format = "deepspeed"
 
     def __init__(self, env: DistEnv, *, amp: str = "none", zero_stage: int = 2, config_file: Path | None = None,
-                 per_rank_batch: int = 1, grad_accum: int = 1, clip_grad: float | None = None) -> None:
+                 per_rank_batch: int = 1, grad_accum: int = 1, clip_grad: float | None = None,
+                 universal: bool = False) -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if env.device.type == "cuda" else "cpu")
         # the engine reads the launcher's variables, which a plain `python -m sigmanens_dist.train` does not set
         for key, value in (("LOCAL_RANK", env.local_rank), ("RANK", env.rank), ("WORLD_SIZE", env.world_size)):
@@ -127,6 +131,9 @@ class DeepSpeedStrategy(Strategy):
             if self.config.get(key, {}).get("enabled"):
                 raise UsageError(f"strategy.deepspeed_config enables {key}: DeepSpeed would cast the flat σ "
                                  "parameter; use train.amp=bf16 (autocast over fp32 parameters) instead")
+        self.universal = universal  # resuming a checkpoint of another world size
+        if universal:
+            self.config["checkpoint"] = {"load_universal": True}
         self.engine: Any = None
         self._last = True
 
@@ -192,12 +199,36 @@ class DeepSpeedStrategy(Strategy):
     def state_dict(self) -> dict[str, Any]:
         raise NotImplementedError("DeepSpeed checkpoints are the engine's own folders: use save_shards")
 
+    def _universal(self, folder: Path) -> Path:
+        """``folder``'s universal form, ``<folder>/universal`` (same tag): converted by rank 0 the first time (into a
+        temporary folder renamed into place, so a crash never leaves half a conversion), then read by every rank."""
+        target = folder / "universal"
+        if self.env.is_main and not target.is_dir():
+            from argparse import Namespace
+
+            from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+
+            tmp = folder / ".universal.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            # inject_missing_state: the engine saved no Megatron-style universal_checkpoint_info; the defaults fit
+            # a model without tensor or pipeline parallelism
+            ds_to_universal(Namespace(input_folder=str(folder / TAG), output_folder=str(tmp / TAG),
+                                      num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False,
+                                      strict=True, inject_missing_state=True))
+            os.replace(tmp, target)
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+        return target
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         folder = state.get(FOLDER_KEY)
         if folder is None or state.get("format") != "deepspeed":
             raise UsageError("strategy.name=deepspeed resumes from its own checkpoint folders; this checkpoint was "
                              "written by another strategy: resume it with that strategy")
-        # another world size or ZeRO stage was refused from the checkpoint's metadata (resume.check_same_run)
+        # another ZeRO stage, or stage 3 on another world size, was refused from the checkpoint's metadata
+        # (resume.check_same_run)
+        if self.universal:
+            folder = self._universal(Path(folder))
         path, _ = self.engine.load_checkpoint(str(folder), tag=TAG, load_optimizer_states=True,
                                               load_lr_scheduler_states=False)
         if path is None:
