@@ -86,6 +86,12 @@ def test_deepspeed_config_conflicts_are_reported(tmp_path: Path) -> None:
     file.write_text(json.dumps({"zero_optimization": {"stage": 2, "overlap_comm": True}}))
     strategy = DeepSpeedStrategy(DistEnv(0, 1, 0, torch.device("cpu")), zero_stage=2, config_file=file)
     assert strategy.config["zero_optimization"] == {"stage": 2, "overlap_comm": True}
+    # a ZeRO-3-only key under ZeRO-2 would be accepted and ignored by DeepSpeed: refused
+    file.write_text(json.dumps({"zero_optimization": {"stage3_param_persistence_threshold": 1000}}))
+    with pytest.raises(ValueError, match=r"sets zero_optimization\.stage3_param_persistence_threshold, which only "
+                                         r"ZeRO-3 reads, with strategy\.zero_stage=2"):
+        DeepSpeedStrategy(DistEnv(0, 1, 0, torch.device("cpu")), zero_stage=2, config_file=file)
+    assert DeepSpeedStrategy(DistEnv(0, 1, 0, torch.device("cpu")), zero_stage=3, config_file=file).zero_stage == 3
 
 
 # -- one checkpoint policy for folders ---------------------------------------------------------------------------------

@@ -127,6 +127,12 @@ class DeepSpeedStrategy(Strategy):
             except ValueError as err:
                 raise UsageError(f"strategy.deepspeed_config={config_file} conflicts with the training config:\n"
                                  f"{err}\nremove these keys from the file or change the training config") from err
+        zero = self.config["zero_optimization"]
+        stage3_only = sorted(k for k in zero if k.startswith("stage3_") or k == "offload_param")
+        if zero_stage != 3 and stage3_only:  # DeepSpeed accepts and ignores them: settings that do nothing
+            keys = ", ".join(f"zero_optimization.{k}" for k in stage3_only)
+            raise UsageError(f"strategy.deepspeed_config sets {keys}, which only ZeRO-3 reads, with "
+                             f"strategy.zero_stage={zero_stage}: remove them or use strategy.zero_stage=3")
         for key in ("bf16", "fp16"):
             if self.config.get(key, {}).get("enabled"):
                 raise UsageError(f"strategy.deepspeed_config enables {key}: DeepSpeed would cast the flat σ "
