@@ -68,7 +68,7 @@ small_lane2() {
   study m16 m-scaling --methods sigma --members 16
 }
 # The long budget (issue 18), one seed per study so a partial run is still paired. (b) The τ sweep on the τ-active
-# recipe (docs/quality.md: γ starts on but below saturation, λ = 0.01). (a) The methods at M = 4 (σN-Ens on the
+# recipe (docs/quality.md: γ starts on but below saturation, λ = 0.01); its best point on every seed first. (a) The methods at M = 4 (σN-Ens on the
 # default recipe); (f) the fine-tune: seed s's single model converted to σN-Ens M=4 by 625 steps (10 %) at a tenth
 # of the rate, against the same single model continued for those steps (its own experiment, so compare pairs them);
 # then the single model at 4× the steps and the other baselines for the later seeds.
@@ -76,8 +76,12 @@ TAU_ACTIVE=(model.gamma_init_mean=2 model.gamma_init_std=0.1)
 FINETUNE=(data.test_subset=10000 train.max_steps=625 optim.lr=0.005 schedule.warmup_steps=20 train.eval_every_steps=125
           checkpoint.every_steps=625 reg.lambda=0.01 reg.tau=1 model.gamma_init_mean=0 model.gamma_init_std=1
           tracking.experiment=sigmanens-fmnist-finetune)
-long_lane1() {
-  for seed in 0 1 2; do
+long_lane1() {  # the τ sweep on seed 0, then the sweep's best point (τ = 0.25 on seed 0) on the other seeds
+  study tau_s0 tau-sweep --taus 0.05,0.1,0.25,0.5,1,2 --lambdas 0.01 --seeds 0 "${TAU_ACTIVE[@]}"
+  for seed in 1 2; do
+    study "tau025_s$seed" tau-sweep --taus 0.25 --lambdas 0.01 --seeds "$seed" "${TAU_ACTIVE[@]}"
+  done
+  for seed in 1 2; do
     study "tau_s$seed" tau-sweep --taus 0.05,0.1,0.25,0.5,1,2 --lambdas 0.01 --seeds "$seed" "${TAU_ACTIVE[@]}"
   done
 }
@@ -88,8 +92,8 @@ long_lane2() {  # what the issue's targets need first (single, default σN-Ens, 
     study "methods_s$seed" methods --methods single,sigma,deep --members 4 --seeds "$seed"
     study "finetune_s$seed" --own-budget methods --methods single,sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" \
       "model.init_from=$OUT/methods_s$seed/single-s$seed"
-    [ "$seed" = 2 ] || study methods_s0 methods --methods single,sigma,deep,film,batch,packed --members 4 --seeds 0
   done
+  study methods_s0 methods --methods single,sigma,deep,film,batch,packed --members 4 --seeds 0
   for seed in 0 1 2; do study "compute_s$seed" methods --methods single --budgets 4 --seeds "$seed"; done
   for seed in 1 2; do study "baselines_s$seed" methods --methods film,batch,packed --members 4 --seeds "$seed"; done
 }
