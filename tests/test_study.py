@@ -403,3 +403,24 @@ def test_ui_hint_opens_the_runs_view() -> None:
     assert ui_hint("sqlite:///r/mlflow.db", "3") == ("MLflow UI: mlflow ui --backend-store-uri sqlite:///r/mlflow.db  "
                                                      "then open http://127.0.0.1:5000/#/experiments/3/runs?"
                                                      "workflowType=machine_learning")
+
+
+def test_histories_keep_the_newest_value_of_a_step_logged_twice() -> None:
+    """After a crash and resume MLflow holds the re-trained steps twice (it only appends): compare's readers keep
+    the newest value per step."""
+    from types import SimpleNamespace
+
+    from sigmanens_dist.compare import _sharing_history
+    from sigmanens_dist.ensemble import IMPORTANCE_BINS
+
+    def metric(step: int, value: float, timestamp: int) -> SimpleNamespace:
+        return SimpleNamespace(step=step, value=value, timestamp=timestamp)
+
+    class Client:
+        def get_metric_history(self, run_id: str, key: str) -> list[SimpleNamespace]:
+            # step 250 logged by the crashed attempt (t=2) and again after the resume (t=5); listed out of order
+            return [metric(500, 3.0, 6), metric(250, 3.5, 2), metric(0, 4.0, 1), metric(250, 2.5, 5)]
+
+    history = _sharing_history(Client(), "r")
+    assert sorted(history) == [0, 250, 500]
+    assert history[250] == (2.5, [2.5] * IMPORTANCE_BINS)
