@@ -117,9 +117,9 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path: Path) -> Non
 def test_resume_with_other_members_is_a_clear_error(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run_train(run, *BASE, "train.max_steps=2", "model.num_members=2")
-    proc = run_train(run, *BASE, "train.max_steps=4", "model.num_members=3", "checkpoint.resume=auto", expect=1)
+    proc = run_train(run, *BASE, "train.max_steps=4", "model.num_members=3", "checkpoint.resume=auto", expect=2)
     assert "model.num_members: the checkpoint's run has 2, this config 3" in proc.stderr
-    proc = run_train(run, *BASE, "train.max_steps=4", "model.num_members=2", expect=1)  # resume=none: not over it
+    proc = run_train(run, *BASE, "train.max_steps=4", "model.num_members=2", expect=2)  # resume=none: not over it
     assert "already holds checkpoints of an earlier run" in proc.stderr
 
 
