@@ -7,4 +7,4 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/launch/setup.sh"
 cd "$ROOT"
-exec python -m sigmanens_dist.demo "$@"
+exec sigmanens demo "$@"

@@ -56,15 +56,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return convert_main(rest[1:])
     if cmd == "study":
-        from sigmanens_dist.study import main as study_main
+        from sigmanens_dist.experiments.study import main as study_main
 
         return study_main(rest)
     if cmd == "compare":
-        from sigmanens_dist.compare import main as compare_main
+        from sigmanens_dist.experiments.compare import main as compare_main
 
         return compare_main(rest)
     if cmd == "eval":
-        from sigmanens_dist.eval.cli import main as eval_main
+        from sigmanens_dist.evaluation.cli import main as eval_main
 
         return eval_main(rest)
     if cmd == "export":
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sigmanens_dist.train import main as train_main
 
         return train_main(rest)
-    from sigmanens_dist.demo import main as demo_main
+    from sigmanens_dist.experiments.demo import main as demo_main
 
     return demo_main(rest)
 

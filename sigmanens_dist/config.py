@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from sigmanens_dist.datasets import DATASETS, DatasetName, resolve_root
+from sigmanens_dist.data.datasets import DATASETS, DatasetName, resolve_root
 from sigmanens_dist.errors import UsageError
 
 __all__ = ["CheckpointConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig",
@@ -286,7 +286,7 @@ class TrainConfig(_Section):
 class DataConfig(_Section):
     """Which dataset, in which on-disk format, from where; nothing is ever downloaded."""
 
-    dataset: DatasetName = "fashion_mnist"  # sigmanens_dist/datasets.py names them all
+    dataset: DatasetName = "fashion_mnist"  # sigmanens_dist/data/datasets.py names them all
     format: Literal["raw", "ffcv", "webdataset"] = "raw"  # raw: the dataset's native on-disk format
     root: Path | None = None  # None: /usr/share/datasets/fashion-mnist for fashion_mnist; required otherwise
     num_workers: int = Field(2, ge=0)

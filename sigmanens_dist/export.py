@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from sigmanens_dist.checkpoint import CheckpointManager, resolve_checkpoint
 from sigmanens_dist.errors import EXIT_USAGE, UsageError
+from sigmanens_dist.training.checkpoint import CheckpointManager, resolve_checkpoint
 
 __all__ = ["consolidated_ema", "consolidated_state_dict", "load_model", "main"]
 
@@ -36,7 +36,7 @@ def consolidated_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict[s
         return _load_state_dict_from_keys("model", checkpoint_id=str(path))["model"], state
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    from sigmanens_dist.strategies.deepspeed import TAG
+    from sigmanens_dist.distributed.strategies.deepspeed import TAG
 
     return get_fp32_state_dict_from_zero_checkpoint(str(path), tag=TAG), state
 

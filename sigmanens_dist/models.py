@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.layers import SigmaStore, sigma_class_for
 from sigmanens_dist.methods import EnsembleMethod, build_method
 from sigmanens_dist.methods.single import SingleModel
+from sigmanens_dist.sigma.layers import SigmaStore, sigma_class_for
 
 __all__ = ["SingleModel", "Source", "build_model", "enable_grad_checkpointing", "param_groups", "source_weights"]
 
@@ -64,8 +64,8 @@ def source_weights(init_from: str | Path) -> Source:
     """The weights ``model.init_from`` names: a run directory (best checkpoint, else newest), a checkpoint file or
     folder of any strategy, or a plain state dict (``sigmanens export``, a timm weights file). A single model's become
     backbone weights (a conversion); an ensemble's stay a whole model's."""
-    from sigmanens_dist.checkpoint import resolve_checkpoint
     from sigmanens_dist.export import consolidated_state_dict
+    from sigmanens_dist.training.checkpoint import resolve_checkpoint
 
     path, which = resolve_checkpoint(init_from, "model.init_from")
     weights, meta = (consolidated_state_dict(path) if path.is_dir() else

@@ -29,21 +29,27 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from sigmanens_dist.checkpoint import CheckpointManager, capture_rng, resolve_checkpoint, restore_rng
 from sigmanens_dist.config import Config, flatten, load_config, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
-from sigmanens_dist.distributed import DistEnv, all_gather_object, init_distributed
-from sigmanens_dist.ensemble import map_tensors
+from sigmanens_dist.distributed.env import DistEnv, all_gather_object, init_distributed
+from sigmanens_dist.distributed.strategies import build_strategy, strategy_options
 from sigmanens_dist.errors import EXIT_USAGE, RunExistsError, UsageError
+from sigmanens_dist.evaluation.metrics import EnsembleMetrics, reliability_diagram
 from sigmanens_dist.methods import member_major, member_train_stream
-from sigmanens_dist.metrics import EnsembleMetrics, reliability_diagram
 from sigmanens_dist.models import build_model, param_groups
-from sigmanens_dist.objective import loss_reduction, member_loss, sigma_lr
-from sigmanens_dist.preemption import EXIT_PREEMPTED, PreemptionCheck, PreemptionFlag, clear_marker, write_marker
 from sigmanens_dist.progress import progress
-from sigmanens_dist.resume import BatchLayout, check_same_run
-from sigmanens_dist.strategies import build_strategy, strategy_options
-from sigmanens_dist.tracking import Tracker, git_commit
+from sigmanens_dist.sigma.convert import map_tensors
+from sigmanens_dist.training.checkpoint import CheckpointManager, capture_rng, resolve_checkpoint, restore_rng
+from sigmanens_dist.training.objective import loss_reduction, member_loss, sigma_lr
+from sigmanens_dist.training.preemption import (
+    EXIT_PREEMPTED,
+    PreemptionCheck,
+    PreemptionFlag,
+    clear_marker,
+    write_marker,
+)
+from sigmanens_dist.training.resume import BatchLayout, check_same_run
+from sigmanens_dist.training.tracking import Tracker, git_commit
 
 __all__ = ["USAGE_MARKER", "Position", "Trainer", "main", "run"]
 
@@ -100,8 +106,8 @@ class Trainer:
         model = build_model(built, self.data.num_classes, self.data.in_chans, self.data.vocab_size)
         self.data = member_train_stream(cfg, env, self.data, model)  # member-major when members read their own data
         self.member_major = member_major(cfg, model)
-        if cfg.eval.at_end:  # hook: refuse bad eval options now, not after training (sigmanens_dist/eval)
-            from sigmanens_dist.eval.run import check_options
+        if cfg.eval.at_end:  # hook: refuse bad eval options now, not after training (sigmanens_dist/evaluation)
+            from sigmanens_dist.evaluation.run import check_options
             check_options(cfg, model, cfg.eval)
         torch.manual_seed(cfg.seed + env.rank)
         if cfg.train.compile:
@@ -337,7 +343,7 @@ class Trainer:
     def _evaluate_checkpoint(self, path: Path) -> None:
         """The hook of ``eval.at_end``: ``sigmanens eval`` of the final checkpoint, as written (every strategy's
         format; a plain model, so sub-ensembles can copy it), every rank scoring its shard of each pass."""
-        from sigmanens_dist.eval import load_for_eval, run_eval
+        from sigmanens_dist.evaluation import load_for_eval, run_eval
 
         loaded = load_for_eval(path)
         ema = None if loaded.ema is None else loaded.ema.to(self.env.device)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sigmanens_dist.checkpoint import CheckpointManager
+from sigmanens_dist.training.checkpoint import CheckpointManager
 
 
 def _state(step: int) -> dict:

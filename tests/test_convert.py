@@ -9,7 +9,7 @@ import torchvision
 from torch import nn
 
 from sigmanens_dist import convert_to_sigma_ensemble
-from sigmanens_dist.layers import SigmaNorm, looks_like_norm, sigma_class_for
+from sigmanens_dist.sigma.layers import SigmaNorm, looks_like_norm, sigma_class_for
 
 
 def _hf_bert() -> nn.Module:

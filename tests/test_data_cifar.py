@@ -16,8 +16,8 @@ import torch
 from torchvision import datasets
 
 from sigmanens_dist.config import load_config
+from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.data.registry import build_datasets
-from sigmanens_dist.datasets import DATASETS
 
 # name → (torchvision class, folder, train files, test file, meta file, label key, label-names key, classes)
 LAYOUT = {

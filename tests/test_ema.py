@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from sigmanens_dist import convert_to_sigma_ensemble
-from sigmanens_dist.ema import EMA
+from sigmanens_dist.training.ema import EMA
 
 
 def _ens() -> nn.Module:

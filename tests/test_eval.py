@@ -18,11 +18,9 @@ from torchmetrics.functional.classification import multiclass_calibration_error
 
 from sigmanens_dist.config import EvalConfig, load_config
 from sigmanens_dist.data.idx import FASHION_MNIST_ROOT
-from sigmanens_dist.ensemble import convert_to_sigma_ensemble
-from sigmanens_dist.eval import load_for_eval, run_eval, sub_ensemble
-from sigmanens_dist.eval.cli import main as eval_main
-from sigmanens_dist.eval.run import score_pass
-from sigmanens_dist.metrics import (
+from sigmanens_dist.evaluation import load_for_eval, run_eval, sub_ensemble
+from sigmanens_dist.evaluation.cli import main as eval_main
+from sigmanens_dist.evaluation.metrics import (
     EnsembleMetrics,
     SampleMetrics,
     adaptive_calibration_error,
@@ -32,7 +30,9 @@ from sigmanens_dist.metrics import (
     ood_detection,
     predictive_entropy,
 )
+from sigmanens_dist.evaluation.run import score_pass
 from sigmanens_dist.models import build_model
+from sigmanens_dist.sigma.convert import convert_to_sigma_ensemble
 from tests.helpers import run_train
 
 # -- metrics -------------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from timm.layers import norm_act as timm_norm_act
 from torch import nn
 
 from sigmanens_dist import convert_to_sigma_ensemble
-from sigmanens_dist.layers import SUPPORTED, SigmaBatchNorm, SigmaNorm
+from sigmanens_dist.sigma.layers import SUPPORTED, SigmaBatchNorm, SigmaNorm
 
 M, B = 3, 4
 

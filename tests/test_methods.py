@@ -14,13 +14,13 @@ from torch import nn
 
 from sigmanens_dist import convert_to_sigma_ensemble
 from sigmanens_dist.config import ConfigError, load_config
-from sigmanens_dist.eval.run import sub_ensemble
+from sigmanens_dist.evaluation.run import sub_ensemble
 from sigmanens_dist.methods.batch import BatchEnsembleLayer, convert_to_batch_ensemble
 from sigmanens_dist.methods.deep import DeepEnsemble
 from sigmanens_dist.methods.film import convert_to_film_ensemble
 from sigmanens_dist.methods.packed import MIN_CHANNELS_PER_GROUP, convert_to_packed_ensemble
 from sigmanens_dist.models import build_model, param_groups
-from sigmanens_dist.objective import member_loss
+from sigmanens_dist.training.objective import member_loss
 
 VIT = ["model.name=vit_tiny_patch16_224", "model.kwargs.img_size=16", "model.kwargs.patch_size=4",
        "model.kwargs.depth=2", "model.kwargs.embed_dim=48", "model.kwargs.num_heads=2"]
@@ -317,7 +317,7 @@ def test_deprecated_ensemble_flag_maps_to_method() -> None:
 # -- independent member batches ------------------------------------------------------------------------------------
 def test_member_stream_gives_member_k_the_single_run_of_seed_k_and_replays_from_any_batch() -> None:
     from sigmanens_dist.data.loaders import build_data
-    from sigmanens_dist.distributed import DistEnv
+    from sigmanens_dist.distributed.env import DistEnv
     from sigmanens_dist.methods import member_major, member_train_stream
 
     cfg = load_config(None, ["model.method=deep", "model.num_members=2", "seed=3", "data.dataset=synthetic",

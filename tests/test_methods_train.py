@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sigmanens_dist.config import load_config
-from sigmanens_dist.eval.cli import main as eval_main
+from sigmanens_dist.evaluation.cli import main as eval_main
 from sigmanens_dist.models import build_model, enable_grad_checkpointing
 from sigmanens_dist.train import main
 from tests.helpers import REPO, SYNTHETIC, TINY_VIT, env, final_state, losses, run_train, torchrun

@@ -13,8 +13,8 @@ from sigmanens_dist import convert_to_sigma_ensemble, diversity_loss
 from sigmanens_dist.config import load_config
 from sigmanens_dist.methods import member_major
 from sigmanens_dist.models import build_model, param_groups
-from sigmanens_dist.objective import loss_reduction, member_loss, sigma_lr
 from sigmanens_dist.train import _optimizer, run
+from sigmanens_dist.training.objective import loss_reduction, member_loss, sigma_lr
 from tests.helpers import SYNTHETIC, TINY_VIT, final_state, losses
 
 

@@ -9,7 +9,7 @@ import timm
 import torch
 
 from sigmanens_dist import convert_to_sigma_ensemble, diversity_loss, members_on, optimal_members_on
-from sigmanens_dist.regularizer import vertex_loss
+from sigmanens_dist.sigma.regularizer import vertex_loss
 
 
 def _naive(gammas: list[torch.Tensor], tau: float) -> torch.Tensor:

@@ -13,12 +13,12 @@ import timm
 import torch
 
 from sigmanens_dist import convert_to_sigma_ensemble
-from sigmanens_dist.checkpoint import CheckpointManager
 from sigmanens_dist.config import ConfigError, load_config
-from sigmanens_dist.distributed import DistEnv
-from sigmanens_dist.eval.cli import main as eval_main
+from sigmanens_dist.distributed.env import DistEnv
+from sigmanens_dist.distributed.strategies.fsdp import FSDPStrategy, shard_units
+from sigmanens_dist.evaluation.cli import main as eval_main
 from sigmanens_dist.export import consolidated_ema, consolidated_state_dict, load_model
-from sigmanens_dist.strategies.fsdp import FSDPStrategy, shard_units
+from sigmanens_dist.training.checkpoint import CheckpointManager
 from tests.helpers import REPO, env, torchrun
 
 SCRIPT = REPO / "tests" / "dist_scripts" / "strategy_matrix.py"
@@ -76,7 +76,7 @@ def test_hsdp_mesh_must_divide_the_world_size() -> None:
 
 @pytest.mark.skipif(not HAS_DEEPSPEED, reason="DeepSpeed not installed (extra 'deepspeed')")
 def test_deepspeed_config_conflicts_are_reported(tmp_path: Path) -> None:
-    from sigmanens_dist.strategies.deepspeed import DeepSpeedStrategy
+    from sigmanens_dist.distributed.strategies.deepspeed import DeepSpeedStrategy
 
     file = tmp_path / "ds.json"
     file.write_text(json.dumps({"gradient_clipping": 2.0, "zero_optimization": {"stage": 3, "overlap_comm": True}}))

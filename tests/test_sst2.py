@@ -13,8 +13,8 @@ from torch import nn
 from sigmanens_dist.config import ConfigError, load_config
 from sigmanens_dist.data.registry import build_datasets
 from sigmanens_dist.data.sst2 import Sst2Dataset, load_tokenizer, read_sst2_tsv, train_wordpiece
-from sigmanens_dist.layers import SigmaNorm
 from sigmanens_dist.models import SingleModel, build_model
+from sigmanens_dist.sigma.layers import SigmaNorm
 from tests.helpers import losses, run_train
 
 transformers = pytest.importorskip("transformers")

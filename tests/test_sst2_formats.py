@@ -14,7 +14,7 @@ import torch
 from sigmanens_dist.config import load_config
 from sigmanens_dist.data.loaders import Data, build_data
 from sigmanens_dist.data.sst2 import Sst2Dataset, load_tokenizer, read_sst2, train_wordpiece
-from sigmanens_dist.distributed import DistEnv
+from sigmanens_dist.distributed.env import DistEnv
 from tests.helpers import losses, run_train
 from tests.test_sst2 import TINY_BERT, write_sst2
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from scipy import stats
 
-from sigmanens_dist.compare import (
+from sigmanens_dist.experiments.compare import (
     CompareError,
     RunRecord,
     group_runs,
@@ -27,8 +27,8 @@ from sigmanens_dist.compare import (
     select_split,
     write_report,
 )
-from sigmanens_dist.compare import main as compare_main
-from sigmanens_dist.study import (
+from sigmanens_dist.experiments.compare import main as compare_main
+from sigmanens_dist.experiments.study import (
     StudyError,
     _command,
     build_definition,
@@ -36,7 +36,7 @@ from sigmanens_dist.study import (
     run_one,
     write_definition,
 )
-from sigmanens_dist.study import main as study_main
+from sigmanens_dist.experiments.study import main as study_main
 from tests.helpers import REPO, SYNTHETIC, TINY_VIT, free_port
 
 mlflow = pytest.importorskip("mlflow")
@@ -298,7 +298,7 @@ def test_report_has_ood_and_severity_when_runs_log_them(tmp_path: Path) -> None:
 def test_run_record_reads_what_train_and_eval_log() -> None:
     from types import SimpleNamespace
 
-    from sigmanens_dist.compare import _record
+    from sigmanens_dist.experiments.compare import _record
 
     metrics = {"val/acc": 0.8, "final/params": 1000.0, "final/train_images": 320.0, "final/train_img_per_s": 50.0,
                "eval/test/raw/ood_digits/entropy/auroc": 0.9, "eval/test/raw/ood_digits/msp/auroc": 0.1,
@@ -356,7 +356,7 @@ def test_tau_sweep_refuses_lambda_zero_and_brings_its_strength(tmp_path: Path) -
 def test_frontier_and_sharing_plots_from_a_tau_sweep(tmp_path: Path) -> None:
     """acc_vs_ece.png draws the frontier in both panels (clean and under shift); sharing_vs_step.png shows every τ's
     importance trajectory; the ECE and NLL under shift are columns with paired differences."""
-    from sigmanens_dist.compare import _frontier
+    from sigmanens_dist.experiments.compare import _frontier
 
     assert _frontier([(0.1, 0.8), (0.05, 0.7), (0.2, 0.9), (0.15, 0.75)]) == [(0.05, 0.7), (0.1, 0.8), (0.2, 0.9)]
     records = []
@@ -380,7 +380,7 @@ def test_frontier_and_sharing_plots_from_a_tau_sweep(tmp_path: Path) -> None:
 def test_run_record_reads_shift_scores_and_history() -> None:
     from types import SimpleNamespace
 
-    from sigmanens_dist.compare import _record as record_of
+    from sigmanens_dist.experiments.compare import _record as record_of
 
     metrics = {"val/acc": 0.8, "eval/test/raw/shift/noise/s3/ece": 0.2, "eval/test/raw/shift/noise/s5/ece": 0.4,
                "eval/test/raw/shift/blur/s3/ece": 0.4, "eval/test/raw/shift/blur/s5/ece": 0.6,
@@ -397,7 +397,7 @@ def test_run_record_reads_shift_scores_and_history() -> None:
 
 def test_ui_hint_opens_the_runs_view() -> None:
     """MLflow 3 opens a fresh browser in its GenAI overview; the printed link goes to the experiment's runs."""
-    from sigmanens_dist.tracking import ui_hint
+    from sigmanens_dist.training.tracking import ui_hint
 
     assert ui_hint("http://h:5055/", "7") == "MLflow UI: http://h:5055/#/experiments/7/runs?workflowType=machine_learning"
     assert ui_hint("sqlite:///r/mlflow.db", "3") == ("MLflow UI: mlflow ui --backend-store-uri sqlite:///r/mlflow.db  "
@@ -410,8 +410,8 @@ def test_histories_keep_the_newest_value_of_a_step_logged_twice() -> None:
     the newest value per step."""
     from types import SimpleNamespace
 
-    from sigmanens_dist.compare import _sharing_history
-    from sigmanens_dist.ensemble import IMPORTANCE_BINS
+    from sigmanens_dist.experiments.compare import _sharing_history
+    from sigmanens_dist.sigma.convert import IMPORTANCE_BINS
 
     def metric(step: int, value: float, timestamp: int) -> SimpleNamespace:
         return SimpleNamespace(step=step, value=value, timestamp=timestamp)

@@ -97,7 +97,7 @@ def test_unreachable_server_does_not_stop_training(tmp_path: Path) -> None:
 
 def test_child_run_joins_its_parent_with_the_dataset_as_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                                ) -> None:
-    from sigmanens_dist.tracking import ParentRunNotFound, Tracker, ensure_experiment
+    from sigmanens_dist.training.tracking import ParentRunNotFound, Tracker, ensure_experiment
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # mlflow.set_tracking_uri exports it: undo that for later tests
@@ -124,21 +124,21 @@ def test_child_run_joins_its_parent_with_the_dataset_as_input(tmp_path: Path, mo
 
 def test_a_batch_script_can_mark_a_dead_trainers_run_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A trainer killed before it could report leaves its run RUNNING; slurm/common.sh marks it FAILED on giving up
-    with ``python -m sigmanens_dist.tracking set-status RUN_DIR FAILED``."""
+    with ``python -m sigmanens_dist.training.tracking set-status RUN_DIR FAILED``."""
     import subprocess
     import sys
 
-    from sigmanens_dist.tracking import Tracker
+    from sigmanens_dist.training.tracking import Tracker
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     run_id = Tracker(tmp_path / "run", enabled=True, active=True, uri=uri, experiment="x").start("run", None, {}, {})
     client = mlflow.MlflowClient(uri)
     assert client.get_run(run_id).info.status == "RUNNING"  # the process "died" here
-    proc = subprocess.run([sys.executable, "-m", "sigmanens_dist.tracking", "set-status", str(tmp_path / "run"),
-                           "FAILED"], capture_output=True, text=True, check=False)
+    proc = subprocess.run([sys.executable, "-m", "sigmanens_dist.training.tracking", "set-status",
+                           str(tmp_path / "run"), "FAILED"], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert client.get_run(run_id).info.status == "FAILED"
-    empty = subprocess.run([sys.executable, "-m", "sigmanens_dist.tracking", "set-status", str(tmp_path),
+    empty = subprocess.run([sys.executable, "-m", "sigmanens_dist.training.tracking", "set-status", str(tmp_path),
                             "FAILED"], capture_output=True, text=True, check=False)
     assert empty.returncode == 0 and "no MLflow run recorded" in empty.stdout

@@ -14,7 +14,7 @@ import torch
 from sigmanens_dist.config import ConfigError, load_config
 from sigmanens_dist.data import FASHION_MNIST_ROOT
 from sigmanens_dist.data.loaders import build_data
-from sigmanens_dist.distributed import DistEnv
+from sigmanens_dist.distributed.env import DistEnv
 from tests.helpers import final_state, interrupted, losses, run_train
 
 pytestmark = pytest.mark.skipif(not FASHION_MNIST_ROOT.is_dir(),

@@ -22,10 +22,10 @@ from pathlib import Path
 from torch.utils.data import Subset
 
 from sigmanens_dist.config import load_config
+from sigmanens_dist.data.datasets import convertible
 from sigmanens_dist.data.loaders import CLASSES_FILE
 from sigmanens_dist.data.registry import build_datasets, split_indices
 from sigmanens_dist.data.webdataset_io import source_classes, unwrap_source
-from sigmanens_dist.datasets import convertible
 
 __all__ = ["convert", "main"]
 

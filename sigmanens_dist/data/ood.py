@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from sigmanens_dist.data.idx import FASHION_MNIST_MEAN, FASHION_MNIST_STD
-from sigmanens_dist.metrics import ood_detection, predictive_entropy
+from sigmanens_dist.evaluation.metrics import ood_detection, predictive_entropy
 
 __all__ = ["SVHNOOD", "DigitsOOD", "ood_scores", "predictive_entropy"]
 
@@ -53,7 +53,7 @@ class SVHNOOD(Dataset):
         from torchvision import datasets
         from torchvision.transforms import v2
 
-        from sigmanens_dist.datasets import DATASETS
+        from sigmanens_dist.data.datasets import DATASETS
 
         if in_dataset not in ("cifar10", "cifar100"):
             raise ValueError(f"SVHNOOD: in_dataset={in_dataset!r} is not one of cifar10, cifar100")

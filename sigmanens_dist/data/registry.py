@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
+from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.data.idx import IdxImageDataset
-from sigmanens_dist.datasets import DATASETS
 
 __all__ = ["DataBundle", "SeededAugment", "SyntheticImages", "build_datasets", "split_indices"]
 

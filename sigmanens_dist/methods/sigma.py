@@ -1,5 +1,5 @@
 """σN-Ens (the project's method): every norm layer becomes M per-member σ layers over one shared backbone, trained
-with ``reg.lam · L_div(reg.tau)``. The ensemble class itself is :class:`sigmanens_dist.ensemble.SigmaEnsemble`."""
+with ``reg.lam · L_div(reg.tau)``. The ensemble class itself is :class:`sigmanens_dist.sigma.convert.SigmaEnsemble`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from sigmanens_dist.ensemble import SigmaEnsemble, convert_to_sigma_ensemble
+from sigmanens_dist.sigma.convert import SigmaEnsemble, convert_to_sigma_ensemble
 
 __all__ = ["SigmaEnsemble", "build"]
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from sigmanens_dist.data.ffcv_io import FFCVLoader
 from sigmanens_dist.data.webdataset_io import WebDatasetLoader, image_transform
-from sigmanens_dist.distributed import all_gather_object, init_distributed
+from sigmanens_dist.distributed.env import all_gather_object, init_distributed
 
 out, manifest, beton = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 env = init_distributed("gloo")

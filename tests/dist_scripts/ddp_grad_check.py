@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 
 from sigmanens_dist import convert_to_sigma_ensemble
-from sigmanens_dist.distributed import init_distributed
-from sigmanens_dist.strategies import build_strategy
+from sigmanens_dist.distributed.env import init_distributed
+from sigmanens_dist.distributed.strategies import build_strategy
 
 out = Path(sys.argv[1])
 env = init_distributed("gloo")

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from sigmanens_dist.config import load_config
-from sigmanens_dist.distributed import init_distributed
+from sigmanens_dist.distributed.env import init_distributed
 from sigmanens_dist.train import Trainer
 
 TINY_VIT = ["model.name=vit_tiny_patch16_224", "model.kwargs.img_size=16", "model.kwargs.patch_size=4",
@@ -70,7 +70,7 @@ def bf16_dtypes(out: Path, rank: int) -> None:
     import timm
 
     from sigmanens_dist import convert_to_sigma_ensemble
-    from sigmanens_dist.strategies import build_strategy
+    from sigmanens_dist.distributed.strategies import build_strategy
 
     env = init_distributed("gloo")
     strategy = build_strategy("fsdp", env, amp="bf16")

@@ -12,7 +12,7 @@ import copy
 import torch
 from torch import nn
 
-from sigmanens_dist.layers.store import LayerSlot, SigmaStore
+from sigmanens_dist.sigma.layers.store import LayerSlot, SigmaStore
 
 __all__ = ["SigmaNorm"]
 

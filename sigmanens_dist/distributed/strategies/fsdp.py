@@ -33,11 +33,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from sigmanens_dist.checkpoint import FOLDER_KEY
-from sigmanens_dist.distributed import DistEnv
-from sigmanens_dist.ema import ShardedEMA
+from sigmanens_dist.distributed.env import DistEnv
+from sigmanens_dist.distributed.strategies.base import Strategy
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.strategies.base import Strategy
+from sigmanens_dist.training.checkpoint import FOLDER_KEY
+from sigmanens_dist.training.ema import ShardedEMA
 
 __all__ = ["FSDPStrategy", "shard_units"]
 

@@ -8,7 +8,7 @@ Writes eval.json, eval.md and PNG plots into --out (default: eval_<checkpoint na
 them to the MLflow run that wrote the checkpoint. Under torchrun every rank scores its share of each pass (every
 sample exactly once) and rank 0 writes the report:
 
-    torchrun --nproc_per_node 8 -m sigmanens_dist.eval.cli --checkpoint best.pt --corruptions all
+    torchrun --nproc_per_node 8 -m sigmanens_dist.evaluation.cli --checkpoint best.pt --corruptions all
 """
 
 from __future__ import annotations
@@ -85,10 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sigmanens_dist.checkpoint import resolve_checkpoint
     from sigmanens_dist.config import EvalConfig
-    from sigmanens_dist.eval.load import load_for_eval
-    from sigmanens_dist.eval.run import check_options, markdown, run_eval
+    from sigmanens_dist.evaluation.load import load_for_eval
+    from sigmanens_dist.evaluation.run import check_options, markdown, run_eval
+    from sigmanens_dist.training.checkpoint import resolve_checkpoint
 
     # Everything that can be checked without the checkpoint first, then the checkpoint, then the rest: all before
     # the first forward pass.
@@ -109,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
     check_options(cfg, loaded.model, options)
     env = None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched by torchrun: shard every pass over the ranks
-        from sigmanens_dist.distributed import init_distributed
+        from sigmanens_dist.distributed.env import init_distributed
 
         env = init_distributed()
     device = env.device if env is not None else torch.device(args.device)

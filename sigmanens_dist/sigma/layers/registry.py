@@ -9,11 +9,11 @@ from timm.layers import norm as timm_norm
 from timm.layers import norm_act as timm_norm_act
 from torch import nn
 
-from sigmanens_dist.layers.batchnorm import SigmaBatchNorm
-from sigmanens_dist.layers.groupnorm import SigmaGroupNorm
-from sigmanens_dist.layers.layernorm import SigmaLayerNorm, SigmaLayerNorm2d
-from sigmanens_dist.layers.rmsnorm import SigmaRmsNorm, SigmaRmsNorm2d
-from sigmanens_dist.layers.sigma_norm import SigmaNorm
+from sigmanens_dist.sigma.layers.batchnorm import SigmaBatchNorm
+from sigmanens_dist.sigma.layers.groupnorm import SigmaGroupNorm
+from sigmanens_dist.sigma.layers.layernorm import SigmaLayerNorm, SigmaLayerNorm2d
+from sigmanens_dist.sigma.layers.rmsnorm import SigmaRmsNorm, SigmaRmsNorm2d
+from sigmanens_dist.sigma.layers.sigma_norm import SigmaNorm
 
 __all__ = ["SHARED_BY_DEFAULT", "SUPPORTED", "looks_like_norm", "shared_by_default", "sigma_class_for",
            "supported_names"]

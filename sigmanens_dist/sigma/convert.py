@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from sigmanens_dist.layers import (
+from sigmanens_dist.methods.base import EnsembleMethod, Inputs, logits_of, map_tensors
+from sigmanens_dist.sigma.layers import (
     LayerSlot,
     SigmaBatchNorm,
     SigmaNorm,
@@ -22,8 +23,7 @@ from sigmanens_dist.layers import (
     sigma_class_for,
     supported_names,
 )
-from sigmanens_dist.methods.base import EnsembleMethod, Inputs, logits_of, map_tensors
-from sigmanens_dist.regularizer import diversity_loss, members_on
+from sigmanens_dist.sigma.regularizer import diversity_loss, members_on
 
 __all__ = [
     "AFFINE_INITS",
@@ -148,7 +148,7 @@ class SigmaEnsemble(EnsembleMethod):
 
     def diversity_loss(self, tau: float, normalize: str = "none") -> torch.Tensor:
         """``L_div`` over all regularised layers in one op (multiply by λ yourself); ``normalize`` as in
-        :func:`sigmanens_dist.regularizer.diversity_loss`."""
+        :func:`sigmanens_dist.sigma.regularizer.diversity_loss`."""
         return diversity_loss(self.gamma(), tau, normalize)
 
     def aux_loss(self, reg: Any) -> torch.Tensor:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sigmanens_dist.distributed import DistEnv
+from sigmanens_dist.distributed.env import DistEnv
 
 __all__ = ["EXIT_PREEMPTED", "MARKER", "PreemptionCheck", "PreemptionFlag", "clear_marker", "write_marker"]
 

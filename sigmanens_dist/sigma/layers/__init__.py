@@ -1,9 +1,9 @@
 """Member-vectorised σ normalization layers and the flat parameter store they share."""
 
-from sigmanens_dist.layers.batchnorm import SigmaBatchNorm
-from sigmanens_dist.layers.groupnorm import SigmaGroupNorm
-from sigmanens_dist.layers.layernorm import SigmaLayerNorm, SigmaLayerNorm2d
-from sigmanens_dist.layers.registry import (
+from sigmanens_dist.sigma.layers.batchnorm import SigmaBatchNorm
+from sigmanens_dist.sigma.layers.groupnorm import SigmaGroupNorm
+from sigmanens_dist.sigma.layers.layernorm import SigmaLayerNorm, SigmaLayerNorm2d
+from sigmanens_dist.sigma.layers.registry import (
     SHARED_BY_DEFAULT,
     SUPPORTED,
     looks_like_norm,
@@ -11,9 +11,9 @@ from sigmanens_dist.layers.registry import (
     sigma_class_for,
     supported_names,
 )
-from sigmanens_dist.layers.rmsnorm import SigmaRmsNorm, SigmaRmsNorm2d
-from sigmanens_dist.layers.sigma_norm import SigmaNorm
-from sigmanens_dist.layers.store import LayerSlot, SigmaStore
+from sigmanens_dist.sigma.layers.rmsnorm import SigmaRmsNorm, SigmaRmsNorm2d
+from sigmanens_dist.sigma.layers.sigma_norm import SigmaNorm
+from sigmanens_dist.sigma.layers.store import LayerSlot, SigmaStore
 
 __all__ = [
     "SHARED_BY_DEFAULT",

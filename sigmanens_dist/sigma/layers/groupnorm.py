@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sigmanens_dist.layers.layernorm import SigmaLayerNorm
-from sigmanens_dist.layers.sigma_norm import SigmaNorm
+from sigmanens_dist.sigma.layers.layernorm import SigmaLayerNorm
+from sigmanens_dist.sigma.layers.sigma_norm import SigmaNorm
 
 __all__ = ["SigmaGroupNorm"]
 

@@ -2,7 +2,7 @@
 2-process torchrun DDP on CPU as a small study, then compared from the study's own MLflow store: the
 ``sigmanens compare`` table (test-set scores, OOD AUROC against digits) and plots, and reliability diagrams.
 
-    python -m sigmanens_dist.demo [--nproc 2] [--seeds 0] [--out runs/demo] [--config fmnist_small] [key=value …]
+    sigmanens demo [--nproc 2] [--seeds 0] [--out runs/demo] [--config fmnist_small] [key=value …]
 
 The recipe is the reproduction's (``configs/fmnist_small.yaml``, README "Reproduction"), with the per-rank batch
 divided by ``--nproc`` so that the global batch is the one the reproduction measured. Running it again with the same
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from sigmanens_dist.compare import main as compare_main
 from sigmanens_dist.config import load_config
-from sigmanens_dist.metrics import reliability_diagrams
-from sigmanens_dist.study import DEFINITION, load_definition
-from sigmanens_dist.study import main as study_main
+from sigmanens_dist.evaluation.metrics import reliability_diagrams
+from sigmanens_dist.experiments.compare import main as compare_main
+from sigmanens_dist.experiments.study import DEFINITION, load_definition
+from sigmanens_dist.experiments.study import main as study_main
 
 RECIPE = "fmnist_small"
 

@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from sigmanens_dist.strategies.base import Strategy
+from sigmanens_dist.distributed.strategies.base import Strategy
 
 __all__ = ["DDPStrategy"]
 

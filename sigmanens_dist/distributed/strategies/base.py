@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from sigmanens_dist.distributed import DistEnv
-from sigmanens_dist.ema import EMA, ShardedEMA
+from sigmanens_dist.distributed.env import DistEnv
+from sigmanens_dist.training.ema import EMA, ShardedEMA
 
 __all__ = ["OptimizerFactory", "Strategy"]
 

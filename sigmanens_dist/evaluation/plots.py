@@ -1,6 +1,6 @@
 """The evaluation's pictures (PNG, matplotlib's object API: no global pyplot state, safe in any process).
 
-The reliability diagram lives in ``sigmanens_dist.metrics`` (the training loop draws it too)."""
+The reliability diagram lives in ``sigmanens_dist.evaluation.metrics`` (the training loop draws it too)."""
 
 from __future__ import annotations
 

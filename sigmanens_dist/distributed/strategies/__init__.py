@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sigmanens_dist.distributed import DistEnv
+from sigmanens_dist.distributed.env import DistEnv
+from sigmanens_dist.distributed.strategies.base import OptimizerFactory, Strategy
+from sigmanens_dist.distributed.strategies.ddp import DDPStrategy
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.strategies.base import OptimizerFactory, Strategy
-from sigmanens_dist.strategies.ddp import DDPStrategy
 
 __all__ = ["STRATEGIES", "DDPStrategy", "OptimizerFactory", "Strategy", "build_strategy", "strategy_options"]
 
@@ -21,11 +21,11 @@ def build_strategy(name: str, env: DistEnv, *, amp: str = "none", options: dict[
     if name == "ddp":
         return DDPStrategy(env, amp=amp, **options)
     if name == "fsdp":
-        from sigmanens_dist.strategies.fsdp import FSDPStrategy
+        from sigmanens_dist.distributed.strategies.fsdp import FSDPStrategy
 
         return FSDPStrategy(env, amp=amp, **options)
     if name == "deepspeed":
-        from sigmanens_dist.strategies.deepspeed import DeepSpeedStrategy
+        from sigmanens_dist.distributed.strategies.deepspeed import DeepSpeedStrategy
 
         return DeepSpeedStrategy(env, amp=amp, **options)
     raise UsageError(f"strategy.name={name!r} is not available; available: {', '.join(map(repr, STRATEGIES))}")

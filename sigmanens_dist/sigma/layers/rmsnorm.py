@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from timm.layers.fast_norm import rms_norm2d
 from torch import nn
 
-from sigmanens_dist.layers.layernorm import SigmaLayerNorm
+from sigmanens_dist.sigma.layers.layernorm import SigmaLayerNorm
 
 __all__ = ["SigmaRmsNorm", "SigmaRmsNorm2d"]
 

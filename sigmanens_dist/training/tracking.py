@@ -222,7 +222,7 @@ def _dataset_input(params: dict[str, Any]) -> Any:
     from mlflow.data.meta_dataset import MetaDataset
 
     data = {k.removeprefix("data."): v for k, v in params.items() if k.startswith("data.")}
-    from sigmanens_dist.datasets import DATASETS, resolve_root
+    from sigmanens_dist.data.datasets import DATASETS, resolve_root
 
     name, root = str(data.get("dataset", "unknown")), data.get("root")
     if name in DATASETS:  # a dataset's default root (Fashion-MNIST's Debian folder) when none is set
@@ -259,10 +259,10 @@ def set_status(run_dir: Path, status: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sigmanens_dist.tracking set-status RUN_DIR STATUS`` (what slurm/common.sh calls on giving up)."""
+    """``python -m sigmanens_dist.training.tracking set-status RUN_DIR STATUS`` (slurm/common.sh, on giving up)."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m sigmanens_dist.tracking")
+    ap = argparse.ArgumentParser(prog="python -m sigmanens_dist.training.tracking")
     ap.add_argument("command", choices=["set-status"])
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("status", choices=["FAILED", "KILLED", "FINISHED"])

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sigmanens_dist.layers.sigma_norm import SigmaNorm
+from sigmanens_dist.sigma.layers.sigma_norm import SigmaNorm
 
 __all__ = ["SigmaBatchNorm"]
 

@@ -31,13 +31,13 @@ from torch.utils.data import DataLoader, Dataset
 
 from sigmanens_dist.config import Config, EvalConfig
 from sigmanens_dist.data.corruptions import CORRUPTIONS, corrupt
-from sigmanens_dist.datasets import DATASETS
-from sigmanens_dist.distributed import DistEnv
-from sigmanens_dist.ensemble import SigmaEnsemble, map_tensors
-from sigmanens_dist.eval.load import method_of
-from sigmanens_dist.layers import SigmaStore
-from sigmanens_dist.metrics import SampleMetrics, ood_detection
+from sigmanens_dist.data.datasets import DATASETS
+from sigmanens_dist.distributed.env import DistEnv
+from sigmanens_dist.evaluation.load import method_of
+from sigmanens_dist.evaluation.metrics import SampleMetrics, ood_detection
 from sigmanens_dist.progress import progress
+from sigmanens_dist.sigma.convert import SigmaEnsemble, map_tensors
+from sigmanens_dist.sigma.layers import SigmaStore
 
 __all__ = ["OOD_SETS", "check_options", "flat_metrics", "layer_importances", "markdown", "run_eval", "score_pass",
            "sub_ensemble"]
@@ -351,8 +351,8 @@ def _ood(model: nn.Module, in_scores: dict[str, torch.Tensor], batches: Callable
 # -- outputs -------------------------------------------------------------------------------------------------------
 def _plots(out_dir: Path, variant: str, model: nn.Module, scores: dict[str, torch.Tensor], part: dict[str, Any]
            ) -> list[Path]:
-    from sigmanens_dist.eval import plots
-    from sigmanens_dist.metrics import reliability_diagrams_from_confidence
+    from sigmanens_dist.evaluation import plots
+    from sigmanens_dist.evaluation.metrics import reliability_diagrams_from_confidence
 
     files = [reliability_diagrams_from_confidence({f"ensemble ({variant} weights)": (scores["confidence"].cpu(),
                                                                                      scores["correct"].cpu())},
@@ -445,7 +445,7 @@ def flat_metrics(report: dict[str, Any]) -> dict[str, float]:
 def _log_mlflow(cfg: Config, run_id: str, report: dict[str, Any], files: list[Path], step: int,
                 checkpoint: Path | None) -> None:
     """Metrics and files into the training run's MLflow run; a failure is a warning (the files are on disk)."""
-    from sigmanens_dist.tracking import default_tracking_uri
+    from sigmanens_dist.training.tracking import default_tracking_uri
 
     run_dir = checkpoint.parent.parent if checkpoint is not None else Path(cfg.run_dir)
     uri = default_tracking_uri(run_dir, cfg.tracking.uri)

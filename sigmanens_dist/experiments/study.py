@@ -28,8 +28,8 @@ from typing import Any
 import yaml
 
 from sigmanens_dist.config import Config, ConfigError, RegConfig, load_config, recipe_path
-from sigmanens_dist.preemption import EXIT_PREEMPTED, MARKER
-from sigmanens_dist.tracking import PARENT_TAG, default_tracking_uri, ensure_experiment
+from sigmanens_dist.training.preemption import EXIT_PREEMPTED, MARKER
+from sigmanens_dist.training.tracking import PARENT_TAG, default_tracking_uri, ensure_experiment
 
 __all__ = ["KINDS", "LAMBDA_POLICIES", "METHODS", "Child", "Method", "StudyError", "build_definition", "child_state",
            "main", "run_one"]

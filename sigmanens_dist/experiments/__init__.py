@@ -1,0 +1,2 @@
+"""Runs of many runs: ``sigmanens study`` (grids of child runs), ``sigmanens compare`` (tables and plots from
+MLflow) and the embedded demo."""
