@@ -62,7 +62,7 @@ def _zero_master_bytes(strategy) -> int:
 def _run(name: str, args: argparse.Namespace, env, out: dict) -> None:
     from sigmanens_dist import convert_to_sigma_ensemble
     from sigmanens_dist.distributed.strategies import build_strategy
-    from sigmanens_dist.training.checkpoint import FOLDER_KEY
+    from sigmanens_dist.distributed.strategies.base import FOLDER_KEY
 
     stage = int(name[-1]) if name.startswith("zero") else None
     options = {"zero_stage": stage, "per_rank_batch": args.batch} if stage else {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _params(argv: Sequence[str]) -> int:
@@ -52,9 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not rest or rest[0] != "convert":
             print("usage: sigmanens data convert --help", file=sys.stderr)
             return 2
-        from sigmanens_dist.data.convert import main as convert_main
-
-        return convert_main(rest[1:])
+        return _data_convert(rest[1:])
     if cmd == "study":
         from sigmanens_dist.experiments.study import main as study_main
 
@@ -78,6 +77,62 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sigmanens_dist.experiments.demo import main as demo_main
 
     return demo_main(rest)
+
+
+DATA_CONVERT_USAGE = """Write a dataset as FFCV .beton files or webdataset shards (train, val, test), in the layout
+training reads with data.format=ffcv|webdataset.
+
+    sigmanens data convert --dataset imagenet --root /data/imagenet --format ffcv --out /data/imagenet_ffcv \\
+        --max-resolution 500 --jpeg-quality 90 --compress-probability 0.5
+    sigmanens data convert --dataset fashion_mnist --format webdataset --out /data/fmnist_wds --max-count 5000
+    sigmanens data convert --dataset sst2 --root /data/SST-2 --format webdataset --out /data/sst2_wds --max-count 8000
+"""
+
+
+def _data_convert(argv: Sequence[str]) -> int:
+    """``sigmanens data convert``: the options are checked as a training run's config (the same validation and
+    missing-path errors), then :func:`sigmanens_dist.data.convert.convert` writes the format."""
+    from sigmanens_dist.config import load_config
+    from sigmanens_dist.data.convert import convert, fraction_or_count
+    from sigmanens_dist.data.datasets import convertible
+
+    ap = argparse.ArgumentParser(prog="sigmanens data convert", description=DATA_CONVERT_USAGE,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", required=True, choices=sorted(convertible()))
+    ap.add_argument("--root", type=Path, help="the dataset in its native format (default: the dataset's default)")
+    ap.add_argument("--format", required=True, choices=["ffcv", "webdataset"])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--max-count", type=int, default=10_000, help="webdataset: samples per shard")
+    ap.add_argument("--jpeg-quality", type=int, default=90)
+    ap.add_argument("--max-resolution", type=int, default=500, help="ffcv: cap on the longer image side")
+    ap.add_argument("--compress-probability", type=float, default=0.5, help="ffcv: share stored as JPEG")
+    ap.add_argument("--num-workers", type=int, default=2)
+    ap.add_argument("--train-subset", type=int, help="only the first N training samples")
+    ap.add_argument("--test-subset", type=int, help="only the first N test samples")
+    ap.add_argument("--val-split", type=fraction_or_count, default=0.1,
+                    help="validation carved from the training pool: a fraction in (0, 1), a count, or 0 for none "
+                         "(runs then validate on test: data.val_from_test=true); default 0.1, as data.val_split")
+    ap.add_argument("--split-seed", type=int, default=0, help="seed of the carved split (data.split_seed); default 0")
+    a = ap.parse_args(argv)
+    cfg = load_config(None, convert_overrides(a.dataset, a.root, a.train_subset, a.test_subset, a.val_split,
+                                              a.split_seed))
+    out = convert(cfg.data, cfg.data_root(), a.format, a.out, max_count=a.max_count, jpeg_quality=a.jpeg_quality,
+                  max_resolution=a.max_resolution, compress_probability=a.compress_probability,
+                  num_workers=a.num_workers)
+    split = (f"data.val_split={a.val_split} data.split_seed={a.split_seed}" if a.val_split
+             else "data.val_split=0 data.val_from_test=true")
+    print(f"wrote {a.format} data to {out}; train with data.format={a.format} data.root={out} {split}")
+    return 0
+
+
+def convert_overrides(dataset: str, root: Path | None, train_subset: int | None = None, test_subset: int | None = None,
+                      val_split: float | int = 0.1, split_seed: int = 0) -> list[str]:
+    """The config overrides of a conversion: the raw dataset, its subsets and the split to carve."""
+    return [f"data.dataset={dataset}", "data.format=raw", f"data.train_subset={train_subset or 'null'}",
+            f"data.test_subset={test_subset or 'null'}", f"data.val_split={val_split}", f"data.split_seed={split_seed}",
+            *(["data.val_from_test=true"] if val_split == 0 else []),
+            *(["model.source=hf", "model.name=bert"] if dataset == "sst2" else []),
+            *([f"data.root={root}"] if root else [])]
 
 
 if __name__ == "__main__":

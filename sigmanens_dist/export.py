@@ -13,44 +13,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from sigmanens_dist.errors import EXIT_USAGE, UsageError
-from sigmanens_dist.training.checkpoint import CheckpointManager, resolve_checkpoint
+from sigmanens_dist.training.checkpoint import consolidated_state_dict, resolve_checkpoint
 
-__all__ = ["consolidated_ema", "consolidated_state_dict", "load_model", "main"]
-
-
-def consolidated_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The full model state dict of a checkpoint and the trainer's state saved with it (config, model args…)."""
-    path = Path(path)
-    state = CheckpointManager.read(path)  # refuses an incomplete or foreign checkpoint
-    fmt = state.get("format", "file")
-    if fmt == "file":
-        return state["model"], state
-    if fmt == "dcp":
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-
-        return _load_state_dict_from_keys("model", checkpoint_id=str(path))["model"], state
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    from sigmanens_dist.distributed.strategies.deepspeed import TAG
-
-    return get_fp32_state_dict_from_zero_checkpoint(str(path), tag=TAG), state
-
-
-def consolidated_ema(path: Path, state: dict[str, Any]) -> dict[str, torch.Tensor] | None:
-    """The EMA weights of a checkpoint whose run kept an EMA (in ``trainer.pt``, or with the DCP shards), else None."""
-    if state.get("ema") is not None or state.get("format") != "dcp":
-        return state.get("ema")
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-
-    if not any(k.startswith("ema.") for k in dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata):
-        return None
-    return _load_state_dict_from_keys("ema", checkpoint_id=str(path))["ema"]
+__all__ = ["load_model", "main"]
 
 
 def load_model(path: Path) -> torch.nn.Module:

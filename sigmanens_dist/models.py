@@ -64,8 +64,7 @@ def source_weights(init_from: str | Path) -> Source:
     """The weights ``model.init_from`` names: a run directory (best checkpoint, else newest), a checkpoint file or
     folder of any strategy, or a plain state dict (``sigmanens export``, a timm weights file). A single model's become
     backbone weights (a conversion); an ensemble's stay a whole model's."""
-    from sigmanens_dist.export import consolidated_state_dict
-    from sigmanens_dist.training.checkpoint import resolve_checkpoint
+    from sigmanens_dist.training.checkpoint import consolidated_state_dict, resolve_checkpoint
 
     path, which = resolve_checkpoint(init_from, "model.init_from")
     weights, meta = (consolidated_state_dict(path) if path.is_dir() else

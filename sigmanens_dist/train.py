@@ -35,11 +35,11 @@ from sigmanens_dist.distributed.env import DistEnv, all_gather_object, init_dist
 from sigmanens_dist.distributed.strategies import build_strategy, strategy_options
 from sigmanens_dist.errors import EXIT_USAGE, RunExistsError, UsageError
 from sigmanens_dist.evaluation.metrics import EnsembleMetrics, reliability_diagram
-from sigmanens_dist.methods import member_major, member_train_stream
+from sigmanens_dist.methods import map_tensors, member_major, member_train_stream
 from sigmanens_dist.models import build_model, param_groups
 from sigmanens_dist.progress import progress
-from sigmanens_dist.sigma.convert import map_tensors
 from sigmanens_dist.training.checkpoint import CheckpointManager, capture_rng, resolve_checkpoint, restore_rng
+from sigmanens_dist.training.ema import build_ema
 from sigmanens_dist.training.objective import loss_reduction, member_loss, sigma_lr
 from sigmanens_dist.training.preemption import (
     EXIT_PREEMPTED,
@@ -121,7 +121,7 @@ class Trainer:
         groups = param_groups(self.model, cfg.optim.weight_decay, sigma_lr(cfg, self.model))
         self.optimizer = self.strategy.build_optimizer(groups, lambda groups: _optimizer(cfg, groups))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _warmup_cosine(cfg, self.total_steps))
-        self.ema = self.strategy.build_ema(cfg.train.ema_decay) if cfg.train.ema_decay else None
+        self.ema = build_ema(self.strategy, cfg.train.ema_decay) if cfg.train.ema_decay else None
         self.mixup = _mixup(cfg, self.data.num_classes)
         self.pos, run_id = Position(), None
         if resumed is not None:

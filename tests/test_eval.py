@@ -16,6 +16,7 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 from torch import nn
 from torchmetrics.functional.classification import multiclass_calibration_error
 
+from sigmanens_dist import convert_to_sigma_ensemble
 from sigmanens_dist.config import EvalConfig, load_config
 from sigmanens_dist.data.idx import FASHION_MNIST_ROOT
 from sigmanens_dist.evaluation import load_for_eval, run_eval, sub_ensemble
@@ -32,7 +33,6 @@ from sigmanens_dist.evaluation.metrics import (
 )
 from sigmanens_dist.evaluation.run import score_pass
 from sigmanens_dist.models import build_model
-from sigmanens_dist.sigma.convert import convert_to_sigma_ensemble
 from tests.helpers import run_train
 
 # -- metrics -------------------------------------------------------------------------------------------------------

@@ -12,10 +12,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from sigmanens_dist import convert_to_sigma_ensemble
 from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.data.idx import FASHION_MNIST_MEAN, FASHION_MNIST_STD
-from sigmanens_dist.data.ood import SVHNOOD, DigitsOOD, ood_scores, predictive_entropy
-from sigmanens_dist.sigma.convert import convert_to_sigma_ensemble
+from sigmanens_dist.data.ood import SVHNOOD, DigitsOOD
+from sigmanens_dist.evaluation.metrics import predictive_entropy
+from sigmanens_dist.evaluation.ood import ood_scores
 
 
 class _ConfidenceFromInput(nn.Module):

@@ -30,12 +30,13 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory: pytest.TempPathFactory, source: Path) -> Path:
-    from sigmanens_dist.data.convert import convert
+    from sigmanens_dist.cli import main
 
     out = tmp_path_factory.mktemp("converted")
     for fmt in FORMATS:
         pytest.importorskip(fmt)
-        convert("sst2", source, fmt, out / fmt, max_count=24, num_workers=1, val_split=0)  # 4 training shards of 24
+        assert main(["data", "convert", "--dataset", "sst2", "--root", str(source), "--format", fmt, "--out",
+                     str(out / fmt), "--max-count", "24", "--num-workers", "1", "--val-split", "0"]) == 0  # 4 shards
     return out
 
 

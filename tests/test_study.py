@@ -411,7 +411,7 @@ def test_histories_keep_the_newest_value_of_a_step_logged_twice() -> None:
     from types import SimpleNamespace
 
     from sigmanens_dist.experiments.compare import _sharing_history
-    from sigmanens_dist.sigma.convert import IMPORTANCE_BINS
+    from sigmanens_dist.methods.sigma import IMPORTANCE_BINS
 
     def metric(step: int, value: float, timestamp: int) -> SimpleNamespace:
         return SimpleNamespace(step=step, value=value, timestamp=timestamp)

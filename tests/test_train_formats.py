@@ -27,13 +27,13 @@ COMMON = ["data.dataset=fashion_mnist", "data.num_workers=1", "model.name=resnet
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from sigmanens_dist.data.convert import convert
+    from sigmanens_dist.cli import main
 
     out = tmp_path_factory.mktemp("converted")
     for fmt in ("ffcv", "webdataset"):
         pytest.importorskip(fmt)
-        convert("fashion_mnist", None, fmt, out / fmt, max_count=100, train_subset=800, test_subset=200,
-                val_split=100)
+        assert main(["data", "convert", "--dataset", "fashion_mnist", "--format", fmt, "--out", str(out / fmt),
+                     "--max-count", "100", "--train-subset", "800", "--test-subset", "200", "--val-split", "100"]) == 0
     return out
 
 

@@ -17,7 +17,7 @@ import yaml
 from torch import nn
 
 from sigmanens_dist.config import Config, load_config
-from sigmanens_dist.export import consolidated_ema, consolidated_state_dict
+from sigmanens_dist.training.checkpoint import consolidated_ema, consolidated_state_dict
 
 __all__ = ["EvalCheckpoint", "load_for_eval", "method_of", "model_dims"]
 

@@ -35,8 +35,9 @@ from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.evaluation.load import method_of
 from sigmanens_dist.evaluation.metrics import SampleMetrics, ood_detection
+from sigmanens_dist.methods.base import map_tensors
+from sigmanens_dist.methods.sigma import SigmaEnsemble
 from sigmanens_dist.progress import progress
-from sigmanens_dist.sigma.convert import SigmaEnsemble, map_tensors
 from sigmanens_dist.sigma.layers import SigmaStore
 
 __all__ = ["OOD_SETS", "check_options", "flat_metrics", "layer_importances", "markdown", "run_eval", "score_pass",

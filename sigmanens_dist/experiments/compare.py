@@ -180,7 +180,7 @@ def load_runs(uri: str, *, parent: str | None = None, experiment: str | None = N
 def _sharing_history(client: Any, run_id: str) -> dict[int, tuple[float, list[float]]]:
     """Members on and the σ(γ) histogram at every validation step of a σ run (empty for runs that did not log the
     histogram). A step logged twice (a resumed run re-did it) keeps its newest value."""
-    from sigmanens_dist.sigma.convert import IMPORTANCE_BINS
+    from sigmanens_dist.methods.sigma import IMPORTANCE_BINS
 
     def latest(key: str) -> dict[int, float]:
         return {m.step: m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)}
@@ -598,7 +598,7 @@ def _plot_sharing(groups: list[Group], path: Path) -> Path | None:
     series = [(g, g.runs[min(g.runs)]) for g in groups if g.tau is not None and g.runs[min(g.runs)].sharing_history]
     if not series:
         return None
-    from sigmanens_dist.sigma.convert import IMPORTANCE_BINS
+    from sigmanens_dist.methods.sigma import IMPORTANCE_BINS
 
     fig = Figure(figsize=(3.2 * len(series) + 1, 5.5), layout="constrained")
     axes = fig.subplots(2, len(series), squeeze=False, sharex="col", height_ratios=[1, 2.2])

@@ -11,8 +11,8 @@ packed    Packed-Ensembles: grouped layers, width α, γ sub-groups         ``me
 film      σN-Ens without σ gate and L_div (per-member norms only)         ``methods.film``
 ========  ==============================================================  ===================
 
-The method modules import the σ layers (and ``ensemble.py`` imports :mod:`methods.base`), so the registry is
-built on first use rather than at import.
+A method module is imported when its method is first built (``METHODS`` maps names to modules), so importing
+this package loads none of them.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sigmanens_dist.sigma.convert import SigmaEnsemble, convert_to_sigma_ensemble
+from sigmanens_dist.methods.sigma import SigmaEnsemble, convert_to_sigma_ensemble
 
 __all__ = ["FiLMEnsemble", "build", "convert_to_film_ensemble"]
 

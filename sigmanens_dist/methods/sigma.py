@@ -1,16 +1,165 @@
-"""σN-Ens (the project's method): every norm layer becomes M per-member σ layers over one shared backbone, trained
-with ``reg.lam · L_div(reg.tau)``. The ensemble class itself is :class:`sigmanens_dist.sigma.convert.SigmaEnsemble`."""
+"""σN-Ens (the project's method): every norm layer becomes M per-member σ layers over one shared backbone
+(:mod:`sigmanens_dist.sigma`), run as one batched pass and trained with ``reg.lam · L_div(reg.tau)``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
-from sigmanens_dist.sigma.convert import SigmaEnsemble, convert_to_sigma_ensemble
+from sigmanens_dist.methods.base import EnsembleMethod, Inputs, logits_of, map_tensors
+from sigmanens_dist.sigma.convert import ConversionSummary, convert_norms, count_params
+from sigmanens_dist.sigma.layers import SigmaBatchNorm, SigmaNorm, SigmaStore
+from sigmanens_dist.sigma.regularizer import diversity_loss, members_on
 
-__all__ = ["SigmaEnsemble", "build"]
+__all__ = ["IMPORTANCE_BINS", "SigmaEnsemble", "build", "convert_to_sigma_ensemble"]
+
+IMPORTANCE_BINS = 10  # bins of the σ(γ) histogram logged with every evaluation
+
+
+class SigmaEnsemble(EnsembleMethod):
+    """A shared backbone whose norms are σ layers of M members; all σ state lives in ``self.sigma``.
+
+    ``forward(x)`` replicates a batch ``(B, …)`` for every member and returns member logits ``(M, B, K)`` from ONE
+    batched pass; ``forward_members`` takes an already member-major batch ``(M·B, …)`` (members may see different
+    samples); ``predict`` is the mean of member softmaxes.
+    """
+
+    name = "sigma"
+    # Each member its own batches: the best recipe measured in docs/quality.md (shared batches leave the members one
+    # model, since identical members get identical gradients).
+    default_member_batches = "independent"
+
+    def __init__(self, backbone: nn.Module, sigma: SigmaStore, summary: ConversionSummary | None = None) -> None:
+        super().__init__()
+        self.sigma = sigma  # first, so a mismatched checkpoint is refused before the backbone is touched
+        self.backbone = backbone
+        self._bound_ptr = -1
+        self.rebind()
+        self.summary = summary
+        if summary is not None:
+            summary.params = count_params(self)
+
+    @property
+    def num_members(self) -> int:
+        return self.sigma.num_members
+
+    def sigma_layers(self) -> list[tuple[str, SigmaNorm]]:
+        return [(name, m) for name, m in self.backbone.named_modules() if isinstance(m, SigmaNorm)]
+
+    # -- views survive .to()/.cuda()/load(assign=True): re-expose them whenever the stats buffer moved -------
+    def rebind(self) -> None:
+        """Point every σBatchNorm's named ``running_mean``/``running_var`` views at the current stats buffer."""
+        for _, layer in self.sigma_layers():
+            if isinstance(layer, SigmaBatchNorm) and layer.track_running_stats:
+                layer.rebind_stats()
+        self._bound_ptr = self.sigma.running_stats.data_ptr()
+
+    def _apply(self, fn, recurse: bool = True):
+        out = super()._apply(fn, recurse)
+        self.rebind()
+        return out
+
+    # -- forward ---------------------------------------------------------------------------------------------
+    def forward(self, x: Inputs, *, member_major: bool = False) -> torch.Tensor:
+        """Member logits ``(M, B, K)`` for a batch ``(B, …)`` seen by every member (or a member-major one)."""
+        return self.forward_members(x if member_major else map_tensors(x, self._replicate))
+
+    def forward_members(self, x: Inputs) -> torch.Tensor:
+        """Member logits ``(M, B, K)`` for a member-major batch ``(M·B, …)``."""
+        batch = _batch_size(x)
+        if batch % self.num_members:
+            raise ValueError(f"forward_members: batch size {batch} is not a multiple of num_members="
+                             f"{self.num_members}; pass (M·B, …) member-major inputs, or use forward((B, …))")
+        if self.sigma.running_stats.data_ptr() != self._bound_ptr:
+            self.rebind()
+        out = logits_of(self.backbone(**x) if isinstance(x, Mapping) else self.backbone(x))
+        return out.view(self.num_members, batch // self.num_members, *out.shape[1:])
+
+    def _replicate(self, t: torch.Tensor) -> torch.Tensor:
+        return t.unsqueeze(0).expand(self.num_members, *t.shape).reshape(-1, *t.shape[1:])
+
+    # -- σ state ---------------------------------------------------------------------------------------------
+    def gamma(self, regularized_only: bool = True) -> torch.Tensor:
+        """The ``(M, F)`` importance logits (a view of the flat parameter; differentiable)."""
+        return self.sigma.gamma(regularized_only)
+
+    def importances(self, regularized_only: bool = False) -> torch.Tensor:
+        """``σ(γ)`` of every converted layer (or only the regularised ones), ``(M, F)``."""
+        return torch.sigmoid(self.gamma(regularized_only))
+
+    def diversity_loss(self, tau: float, normalize: str = "none") -> torch.Tensor:
+        """``L_div`` over all regularised layers in one op (multiply by λ yourself); ``normalize`` as in
+        :func:`sigmanens_dist.sigma.regularizer.diversity_loss`."""
+        return diversity_loss(self.gamma(), tau, normalize)
+
+    def aux_loss(self, reg: Any) -> torch.Tensor:
+        """``reg.lam · L_div(reg.tau)``, normalised as ``reg.normalize`` says: the regulariser the training loss
+        adds."""
+        return reg.lam * self.diversity_loss(reg.tau, reg.normalize)
+
+    def extra_metrics(self) -> dict[str, float]:
+        """The measured sharing, and the histogram of the regularised importances σ(γ) over
+        :data:`IMPORTANCE_BINS` equal bins of [0, 1] (fractions of member × feature entries): logged at every
+        evaluation, it is the trajectory that shows τ setting the sharing during training."""
+        hist = torch.histc(self.importances(regularized_only=True).detach().float(), IMPORTANCE_BINS, 0.0, 1.0)
+        hist = hist / hist.sum().clamp_min(1)
+        return {"sharing/members_on": self.sharing()["all"],
+                **{f"sharing/hist/{i}": float(v) for i, v in enumerate(hist.tolist())}}
+
+    def sharing(self, threshold: float = 0.5) -> dict[str, float]:
+        """Measured sharing: mean number of members "on" (σ(γ) > threshold) per feature, per regularised layer,
+        plus ``"all"`` over every regularised feature."""
+        on = members_on(self.gamma(), threshold).float()
+        out = {s.name: on[s.gamma[0]: s.gamma[1]].mean().item() for s in self.sigma.slots if s.regularized}
+        out["all"] = on.mean().item() if on.numel() else float("nan")
+        return out
+
+    def member(self, index: int) -> nn.Module:
+        """Member ``index`` as a plain model of the source architecture (σ(γ) folded into ordinary norms)."""
+        self.check_index(index)
+        memo: dict[int, Any] = {id(layer): layer.plain_member(index) for _, layer in self.sigma_layers()}
+        return copy.deepcopy(self.backbone, memo)
+
+
+def convert_to_sigma_ensemble(
+    model: nn.Module,
+    num_members: int,
+    *,
+    gamma_init_mean: float = 0.0,
+    gamma_init_std: float = 1.0,
+    affine_init: str = "divide",
+    layers: Sequence[str] | None = None,
+    regularize: Sequence[str] | None = None,
+    seed: int | None = 0,
+    inplace: bool = False,
+) -> SigmaEnsemble:
+    """Replace every normalization layer of ``model`` by an M-member σ layer and return the ensemble
+    (:func:`sigmanens_dist.sigma.convert.convert_norms` does the walk).
+
+    Function preserving by default: each member's affine is divided by its random ``σ(γ_m)``, so at conversion every
+    member reproduces ``model``'s eval output while γ starts off the symmetric saddle of ``L_div``.
+
+    Args:
+        gamma_init_mean, gamma_init_std: γ ~ N(mean, std²). A large mean with a small std (e.g. 3, 0.1) starts every
+            member "on" (σ(γ) ≈ 0.95) instead of switching about half of them off.
+        affine_init: ``divide`` (member affine = source affine / σ(γ_m): function preserving) or ``plain`` (member
+            affine = source affine: each member starts at σ(γ_m) × the source). The division makes a member with a
+            small σ(γ) learn its effective scale and shift at only ~σ(γ)² of the rate (up to ×100 slower); ``plain``
+            avoids that when training from scratch, where there is no function to preserve.
+        layers: ``fnmatch`` patterns of module names to convert (default: every norm; an unsupported norm is then an
+            error). Norms not matched stay shared.
+        regularize: patterns of converted layers whose γ enter ``diversity_loss`` (default: all).
+        seed: seed of the γ initialisation (the same on every rank); None draws from torch's global RNG.
+        inplace: modify ``model`` itself instead of a deep copy.
+    """
+    backbone, store, summary = convert_norms(model, num_members, gamma_init_mean=gamma_init_mean,
+                                             gamma_init_std=gamma_init_std, affine_init=affine_init, layers=layers,
+                                             regularize=regularize, seed=seed, inplace=inplace)
+    return SigmaEnsemble(backbone, store, summary)
 
 
 def build(cfg: Any, make_backbone: Callable[[], nn.Module]) -> SigmaEnsemble:
@@ -19,3 +168,13 @@ def build(cfg: Any, make_backbone: Callable[[], nn.Module]) -> SigmaEnsemble:
                                      gamma_init_std=m.gamma_init_std, affine_init=m.affine_init, layers=m.layers,
                                      regularize=cfg.reg.regularize,
                                      seed=cfg.seed, inplace=True)
+
+
+# -- inputs of arbitrary backbones ------------------------------------------------------------------------------
+def _batch_size(x: Inputs) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.shape[0]
+    sizes = {v.shape[0] for v in x.values() if isinstance(v, torch.Tensor)}
+    if len(sizes) != 1:
+        raise ValueError(f"input tensors disagree on the batch size: {sorted(sizes)}")
+    return sizes.pop()

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-__all__ = ["EMA", "ShardedEMA"]
+__all__ = ["EMA", "ShardedEMA", "build_ema"]
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -144,3 +144,12 @@ class ShardedEMA:
             set_model_state_dict(model, state)
             for name, t in _tensors(model, self.names).items():
                 self.shadow[name].copy_(t.detach())
+
+
+def build_ema(strategy: Any, decay: float) -> EMA | ShardedEMA:
+    """The weight average ``strategy`` can keep (after its ``build_optimizer``), handed to it for its checkpoints:
+    shadows of the local shards where parameters are sharded (FSDP2 modules cannot be deep-copied; saved with the
+    DCP shards), else a whole copy of the model."""
+    kind = ShardedEMA if strategy.sharded_parameters else EMA
+    strategy.ema = kind(strategy.model, decay)
+    return strategy.ema

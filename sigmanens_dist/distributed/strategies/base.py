@@ -12,18 +12,28 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from sigmanens_dist.distributed.env import DistEnv
-from sigmanens_dist.training.ema import EMA, ShardedEMA
 
-__all__ = ["OptimizerFactory", "Strategy"]
+__all__ = ["FOLDER_KEY", "OptimizerFactory", "Strategy", "WeightAverage"]
 
 OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
+# Key of the loaded trainer state that names a folder checkpoint's path: the strategy reads its shards from there.
+FOLDER_KEY = "checkpoint_folder"
+
+
+class WeightAverage(Protocol):
+    """What a strategy needs of the run's weight average (``training.ema``, built for it by ``build_ema``): its
+    state in the model's state-dict form, which a folder strategy saves and loads with its shards."""
+
+    def state_dict(self, model: nn.Module) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any], model: nn.Module) -> None: ...
 
 
 class Strategy(ABC):
@@ -35,13 +45,15 @@ class Strategy(ABC):
     name: str = "base"
     #: "file": one ``step_N.pt`` written by rank 0; "dcp" / "deepspeed": a folder every rank writes its shards into.
     checkpoint_format: str = "file"
+    #: Parameters live sharded across ranks (FSDP2): a weight average keeps per-shard shadows, not a model copy.
+    sharded_parameters: ClassVar[bool] = False
 
     def __init__(self, env: DistEnv, *, amp: str = "none") -> None:
         self.env, self.amp = env, amp
         self.model: nn.Module | None = None
         self.wrapped: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
-        self.ema: EMA | ShardedEMA | None = None
+        self.ema: WeightAverage | None = None  # set by training.ema.build_ema
         # fp16 needs loss scaling; bf16 and fp32 do not (a disabled scaler is a pass-through).
         self.scaler = torch.amp.GradScaler(env.device.type, enabled=amp == "fp16")
 
@@ -49,11 +61,6 @@ class Strategy(ABC):
     @abstractmethod
     def wrap(self, model: nn.Module) -> nn.Module:
         """Move to the device and wrap for distributed training; sets and returns ``self.wrapped``."""
-
-    def build_ema(self, decay: float) -> EMA | ShardedEMA:
-        """The weight average this strategy can keep (after ``build_optimizer``): a whole copy of the model here."""
-        self.ema = EMA(self.model, decay)
-        return self.ema
 
     def build_optimizer(self, groups: list[dict[str, Any]], factory: OptimizerFactory) -> torch.optim.Optimizer:
         """The optimiser over this strategy's view of the parameters (``groups`` hold the plain model's)."""

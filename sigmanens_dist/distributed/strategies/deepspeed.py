@@ -38,9 +38,8 @@ import torch
 from torch import nn
 
 from sigmanens_dist.distributed.env import DistEnv
-from sigmanens_dist.distributed.strategies.base import OptimizerFactory, Strategy
+from sigmanens_dist.distributed.strategies.base import FOLDER_KEY, OptimizerFactory, Strategy
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.training.checkpoint import FOLDER_KEY
 
 __all__ = ["DeepSpeedStrategy", "build_ds_config", "merge_config"]
 

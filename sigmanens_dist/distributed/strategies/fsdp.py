@@ -34,10 +34,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from sigmanens_dist.distributed.env import DistEnv
-from sigmanens_dist.distributed.strategies.base import Strategy
+from sigmanens_dist.distributed.strategies.base import FOLDER_KEY, Strategy
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.training.checkpoint import FOLDER_KEY
-from sigmanens_dist.training.ema import ShardedEMA
 
 __all__ = ["FSDPStrategy", "shard_units"]
 
@@ -106,11 +104,6 @@ class FSDPStrategy(Strategy):
                                                                          broadcast_from_rank0=True))
         self.units = [name for name, _ in units]
         return self.wrapped
-
-    def build_ema(self, decay: float) -> ShardedEMA:
-        """Shadows of the local shards (FSDP2 modules cannot be deep-copied); saved in the DCP checkpoint."""
-        self.ema = ShardedEMA(self.model, decay)
-        return self.ema
 
     def _fsdp_modules(self) -> Iterator[nn.Module]:
         from torch.distributed.fsdp import FSDPModule
