@@ -543,7 +543,15 @@ def _parse_yaml(text: str) -> tuple[Any, list[str]]:
         loader.dispose()
 
 
-RECIPES = Path(__file__).resolve().parent / "configs"  # copies of the top-level configs/, shipped as package data
+def _recipes_dir() -> Path:
+    """Where the recipes are: inside the package in an installed wheel (pyproject's force-include copies them there),
+    else the checkout's top-level ``configs/`` (a source tree or an editable install: the one copy)."""
+    package = Path(__file__).resolve().parent
+    shipped = package / "configs"
+    return shipped if shipped.is_dir() else package.parent / "configs"
+
+
+RECIPES = _recipes_dir()
 
 
 def recipe_path(path: str | Path) -> Path:

@@ -60,6 +60,7 @@ def shard_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
 class FSDPStrategy(Strategy):
     name = "fsdp"
     checkpoint_format = "dcp"
+    sharded_parameters = True  # the EMA keeps shadows of the local shards, saved in the DCP checkpoint
 
     def __init__(self, env: DistEnv, *, amp: str = "none", reshard_after_forward: bool = True,
                  replicate: int = 1) -> None:
