@@ -63,38 +63,14 @@ def check_num_members(num_members: int) -> int:
     return num_members
 
 
-def convert_norms(
-    model: nn.Module,
-    num_members: int,
-    *,
-    gamma_init_mean: float = 0.0,
-    gamma_init_std: float = 1.0,
-    affine_init: str = "divide",
-    layers: Sequence[str] | None = None,
-    regularize: Sequence[str] | None = None,
-    seed: int | None = 0,
-    inplace: bool = False,
-) -> tuple[nn.Module, SigmaStore, ConversionSummary]:
+def convert_norms(model: nn.Module, num_members: int, *, gamma_init_mean: float = 0.0, gamma_init_std: float = 1.0,
+                  affine_init: str = "divide", layers: Sequence[str] | None = None,
+                  regularize: Sequence[str] | None = None, seed: int | None = 0, inplace: bool = False
+                  ) -> tuple[nn.Module, SigmaStore, ConversionSummary]:
     """Replace every normalization layer of ``model`` by an M-member σ layer bound to one new flat store; return
-    the backbone, the store and what was converted (:func:`sigmanens_dist.methods.sigma.convert_to_sigma_ensemble`
-    wraps them as the ensemble).
-
-    Function preserving by default: each member's affine is divided by its random ``σ(γ_m)``, so at conversion every
-    member reproduces ``model``'s eval output while γ starts off the symmetric saddle of ``L_div``.
-
-    Args:
-        gamma_init_mean, gamma_init_std: γ ~ N(mean, std²). A large mean with a small std (e.g. 3, 0.1) starts every
-            member "on" (σ(γ) ≈ 0.95) instead of switching about half of them off.
-        affine_init: ``divide`` (member affine = source affine / σ(γ_m): function preserving) or ``plain`` (member
-            affine = source affine: each member starts at σ(γ_m) × the source). The division makes a member with a
-            small σ(γ) learn its effective scale and shift at only ~σ(γ)² of the rate (up to ×100 slower); ``plain``
-            avoids that when training from scratch, where there is no function to preserve.
-        layers: ``fnmatch`` patterns of module names to convert (default: every norm; an unsupported norm is then an
-            error). Norms not matched stay shared.
-        regularize: patterns of converted layers whose γ enter ``diversity_loss`` (default: all).
-        seed: seed of the γ initialisation (the same on every rank); None draws from torch's global RNG.
-        inplace: modify ``model`` itself instead of a deep copy.
-    """
+    the backbone, the store and what was converted. The options are
+    :func:`sigmanens_dist.methods.sigma.convert_to_sigma_ensemble`'s (documented there), which wraps the result as
+    the ensemble."""
     num_members = check_num_members(num_members)
     if not gamma_init_std >= 0:
         raise ValueError(f"gamma_init_std must be ≥ 0, got {gamma_init_std!r}")
