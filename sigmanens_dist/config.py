@@ -80,8 +80,9 @@ class ModelConfig(_Section):
     packed_gamma: int = Field(1, ge=1)  # packed: sub-groups per member γ
     fast_weight_init_std: float = Field(0.5, ge=0, allow_inf_nan=False)  # batch: r, s ~ N(1, std)
     film_init_std: float = Field(0.1, ge=0, allow_inf_nan=False)  # film: member scales = source × N(1, std)
-    # γ ~ N(mean, std²); 3 and 0.1 start every member "on" (σ(γ) ≈ 0.95), see docs/quality.md
-    gamma_init_mean: float = Field(3.0, allow_inf_nan=False)
+    # γ ~ N(mean, std²); 2 and 0.1 start every member "on" (σ(γ) ≈ 0.88) where σ' is still large enough for L_div
+    # to switch members off (at 3, σ'(3) ≈ 0.045, τ did nothing in a trained model): README "Long budget"
+    gamma_init_mean: float = Field(2.0, allow_inf_nan=False)
     gamma_init_std: float = Field(0.1, ge=0, allow_inf_nan=False)
     # divide: member affine = source affine / σ(γ) (function preserving); plain: = source affine;
     # auto: divide for a pretrained backbone, plain from scratch (there is no function to preserve)
@@ -183,8 +184,9 @@ class RegConfig(_Section):
     """The diversity regulariser: ``loss = task + lam * diversity(tau)``."""
 
     tau: float = Field(0.5, gt=0, allow_inf_nan=False)
-    # 0: off, the best measured recipe (docs/quality.md); with normalize=members use λ·M of an unnormalised λ
-    lam: float = Field(0.0, ge=0, allow_inf_nan=False, alias="lambda")
+    # 0.01 with τ = 0.5: the best measured recipe at the long budget (README "Long budget", docs/quality.md); 0 turns
+    # L_div off (τ then does nothing); with normalize=members use λ·M of an unnormalised λ
+    lam: float = Field(0.01, ge=0, allow_inf_nan=False, alias="lambda")
     # L_div as the sum over members and features (none), / M (members) or / (M·F) (mean); see regularizer.py
     normalize: Literal["none", "members", "mean"] = "none"
     regularize: list[str] | None = None  # fnmatch patterns of σ layers the regulariser sees; None: all

@@ -38,7 +38,7 @@ def test_defaults_are_valid() -> None:
     cfg = load_config(None, check_data=False)
     assert cfg == Config()
     assert (cfg.model.name, cfg.model.num_members, cfg.model.method) == ("resnet18", 4, "sigma")
-    assert (cfg.reg.tau, cfg.reg.lam) == (0.5, 0.0)
+    assert (cfg.reg.tau, cfg.reg.lam) == (0.5, 0.01)
     assert (cfg.train.epochs, cfg.train.max_steps) == (1, None)
     assert cfg.run_dir == Path("runs/default") and cfg.optim.betas == (0.9, 0.999)
     assert cfg.data_root() == FASHION_MNIST_ROOT

@@ -78,8 +78,8 @@ LAMBDA_POLICIES = {
     "fixed": "reg.lambda is the same at every M (L_div sums over members, so its weight grows in proportion to M)",
     "per-member": "reg.lambda = λ / M (L_div's weight per member stays constant as M grows)",
 }
-# τ acts only through L_div: a τ sweep on a recipe with λ = 0 (the default one) runs at this documented strength
-# (docs/quality.md) unless --lambdas says otherwise.
+# τ acts only through L_div: a τ sweep on a recipe with λ = 0 runs at this documented strength (the default λ,
+# README "Long budget") unless --lambdas says otherwise.
 TAU_SWEEP_LAMBDA = 0.01
 AXES = ("methods", "members", "taus", "lambdas", "budgets", "seeds")
 
