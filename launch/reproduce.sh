@@ -97,6 +97,11 @@ long_lane2() {  # what the issue's targets need first (single, default σN-Ens, 
   study methods_s0 methods --methods single,sigma,deep,film,batch,packed --members 4 --seeds 0
   for seed in 0 1 2; do study "compute_s$seed" methods --methods single --budgets 4 --seeds "$seed"; done
   for seed in 1 2; do study "baselines_s$seed" methods --methods film,batch,packed --members 4 --seeds "$seed"; done
+  # (f2) the fine-tune on the τ-active recipe (γ ~ N(2, 0.1), τ = 0.5): σN-Ens only, against the continued sources
+  for seed in 0 1 2; do
+    study "finetune05_s$seed" --own-budget methods --methods sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" \
+      reg.tau=0.5 "${TAU_ACTIVE[@]}" "model.init_from=$OUT/methods_s$seed/single-s$seed"
+  done
 }
 start=$SECONDS
 rm -f "$OUT/.failed"
