@@ -76,13 +76,14 @@ TAU_ACTIVE=(model.gamma_init_mean=2 model.gamma_init_std=0.1)
 FINETUNE=(data.test_subset=10000 train.max_steps=625 optim.lr=0.005 schedule.warmup_steps=20 train.eval_every_steps=125
           checkpoint.every_steps=625 reg.lambda=0.01 reg.tau=1 model.gamma_init_mean=0 model.gamma_init_std=1
           tracking.experiment=sigmanens-fmnist-finetune)
-long_lane1() {  # the τ sweep on seed 0, then the sweep's best point (τ = 0.25 on seed 0) on the other seeds
+long_lane1() {  # the τ sweep on seed 0, then its best ECE point (τ = 0.25 on seed 0) on the other seeds
   study tau_s0 tau-sweep --taus 0.05,0.1,0.25,0.5,1,2 --lambdas 0.01 --seeds 0 "${TAU_ACTIVE[@]}"
   for seed in 1 2; do
     study "tau025_s$seed" tau-sweep --taus 0.25 --lambdas 0.01 --seeds "$seed" "${TAU_ACTIVE[@]}"
   done
+  # the rest of the sweep on seeds 1 and 2 (τ = 0.25 is done above), its other promising point (τ = 0.5) first
   for seed in 1 2; do
-    study "tau_s$seed" tau-sweep --taus 0.05,0.1,0.25,0.5,1,2 --lambdas 0.01 --seeds "$seed" "${TAU_ACTIVE[@]}"
+    study "tau_s$seed" tau-sweep --taus 0.5,0.1,0.05,1,2 --lambdas 0.01 --seeds "$seed" "${TAU_ACTIVE[@]}"
   done
 }
 long_lane2() {  # what the targets need first (single, default σN-Ens, Deep Ensemble, fine-tune per seed)
@@ -96,6 +97,11 @@ long_lane2() {  # what the issue's targets need first (single, default σN-Ens, 
   study methods_s0 methods --methods single,sigma,deep,film,batch,packed --members 4 --seeds 0
   for seed in 0 1 2; do study "compute_s$seed" methods --methods single --budgets 4 --seeds "$seed"; done
   for seed in 1 2; do study "baselines_s$seed" methods --methods film,batch,packed --members 4 --seeds "$seed"; done
+  # (f2) the fine-tune on the τ-active recipe (γ ~ N(2, 0.1), τ = 0.5): σN-Ens only, against the continued sources
+  for seed in 0 1 2; do
+    study "finetune05_s$seed" --own-budget methods --methods sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" \
+      reg.tau=0.5 "${TAU_ACTIVE[@]}" "model.init_from=$OUT/methods_s$seed/single-s$seed"
+  done
 }
 start=$SECONDS
 rm -f "$OUT/.failed"
