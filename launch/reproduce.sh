@@ -54,22 +54,25 @@ study() {  # name, [--own-budget,] then the study's arguments; logs to OUT/<name
 # (b) τ sweep at M = 4, λ = 0.01 and (e) λ sweep at M = 4, τ = 0.25 (λ = 0 is the recipe's, in the headline study);
 # then BatchEnsemble and the FiLM ablation at M = 2 and 8. (M = 1 of every method is one network: the single model.)
 NOSHIFT="eval.corruptions=[]"
+# σN-Ens as v0.1 shipped it (λ = 0, τ = 0.25, γ ~ N(3, 0.1)): what these studies measured, and the "v0.1 default"
+# rows of the long budget; the recipe's own defaults are now λ = 0.01, τ = 0.5, γ ~ N(2, 0.1) (README "Long budget").
+V01=(model.gamma_init_mean=3 reg.lambda=0 reg.tau=0.25)
 small_lane1() {
-  study methods methods --methods sigma,single,deep,batch,packed,film --members 4
-  study tau tau-sweep --taus 0.1,0.5,1,2 --lambdas 0.01 "$NOSHIFT"
-  study lambda lambda-sweep --lambdas 0.001,0.01,0.1 "$NOSHIFT"
+  study methods methods --methods sigma,single,deep,batch,packed,film --members 4 "${V01[@]}"
+  study tau tau-sweep --taus 0.1,0.5,1,2 --lambdas 0.01 "$NOSHIFT" model.gamma_init_mean=3
+  study lambda lambda-sweep --lambdas 0.001,0.01,0.1 "$NOSHIFT" model.gamma_init_mean=3 reg.tau=0.25
   study scaling2 methods --methods batch,film --members 2,8
 }
 # The single model at 4× the steps (equal training compute with M = 4); (a) M-scaling of σN-Ens, the Deep Ensemble
 # and Packed-Ensembles at M = 2 and 8, and σN-Ens at M = 16.
 small_lane2() {
   study compute methods --methods single --budgets 4 "$NOSHIFT"
-  study scaling methods --methods sigma,deep,packed --members 2,8
-  study m16 m-scaling --methods sigma --members 16
+  study scaling methods --methods sigma,deep,packed --members 2,8 "${V01[@]}"
+  study m16 m-scaling --methods sigma --members 16 "${V01[@]}"
 }
 # The long budget (issue 18), one seed per study so a partial run is still paired. (b) The τ sweep on the τ-active
-# recipe (docs/quality.md: γ starts on but below saturation, λ = 0.01); its best point on every seed first. (a) The methods at M = 4 (σN-Ens on the
-# default recipe); (f) the fine-tune: seed s's single model converted to σN-Ens M=4 by 625 steps (10 %) at a tenth
+# recipe (docs/quality.md: γ starts on but below saturation, λ = 0.01); its best point on every seed first. (a) The methods at M = 4 (σN-Ens as
+# v0.1 shipped it, V01); (f) the fine-tune: seed s's single model converted to σN-Ens M=4 by 625 steps (10 %) at a tenth
 # of the rate, against the same single model continued for those steps (its own experiment, so compare pairs them);
 # then the single model at 4× the steps and the other baselines for the later seeds.
 TAU_ACTIVE=(model.gamma_init_mean=2 model.gamma_init_std=0.1)
@@ -86,15 +89,15 @@ long_lane1() {  # the τ sweep on seed 0, then its best ECE point (τ = 0.25 on 
     study "tau_s$seed" tau-sweep --taus 0.5,0.1,0.05,1,2 --lambdas 0.01 --seeds "$seed" "${TAU_ACTIVE[@]}"
   done
 }
-long_lane2() {  # what the issue's targets need first (single, default σN-Ens, Deep Ensemble, fine-tune per seed)
+long_lane2() {  # what the issue's targets need first (single, σN-Ens v0.1, Deep Ensemble, fine-tune per seed)
   study finetune_s0 --own-budget methods --methods single,sigma --members 4 --seeds 0 "${FINETUNE[@]}" \
     "model.init_from=$OUT/methods_s0/single-s0"
   for seed in 1 2; do
-    study "methods_s$seed" methods --methods single,sigma,deep --members 4 --seeds "$seed"
+    study "methods_s$seed" methods --methods single,sigma,deep --members 4 --seeds "$seed" "${V01[@]}"
     study "finetune_s$seed" --own-budget methods --methods single,sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" \
       "model.init_from=$OUT/methods_s$seed/single-s$seed"
   done
-  study methods_s0 methods --methods single,sigma,deep,film,batch,packed --members 4 --seeds 0
+  study methods_s0 methods --methods single,sigma,deep,film,batch,packed --members 4 --seeds 0 "${V01[@]}"
   for seed in 0 1 2; do study "compute_s$seed" methods --methods single --budgets 4 --seeds "$seed"; done
   for seed in 1 2; do study "baselines_s$seed" methods --methods film,batch,packed --members 4 --seeds "$seed"; done
   # (f2) the fine-tune on the τ-active recipe (γ ~ N(2, 0.1), τ = 0.5): σN-Ens only, against the continued sources
