@@ -114,8 +114,8 @@ def _data_convert(argv: Sequence[str]) -> int:
                          "(runs then validate on test: data.val_from_test=true); default 0.1, as data.val_split")
     ap.add_argument("--split-seed", type=int, default=0, help="seed of the carved split (data.split_seed); default 0")
     a = ap.parse_args(argv)
-    cfg = load_config(None, convert_overrides(a.dataset, a.root, a.train_subset, a.test_subset, a.val_split,
-                                              a.split_seed))
+    cfg = load_config(None, _convert_overrides(a.dataset, a.root, a.train_subset, a.test_subset, a.val_split,
+                                               a.split_seed))
     out = convert(cfg.data, cfg.data_root(), a.format, a.out, max_count=a.max_count, jpeg_quality=a.jpeg_quality,
                   max_resolution=a.max_resolution, compress_probability=a.compress_probability,
                   num_workers=a.num_workers)
@@ -125,8 +125,8 @@ def _data_convert(argv: Sequence[str]) -> int:
     return 0
 
 
-def convert_overrides(dataset: str, root: Path | None, train_subset: int | None = None, test_subset: int | None = None,
-                      val_split: float | int = 0.1, split_seed: int = 0) -> list[str]:
+def _convert_overrides(dataset: str, root: Path | None, train_subset: int | None, test_subset: int | None,
+                       val_split: float | int, split_seed: int) -> list[str]:
     """The config overrides of a conversion: the raw dataset, its subsets and the split to carve."""
     return [f"data.dataset={dataset}", "data.format=raw", f"data.train_subset={train_subset or 'null'}",
             f"data.test_subset={test_subset or 'null'}", f"data.val_split={val_split}", f"data.split_seed={split_seed}",

@@ -144,8 +144,8 @@ def convert_to_sigma_ensemble(
     member reproduces ``model``'s eval output while γ starts off the symmetric saddle of ``L_div``.
 
     Args:
-        gamma_init_mean, gamma_init_std: γ ~ N(mean, std²). A large mean with a small std (e.g. 3, 0.1) starts every
-            member "on" (σ(γ) ≈ 0.95) instead of switching about half of them off.
+        gamma_init_mean, gamma_init_std: γ ~ N(mean, std²). A positive mean with a small std (the trainer's default
+            2, 0.1) starts every member "on" (σ(γ) ≈ 0.88) instead of switching about half of them off.
         affine_init: ``divide`` (member affine = source affine / σ(γ_m): function preserving) or ``plain`` (member
             affine = source affine: each member starts at σ(γ_m) × the source). The division makes a member with a
             small σ(γ) learn its effective scale and shift at only ~σ(γ)² of the rate (up to ×100 slower); ``plain``
