@@ -95,6 +95,7 @@ def _data_convert(argv: Sequence[str]) -> int:
     from sigmanens_dist.config import load_config
     from sigmanens_dist.data.convert import convert, fraction_or_count
     from sigmanens_dist.data.datasets import convertible
+    from sigmanens_dist.errors import EXIT_USAGE, UsageError
 
     ap = argparse.ArgumentParser(prog="sigmanens data convert", description=DATA_CONVERT_USAGE,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -114,11 +115,15 @@ def _data_convert(argv: Sequence[str]) -> int:
                          "(runs then validate on test: data.val_from_test=true); default 0.1, as data.val_split")
     ap.add_argument("--split-seed", type=int, default=0, help="seed of the carved split (data.split_seed); default 0")
     a = ap.parse_args(argv)
-    cfg = load_config(None, _convert_overrides(a.dataset, a.root, a.train_subset, a.test_subset, a.val_split,
-                                               a.split_seed))
-    out = convert(cfg.data, cfg.data_root(), a.format, a.out, max_count=a.max_count, jpeg_quality=a.jpeg_quality,
-                  max_resolution=a.max_resolution, compress_probability=a.compress_probability,
-                  num_workers=a.num_workers)
+    try:
+        cfg = load_config(None, _convert_overrides(a.dataset, a.root, a.train_subset, a.test_subset, a.val_split,
+                                                   a.split_seed))
+        out = convert(cfg.data, cfg.data_root(), a.format, a.out, max_count=a.max_count,
+                      jpeg_quality=a.jpeg_quality, max_resolution=a.max_resolution,
+                      compress_probability=a.compress_probability, num_workers=a.num_workers)
+    except UsageError as err:  # the user's to fix: the message alone, exit 2 (errors.py)
+        print(f"sigmanens data convert: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
     split = (f"data.val_split={a.val_split} data.split_seed={a.split_seed}" if a.val_split
              else "data.val_split=0 data.val_from_test=true")
     print(f"wrote {a.format} data to {out}; train with data.format={a.format} data.root={out} {split}")

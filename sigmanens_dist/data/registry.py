@@ -13,6 +13,7 @@ from torchvision.transforms import v2
 
 from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.data.idx import IdxImageDataset
+from sigmanens_dist.errors import UsageError
 
 __all__ = ["DataBundle", "SeededAugment", "SyntheticImages", "build_datasets", "split_indices"]
 
@@ -87,7 +88,7 @@ def split_indices(num_samples: int, val_split: float | int, seed: int) -> tuple[
         return list(range(num_samples)), []
     n_val = max(1, round(val_split * num_samples)) if isinstance(val_split, float) else int(val_split)
     if n_val >= num_samples:
-        raise ValueError(f"data.val_split={val_split} takes {n_val} of the {num_samples} training samples, leaving "
+        raise UsageError(f"data.val_split={val_split} takes {n_val} of the {num_samples} training samples, leaving "
                          "none to train on; lower data.val_split (or raise data.train_subset)")
     # Its own stream, offset from the seed so the split does not follow the first epoch's shuffle.
     perm = torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed + 0x5EED))
