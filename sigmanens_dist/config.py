@@ -211,6 +211,8 @@ class OptimConfig(_Section):
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW only
     # lr multiplier of the σ store (γ, member affines); num_members: M, which undoes the 1/M of a member-mean loss
     sigma_lr_scale: float | Literal["num_members"] = "num_members"
+    # lr multiplier of BatchEnsemble's fast weights r, s (uncertainty-baselines: 0.5 for ResNet-32x4, 1 for WRN-28-10)
+    fast_weight_lr_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
 
     @field_validator("sigma_lr_scale")
     @classmethod
@@ -464,6 +466,14 @@ class Config(_Section):
         if self.strategy.name != "ddp" and self.train.amp == "fp16":
             raise _cross_field("train.amp", f"fp16 loss scaling is not supported with strategy.name="
                                             f"{self.strategy.name}; use bf16", self.train.amp)
+        return self
+
+    @model_validator(mode="after")
+    def _fast_weights_need_batch(self) -> Config:
+        if self.model.method != "batch" and self.optim.fast_weight_lr_scale != 1:
+            raise _cross_field("optim.fast_weight_lr_scale", "applies to model.method=batch only (its fast weights),"
+                                                             f" not {self.model.method!r}",
+                               self.optim.fast_weight_lr_scale)
         return self
 
     @model_validator(mode="after")

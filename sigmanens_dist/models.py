@@ -153,7 +153,8 @@ def _hf_backbone(model_cfg: Any, num_labels: int, vocab_size: int | None) -> nn.
     return backbone
 
 
-def param_groups(model: nn.Module, weight_decay: float, sigma_lr: float | None = None) -> list[dict[str, Any]]:
+def param_groups(model: nn.Module, weight_decay: float, sigma_lr: float | None = None,
+                 fast_lr: float | None = None) -> list[dict[str, Any]]:
     """Weight decay on shared weights only: none on the σ store (by type: decaying γ would pull every importance to
     σ(0)=½ and fight the regulariser), on plain norm layers, on biases, or on what a module names in its
     ``no_weight_decay()`` (timm ViT's ``pos_embed`` and ``cls_token``, as timm's optimizer factory does).
@@ -161,6 +162,7 @@ def param_groups(model: nn.Module, weight_decay: float, sigma_lr: float | None =
     ``sigma_lr`` (the peak rate × ``optim.sigma_lr_scale``) puts the σ store in a group of its own with that rate:
     under a member-mean loss each member's γ and affine get 1/M of the gradient, and ``sigma_lr = M·lr`` gives them a
     single model's rate back without touching the shared weights. None keeps the two-group layout (and resumes).
+    ``fast_lr`` does the same for what the method names in ``fast_weights()`` (BatchEnsemble's r, s), undecayed.
     """
     store: set[int] = set()
     no_decay: set[int] = set()
@@ -174,11 +176,17 @@ def param_groups(model: nn.Module, weight_decay: float, sigma_lr: float | None =
             for name in module.no_weight_decay():
                 no_decay.update(id(p) for n, p in named.items() if n == name or n.startswith(f"{name}."))
     own = store if sigma_lr is not None else set()
-    decay, other, sigma = [], [], []
+    fast_names = model.fast_weights() if fast_lr is not None and callable(getattr(model, "fast_weights", None)) \
+        else set()
+    fast_ids = {id(p) for n, p in model.named_parameters() if n in fast_names}
+    decay, other, sigma, fast = [], [], [], []
     for p in model.parameters():
         if p.requires_grad:
-            (sigma if id(p) in own else other if id(p) in no_decay or p.ndim <= 1 else decay).append(p)
+            (sigma if id(p) in own else fast if id(p) in fast_ids else other if id(p) in no_decay or p.ndim <= 1
+             else decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
     if sigma:
         groups.append({"params": sigma, "weight_decay": 0.0, "lr": sigma_lr})
+    if fast:
+        groups.append({"params": fast, "weight_decay": 0.0, "lr": fast_lr})
     return groups

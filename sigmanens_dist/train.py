@@ -40,7 +40,7 @@ from sigmanens_dist.models import build_model, param_groups
 from sigmanens_dist.progress import progress
 from sigmanens_dist.training.checkpoint import CheckpointManager, capture_rng, resolve_checkpoint, restore_rng
 from sigmanens_dist.training.ema import build_ema
-from sigmanens_dist.training.objective import loss_reduction, member_loss, sigma_lr
+from sigmanens_dist.training.objective import fast_weight_lr, loss_reduction, member_loss, sigma_lr
 from sigmanens_dist.training.preemption import (
     EXIT_PREEMPTED,
     PreemptionCheck,
@@ -118,7 +118,7 @@ class Trainer:
                                        options=strategy_options(cfg, elastic=elastic))
         self.wrapped = self.strategy.wrap(model)
         self.model = self.strategy.model
-        groups = param_groups(self.model, cfg.optim.weight_decay, sigma_lr(cfg, self.model))
+        groups = param_groups(self.model, cfg.optim.weight_decay, sigma_lr(cfg, self.model), fast_weight_lr(cfg))
         self.optimizer = self.strategy.build_optimizer(groups, lambda groups: _optimizer(cfg, groups))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _warmup_cosine(cfg, self.total_steps))
         self.ema = build_ema(self.strategy, cfg.train.ema_decay) if cfg.train.ema_decay else None

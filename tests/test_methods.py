@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from pathlib import Path
 
 import pytest
 import timm
@@ -20,7 +21,9 @@ from sigmanens_dist.methods.deep import DeepEnsemble
 from sigmanens_dist.methods.film import convert_to_film_ensemble
 from sigmanens_dist.methods.packed import MIN_CHANNELS_PER_GROUP, convert_to_packed_ensemble
 from sigmanens_dist.models import build_model, param_groups
+from sigmanens_dist.train import run
 from sigmanens_dist.training.objective import member_loss
+from tests.helpers import SYNTHETIC, final_state
 
 VIT = ["model.name=vit_tiny_patch16_224", "model.kwargs.img_size=16", "model.kwargs.patch_size=4",
        "model.kwargs.depth=2", "model.kwargs.embed_dim=48", "model.kwargs.num_heads=2"]
@@ -185,6 +188,26 @@ def test_batch_ensemble_parameters_init_and_weight_decay() -> None:
     assert len(be.no_weight_decay()) == 2 * len(layers) + biased
     assert all(id(names[n]) in no_decay for n in be.no_weight_decay())
     assert id(be.be_layers()[0][1].base.weight) not in no_decay
+
+
+def test_fast_weight_lr_scale_gives_r_and_s_their_own_undecayed_rate(tmp_path: Path) -> None:
+    be = _build("batch", RESNET, 2)
+    layers = [layer for _, layer in be.be_layers()]
+    groups = param_groups(be, 5e-4, fast_lr=0.05)
+    assert len(groups) == 3 and groups[2]["lr"] == 0.05 and groups[2]["weight_decay"] == 0
+    assert {id(p) for p in groups[2]["params"]} == {id(p) for layer in layers for p in (layer.r, layer.s)}
+    assert sum(len(g["params"]) for g in groups) == len(list(be.parameters()))  # biases keep the shared rate
+    assert len(param_groups(be, 5e-4)) == 2  # scale 1 (the default): the groups earlier checkpoints hold
+    # through the trainer: the scheduler scales the group from optim.lr × scale
+    cfg = load_config(None, [*RESNET, "model.method=batch", "model.num_members=2", "optim.lr=0.1",
+                             "optim.fast_weight_lr_scale=0.5", *SYNTHETIC, "train.batch_size=4", "train.max_steps=1",
+                             "eval.at_end=false", "tracking.enabled=false", f"run_dir={tmp_path}"])
+    assert run(cfg) == 0
+    saved = final_state(tmp_path, "optimizer")["param_groups"]
+    assert len(saved) == 3 and saved[2]["initial_lr"] == pytest.approx(0.05) and saved[2]["weight_decay"] == 0
+    assert len(saved[2]["params"]) == 2 * len(layers)
+    with pytest.raises(ConfigError, match=r"optim.fast_weight_lr_scale.*model.method=batch only"):
+        load_config(None, ["optim.fast_weight_lr_scale=0.5"], check_data=False)
 
 
 # -- Packed-Ensembles ------------------------------------------------------------------------------------------------

@@ -64,6 +64,10 @@ class EnsembleMethod(nn.Module):
         the defaults (norm layers, 1-d tensors, and what submodules such as a timm ViT name themselves)."""
         return set()
 
+    def fast_weights(self) -> set[str]:
+        """Names of per-member parameters that ``optim.fast_weight_lr_scale`` applies to (BatchEnsemble's r, s)."""
+        return set()
+
     def extra_metrics(self) -> dict[str, float]:
         """Method-specific numbers logged with every evaluation (σN-Ens: the measured sharing)."""
         return {}

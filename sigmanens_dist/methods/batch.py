@@ -5,8 +5,9 @@ i.e. member m's weight is ``W ⊙ s_m r_m^T``.
 Every ``nn.Linear`` and ``nn.Conv2d`` of the backbone (timm ResNets, ViTs: patch embedding, attention, MLP, head)
 becomes a :class:`BatchEnsembleLayer`; other layers (norms, embeddings, position embeddings) stay shared, as in the
 paper. Fast weights start at ``N(1, model.fast_weight_init_std)`` (0.5 by default: uncertainty-baselines'
-``random_sign_init=-0.5`` and torch-uncertainty's ``BatchLinear``/``BatchConv2d``), get no weight decay, and the
-batch is tiled M× so every member sees every sample (train and eval). Member biases start from the source bias.
+``random_sign_init=-0.5`` and torch-uncertainty's ``BatchLinear``/``BatchConv2d``), get no weight decay and the rate
+``optim.lr × optim.fast_weight_lr_scale``, and the batch is tiled M× so every member sees every sample (train and
+eval). Member biases start from the source bias.
 """
 
 from __future__ import annotations
@@ -137,6 +138,10 @@ class BatchEnsemble(EnsembleMethod):
         the shared weight (uncertainty-baselines and torch-uncertainty exempt them too)."""
         return {f"backbone.{name}.{p}" for name, layer in self.be_layers()
                 for p in ("r", "s", "bias") if getattr(layer, p) is not None}
+
+    def fast_weights(self) -> set[str]:
+        """``r`` and ``s``: the authors scale their rate (edward2's ``fast_weight_lr_multiplier``), not the biases'."""
+        return {f"backbone.{name}.{p}" for name, _ in self.be_layers() for p in ("r", "s")}
 
 
 def convert_to_batch_ensemble(model: nn.Module, num_members: int, init_std: float = 0.5,

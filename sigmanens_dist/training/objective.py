@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["REDUCTIONS", "loss_reduction", "member_loss", "sigma_lr"]
+__all__ = ["REDUCTIONS", "fast_weight_lr", "loss_reduction", "member_loss", "sigma_lr"]
 
 REDUCTIONS = ("mean", "sum")
 Reduction = Literal["mean", "sum"]
@@ -60,4 +60,11 @@ def sigma_lr(cfg: Any, model: nn.Module) -> float | None:
     when it is the shared rate or the model has no σ store (it then stays in the common no-decay group)."""
     scale = cfg.optim.sigma_lr_scale
     scale = model.num_members if scale == "num_members" else scale
+    return None if scale == 1 else cfg.optim.lr * scale
+
+
+def fast_weight_lr(cfg: Any) -> float | None:
+    """Peak learning rate of BatchEnsemble's fast weights (``optim.lr × optim.fast_weight_lr_scale``), or None when
+    it is the shared rate (the group layout of earlier runs, which therefore still resume)."""
+    scale = cfg.optim.fast_weight_lr_scale
     return None if scale == 1 else cfg.optim.lr * scale
