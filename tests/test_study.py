@@ -322,6 +322,28 @@ def test_run_record_reads_what_train_and_eval_log() -> None:
     assert r.severity_ece == pytest.approx({1: 0.2, 2: 0.5})  # mean over corruptions, raw weights only
 
 
+def test_a_methods_own_knobs_away_from_default_make_a_variant_that_compare_keeps_apart() -> None:
+    from types import SimpleNamespace
+
+    from sigmanens_dist.experiments.compare import _record
+
+    def run(name: str, seed: int, acc: float, **params: str) -> RunRecord:
+        info = SimpleNamespace(run_id=f"{name}{seed}", run_name=f"{name}-s{seed}", status="FINISHED")
+        data = SimpleNamespace(params={"model.method": "packed", "model.num_members": "4", "seed": str(seed),
+                                       "model.packed_alpha": "2.0", "model.packed_gamma": "1", **params},
+                               tags={}, metrics={"val/acc": acc})
+        return _record(SimpleNamespace(info=info, data=data))
+
+    records = [run("a2", s, 0.8) for s in (0, 1)] + [run("a3", s, 0.9, **{"model.packed_alpha": "3.0"}) for s in (0, 1)]
+    records += [run("a3g2", 0, 0.7, **{"model.packed_alpha": "3", "model.packed_gamma": "2"})]
+    assert [r.variant for r in records] == ["", "", "α=3", "α=3", "α=3 γ=2"]  # defaults (2, 1) are no variant
+    select_split(records, "val")
+    groups = group_runs(records)
+    assert [(g.label(), len(g.runs)) for g in groups] == [("packed M=4", 2), ("packed (α=3) M=4", 2),
+                                                         ("packed (α=3 γ=2) M=4", 1)]
+    assert groups[1].mean("acc") == pytest.approx(0.9)
+
+
 @pytest.mark.slow
 def test_local_m_scaling_script_runs_the_study_and_compares(tmp_path: Path) -> None:
     """launch/m_scaling_local.sh: slurm/m_scaling.sh's study on this machine, ending in the comparison."""

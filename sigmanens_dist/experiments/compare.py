@@ -32,6 +32,7 @@ import yaml
 from matplotlib.figure import Figure
 from scipy import stats
 
+from sigmanens_dist.config import Config
 from sigmanens_dist.experiments.study import DEFINITION, METHODS, ROLE_TAG
 from sigmanens_dist.training.tracking import PARENT_TAG, ui_hint
 
@@ -74,6 +75,7 @@ class RunRecord:
     lam: float | None
     seed: int
     budget: int = 1  # train.max_steps multiplier of a study's --budgets (1: the recipe's steps)
+    variant: str = ""  # the method's own knobs away from their defaults, e.g. "α=3" (Method.knobs)
     values: dict[str, float] = field(default_factory=dict)  # table columns
     split_values: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> score columns, as logged
     severity_ece: dict[int, float] = field(default_factory=dict)  # corruption severity -> ECE, if logged
@@ -82,8 +84,8 @@ class RunRecord:
     sharing_history: dict[int, tuple[float, list[float]]] = field(default_factory=dict)
 
     @property
-    def key(self) -> tuple[str, int, float | None, float | None, int]:
-        return self.method, self.members, self.tau, self.lam, self.budget
+    def key(self) -> tuple[str, str, int, float | None, float | None, int]:
+        return self.method, self.variant, self.members, self.tau, self.lam, self.budget
 
 
 @dataclass
@@ -96,6 +98,7 @@ class Group:
     lam: float | None
     budget: int
     runs: dict[int, RunRecord]
+    variant: str = ""
 
     def values(self, column: str) -> np.ndarray:
         return np.array([r.values[column] for r in self.runs.values() if column in r.values], dtype=float)
@@ -108,8 +111,13 @@ class Group:
         v = self.values(column)
         return float(v.std(ddof=1)) if len(v) > 1 else math.nan
 
+    @property
+    def name(self) -> str:
+        """The method, with its variant if any: ``packed (α=3)``."""
+        return f"{self.method} ({self.variant})" if self.variant else self.method
+
     def label(self) -> str:
-        parts = [self.method] + ([f"M={self.members}"] if _uses(self.method, "members") else [])
+        parts = [self.name] + ([f"M={self.members}"] if _uses(self.method, "members") else [])
         parts += [f"τ={self.tau:g}"] if self.tau is not None else []
         parts += [f"λ={self.lam:g}"] if self.lam is not None else []
         parts += [f"{self.budget}× steps"] if self.budget != 1 else []
@@ -275,7 +283,26 @@ def _record(run: Any) -> RunRecord:
         if all(s in by for s in SHIFT_SEVERITIES):
             values[f"{score}_shift"] = float(np.mean([by[s] for s in SHIFT_SEVERITIES]))
     return RunRecord(run.info.run_id, run.info.run_name, run.info.status, method, members, tau, lam,
-                     int(params.get("seed", 0)), budget, values, split_values, severity["ece"], severity["nll"])
+                     int(params.get("seed", 0)), budget, _variant(method, params), values, split_values,
+                     severity["ece"], severity["nll"])
+
+
+def _variant(method: str, params: dict[str, str]) -> str:
+    """The method's knobs (``Method.knobs``) that the run set away from the config's defaults, as ``α=3 γ=2``."""
+    spec = METHODS.get(method)
+    parts = []
+    for key, short in (spec.knobs if spec else {}).items():
+        value, default = _float(params.get(key)), _config_default(key)
+        if value is not None and value != default:
+            parts.append(f"{short}={value:g}")
+    return " ".join(parts)
+
+
+def _config_default(dotted: str) -> Any:
+    node: Any = Config()
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
 
 
 def select_split(records: list[RunRecord], split: str) -> str:
@@ -309,13 +336,13 @@ def _float(text: str | None) -> float | None:
 def group_runs(records: list[RunRecord]) -> list[Group]:
     groups: dict[tuple[Any, ...], Group] = {}
     for r in records:
-        g = groups.setdefault(r.key, Group(r.method, r.members, r.tau, r.lam, r.budget, {}))
+        g = groups.setdefault(r.key, Group(r.method, r.members, r.tau, r.lam, r.budget, {}, r.variant))
         g.runs[r.seed] = r
     order = {m: i for i, m in enumerate(METHODS)}
 
     def sort_key(g: Group) -> tuple[Any, ...]:
-        return (order.get(g.method, len(order)), g.method, g.budget, g.members, -1 if g.tau is None else g.tau,
-                -1 if g.lam is None else g.lam)
+        return (order.get(g.method, len(order)), g.method, g.variant, g.budget, g.members,
+                -1 if g.tau is None else g.tau, -1 if g.lam is None else g.lam)
 
     return sorted(groups.values(), key=sort_key)
 
@@ -427,7 +454,7 @@ def _diff_cell(report: _Report, group: Group, column: str) -> str:
 
 def _axis_cells(g: Group) -> list[str]:
     """Method, M, τ, λ as the table shows them (an axis the method does not have is blank)."""
-    return [g.method, str(g.members) if _uses(g.method, "members") else "1",
+    return [g.name, str(g.members) if _uses(g.method, "members") else "1",
             "" if g.tau is None else f"{g.tau:g}", "" if g.lam is None else f"{g.lam:g}"]
 
 
@@ -498,7 +525,7 @@ def _series(groups: list[Group]) -> dict[str, list[Group]]:
         extra = (f" τ={g.tau:g}" if g.tau is not None else "") + (f" λ={g.lam:g}" if g.lam is not None else "")
         if g.method in budgeted:
             extra += " (steps × budget)"  # the equal-compute line: budget b is drawn at M = b
-        lines[g.method + extra].append(g)
+        lines[g.name + extra].append(g)
     return lines
 
 
@@ -560,12 +587,12 @@ def _plot_pareto(groups: list[Group], path: Path) -> Path | None:
         return None
     fig = Figure(figsize=(7 * len(panels) + 2, 5.5), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(panels)))
-    methods = list(dict.fromkeys(g.method for g in groups))
+    methods = list(dict.fromkeys(g.name for g in groups))
     colors = dict(zip(methods, _colors(len(methods)), strict=True))
     for ax, (column, title) in zip(axes, panels, strict=True):
         points = [(g.mean(column), g.mean("acc"), g) for g in groups if not math.isnan(g.mean(column) + g.mean("acc"))]
         for method in methods:
-            mine = [p for p in points if p[2].method == method]
+            mine = [p for p in points if p[2].name == method]
             if not mine:
                 continue
             ax.scatter([p[0] for p in mine], [p[1] for p in mine], label=method, s=40, color=colors[method])

@@ -48,11 +48,14 @@ class StudyError(ValueError):
 @dataclass(frozen=True)
 class Method:
     """How a method is selected in the trainer config, and which grid axes apply to it (the others collapse to one
-    point: a single model has no M, a method without the σ regulariser no τ or λ)."""
+    point: a single model has no M, a method without the σ regulariser no τ or λ). ``knobs`` are its own config keys
+    (dotted key → short name): runs that set one away from its default are a variant of the method, which
+    ``sigmanens compare`` keeps apart (Packed-Ensembles at α = 2 and α = 3 are two rows, not one)."""
 
     overrides: dict[str, Any]
     members: bool
     regularised: bool
+    knobs: dict[str, str] = field(default_factory=dict)
 
 
 # The one table of methods: a new method is one line here (and its `model.method` value in the config). A method is
@@ -61,9 +64,12 @@ METHODS: dict[str, Method] = {
     "sigma": Method({"model.method": "sigma"}, members=True, regularised=True),
     "single": Method({"model.method": "single"}, members=False, regularised=False),
     "deep": Method({"model.method": "deep"}, members=True, regularised=False),
-    "batch": Method({"model.method": "batch"}, members=True, regularised=False),
-    "packed": Method({"model.method": "packed"}, members=True, regularised=False),
-    "film": Method({"model.method": "film"}, members=True, regularised=False),  # σN-Ens without σ gate or L_div
+    "batch": Method({"model.method": "batch"}, members=True, regularised=False,
+                    knobs={"model.fast_weight_init_std": "init std", "optim.fast_weight_lr_scale": "fast lr×"}),
+    "packed": Method({"model.method": "packed"}, members=True, regularised=False,
+                     knobs={"model.packed_alpha": "α", "model.packed_gamma": "γ"}),
+    "film": Method({"model.method": "film"}, members=True, regularised=False,  # σN-Ens without σ gate or L_div
+                   knobs={"model.film_init_std": "init std"}),
 }
 
 # What each kind sweeps by default; any axis can also be given explicitly (then it is part of the grid too).
