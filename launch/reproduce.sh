@@ -20,34 +20,11 @@ esac
 OUT="$(mkdir -p "${1:-$DEFAULT_OUT}" && cd "${1:-$DEFAULT_OUT}" && pwd)"
 PORT="${SIGMANENS_REPRO_PORT:-5055}"
 CFG=configs/fmnist_small.yaml
-URI="http://127.0.0.1:$PORT"
-export OMP_NUM_THREADS=1 MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false
 
 # One tracking server for both lanes (two processes writing one sqlite file directly would lock it).
-python -m mlflow server --host 127.0.0.1 --port "$PORT" --workers 1 --backend-store-uri "sqlite:///$OUT/mlflow.db" \
-  --artifacts-destination "$OUT/mlartifacts" >"$OUT/server.log" 2>&1 &
-SERVER=$!
-trap 'kill "$SERVER" 2>/dev/null; wait "$SERVER" 2>/dev/null || true' EXIT
-for _ in $(seq 120); do
-  curl -sf "$URI/health" >/dev/null && break
-  kill -0 "$SERVER" 2>/dev/null || { echo "mlflow server failed to start: $OUT/server.log" >&2; exit 1; }
-  sleep 1
-done
-
-study() {  # name, [--own-budget,] then the study's arguments; logs to OUT/<name>.log with its wall-clock time
-  local name=$1 begin=$SECONDS
-  shift
-  echo "[$(date +%T)] study $name: sigmanens study $*"
-  local budget=("${BUDGET_ARGS[@]}")
-  if [ "$1" = --own-budget ]; then budget=(); shift; fi  # the study's overrides set the whole budget (the fine-tune)
-  if nice -n "${SIGMANENS_REPRO_NICE:-0}" sigmanens study "$@" --config "$CFG" --out "$OUT/$name" "tracking.uri=$URI" \
-      "${budget[@]}" >"$OUT/$name.log" 2>&1; then
-    echo "[$(date +%T)] study $name finished in $((SECONDS - begin)) s"
-  else  # the lane goes on; the study's log names the failed children, and running this again retries them
-    echo "[$(date +%T)] study $name FAILED (exit $?) after $((SECONDS - begin)) s: $OUT/$name.log"
-    touch "$OUT/.failed"
-  fi
-}
+source "$ROOT/launch/studies.sh"
+start_tracking
+trap stop_tracking EXIT
 
 # Two lanes of about equal length (one core each). (a) every method at M = 4 (the headline table) and the
 # single model; with its end-of-training evaluation this also gives (c) ECE under corruption and (d) OOD AUROC.

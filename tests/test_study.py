@@ -136,6 +136,10 @@ def test_mini_study_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
     printed = capsys.readouterr().out
     assert printed.count("finished, skipped") == 4 and ": starting" not in printed
     assert len(client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'")) == 4
+    # ... and neither does continuing it from its saved definition (the folder or its study.yaml)
+    assert study_main(["resume", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"resuming 4 children from {out / 'study.yaml'}" in printed and printed.count("finished, skipped") == 4
 
     # 6. The same comparison read through a real tracking server on that store.
     with mlflow_server(out / "mlflow.db") as url:
@@ -167,8 +171,9 @@ def test_changed_grid_in_the_same_folder_is_an_error(tmp_path: Path) -> None:
     again = build_definition("m-scaling", None, {"members": [1, 2], "seeds": [0]}, BASE, tmp_path / "s")
     assert write_definition(again, None) == tmp_path / "s" / "study.yaml"  # the same study: resumed
     other = build_definition("m-scaling", None, {"members": [1, 4], "seeds": [0]}, BASE, tmp_path / "s")
-    with pytest.raises(StudyError, match="defines a different study"):
+    with pytest.raises(StudyError, match=rf"defines a different study .*`sigmanens study resume {tmp_path / 's'}`"):
         write_definition(other, None)
+    assert study_main(["resume", str(tmp_path / "nowhere")]) == 2  # no definition there: one line, exit 2
 
 
 def test_grid_collapses_axes_a_method_does_not_have_and_keeps_the_global_batch(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ child run per grid point, resumable, and defined by one file that a Slurm job ar
 
     sigmanens study m-scaling --config configs/demo.yaml --members 1,2,4,8 --seeds 0,1,2 --out runs/m_scaling
     sigmanens study run-one --definition runs/m_scaling/study.yaml --index 3     (one child: a Slurm array element)
+    sigmanens study resume runs/m_scaling          (continue it as defined, even after its recipe file was edited)
 
 Every grid point is checked with the trainer's own config validation before anything is written or launched. Each
 child runs through the normal trainer (``python -m sigmanens_dist.train``, under torchrun with ``--nproc`` > 1) in
@@ -61,7 +62,9 @@ class Method:
 # The one table of methods: a new method is one line here (and its `model.method` value in the config). A method is
 # offered when the config schema has every key its overrides set.
 METHODS: dict[str, Method] = {
-    "sigma": Method({"model.method": "sigma"}, members=True, regularised=True),
+    "sigma": Method({"model.method": "sigma"}, members=True, regularised=True,
+                    knobs={"model.gamma_init_mean": "γ₀", "model.gamma_init_std": "γ₀ std",
+                           "optim.sigma_lr_scale": "σ lr×"}),
     "single": Method({"model.method": "single"}, members=False, regularised=False),
     "deep": Method({"model.method": "deep"}, members=True, regularised=False),
     "batch": Method({"model.method": "batch"}, members=True, regularised=False,
@@ -317,8 +320,8 @@ def write_definition(definition: dict[str, Any], config: Path | None) -> Path:
         if config is not None and (not base_copy.is_file() or base_copy.read_bytes() != config.read_bytes()):
             differs.append(f"base config ({config} differs from the copy in {base_copy})")
         if differs:
-            raise StudyError(f"{path} defines a different study (differs in: {', '.join(differs)}); resume it with "
-                             "the same arguments or start this one with another --out")
+            raise StudyError(f"{path} defines a different study (differs in: {', '.join(differs)}); continue it as "
+                             f"defined with `sigmanens study resume {out}`, or start this one with another --out")
         return path
     out.mkdir(parents=True, exist_ok=True)
     if config is not None:
@@ -568,6 +571,20 @@ def _list(kind_of: type) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s study] %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    if argv and argv[0] == "resume":
+        ap = argparse.ArgumentParser(prog="sigmanens study resume", description="continue a study from its saved "
+                                     "definition (the base config copied beside it, not the recipe as it is now): "
+                                     "finished children are skipped, interrupted ones resume")
+        ap.add_argument("study", type=Path, help=f"the study folder, or its {DEFINITION}")
+        args = ap.parse_args(argv[1:])
+        path = args.study / DEFINITION if args.study.is_dir() else args.study
+        try:
+            definition = load_definition(path)
+        except StudyError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        print(f"study {definition['name']}: resuming {len(definition['children'])} children from {path}", flush=True)
+        return run_study(definition, path)
     if argv and argv[0] == "run-one":
         ap = argparse.ArgumentParser(prog="sigmanens study run-one", description="run one child of a study "
                                      "(a Slurm array element): skip it if finished, resume it if interrupted")

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Issue 21 at the long budget (README "Long budget"): the baselines as their authors train them, beside the runs of
+# `launch/reproduce.sh OUT long` (same OUT, same MLflow store, so `sigmanens compare` pairs them by seed with the
+# single model). Resumable: run it again and finished children are skipped, interrupted ones resume.
+#   bash bench/long_baselines.sh [OUT]        # OUT defaults to runs/repro_long; one process, niced
+# (1) Packed-Ensembles at M = 8 (α = 2) and at the paper's wider α = 3 (M = 4, 8): where it collapses, with its
+#     parameter count; (2) BatchEnsemble with the authors' fast-weight rate (edward2's ResNet-32x4 recipe: 0.5).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/launch/setup.sh"
+cd "$ROOT"
+OUT="$(mkdir -p "${1:-runs/repro_long}" && cd "${1:-runs/repro_long}" && pwd)"
+PORT="${SIGMANENS_REPRO_PORT:-5077}"
+CFG=configs/fmnist_small.yaml
+BUDGET_ARGS=(train.max_steps=6250 data.test_subset=10000 schedule.warmup_steps=100 train.eval_every_steps=250
+             checkpoint.every_steps=1250)
+export SIGMANENS_REPRO_NICE="${SIGMANENS_REPRO_NICE:-19}"
+source "$ROOT/launch/studies.sh"
+start_tracking  # or reuse the server of a reproduction running on the same OUT
+trap stop_tracking EXIT
+
+for seed in 0 1 2; do
+  study "packed_m8_s$seed" methods --methods packed --members 8 --seeds "$seed"
+  study "packed_a3_s$seed" methods --methods packed --members 4,8 --seeds "$seed" model.packed_alpha=3
+done
+for seed in 0 1 2; do
+  study "batch_fastlr05_s$seed" methods --methods batch --members 4 --seeds "$seed" optim.fast_weight_lr_scale=0.5
+done

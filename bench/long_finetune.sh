@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 18 at the long budget (README "Long budget"): the fine-tuned conversion on 5 paired seeds, and with the σ
+# store at the from-scratch rate. Beside `launch/reproduce.sh OUT long` (same OUT and MLflow store); resumable.
+#   bash bench/long_finetune.sh [OUT]         # OUT defaults to runs/repro_long; one process, niced
+# Seeds 3 and 4 get their source (the single model, 6,250 steps) and the fine-tunes reproduce.sh runs on seeds 0-2:
+# the source continued and the τ = 1, γ ~ N(0, 1) conversion (finetune_s*), the τ = 0.5, γ ~ N(2, 0.1) conversion
+# (finetune05_s*). Then on all five seeds the τ = 0.5 conversion with the σ store (γ, member affines) at 40 × the
+# fine-tune's rate, 0.2: the rate it has when trained from scratch (0.05 × M), so that γ can move within 625 steps.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/launch/setup.sh"
+cd "$ROOT"
+OUT="$(mkdir -p "${1:-runs/repro_long}" && cd "${1:-runs/repro_long}" && pwd)"
+PORT="${SIGMANENS_REPRO_PORT:-5077}"
+CFG=configs/fmnist_small.yaml
+BUDGET_ARGS=()  # each study sets its whole budget
+LONG=(train.max_steps=6250 data.test_subset=10000 schedule.warmup_steps=100 train.eval_every_steps=250
+      checkpoint.every_steps=1250)
+FINETUNE=(data.test_subset=10000 train.max_steps=625 optim.lr=0.005 schedule.warmup_steps=20 train.eval_every_steps=125
+          checkpoint.every_steps=625 reg.lambda=0.01 reg.tau=1 model.gamma_init_mean=0 model.gamma_init_std=1
+          tracking.experiment=sigmanens-fmnist-finetune)
+TAU_ACTIVE=(model.gamma_init_mean=2 model.gamma_init_std=0.1)
+export SIGMANENS_REPRO_NICE="${SIGMANENS_REPRO_NICE:-19}"
+source "$ROOT/launch/studies.sh"
+start_tracking  # or reuse the server of a reproduction running on the same OUT
+trap stop_tracking EXIT
+
+for seed in 3 4; do
+  study "methods_s$seed" methods --methods single --seeds "$seed" "${LONG[@]}"
+  study "finetune_s$seed" methods --methods single,sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" \
+    "model.init_from=$OUT/methods_s$seed/single-s$seed"
+  study "finetune05_s$seed" methods --methods sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" reg.tau=0.5 \
+    "${TAU_ACTIVE[@]}" "model.init_from=$OUT/methods_s$seed/single-s$seed"
+done
+for seed in 0 1 2 3 4; do
+  study "finetune05_sigmalr_s$seed" methods --methods sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" reg.tau=0.5 \
+    "${TAU_ACTIVE[@]}" optim.sigma_lr_scale=40 "model.init_from=$OUT/methods_s$seed/single-s$seed"
+done

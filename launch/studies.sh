@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Sourced by launch/reproduce.sh and bench/long_*.sh: one MLflow server for a folder of studies, and `study`, which
+# runs one `sigmanens study` into OUT/<name> with its log in OUT/<name>.log.
+# The caller sets OUT (absolute), PORT and CFG, and BUDGET_ARGS (overrides every study gets; may be empty).
+
+# Start a tracking server on OUT/mlflow.db unless one already answers on PORT (a lane of the same reproduction);
+# the caller's EXIT trap should call stop_tracking.
+start_tracking() {
+  URI="http://127.0.0.1:$PORT"
+  export OMP_NUM_THREADS=1 MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false
+  SERVER=
+  curl -sf "$URI/health" >/dev/null && return 0
+  python -m mlflow server --host 127.0.0.1 --port "$PORT" --workers 1 --backend-store-uri "sqlite:///$OUT/mlflow.db" \
+    --artifacts-destination "$OUT/mlartifacts" >"$OUT/server.log" 2>&1 &
+  SERVER=$!
+  for _ in $(seq 120); do
+    curl -sf "$URI/health" >/dev/null && return 0
+    kill -0 "$SERVER" 2>/dev/null || { echo "mlflow server failed to start: $OUT/server.log" >&2; return 1; }
+    sleep 1
+  done
+  echo "mlflow server not answering after 120 s: $OUT/server.log" >&2
+  return 1
+}
+
+stop_tracking() {
+  if [ -n "${SERVER:-}" ]; then kill "$SERVER" 2>/dev/null; wait "$SERVER" 2>/dev/null || true; fi
+}
+
+# study NAME [--own-budget] ARGS...: a folder that already holds a study continues it as it was defined (its saved
+# definition and base config; the recipe may have changed since), else the study starts with ARGS, --config CFG and
+# BUDGET_ARGS (--own-budget: ARGS set the whole budget). A failure is reported and touches OUT/.failed; the lane goes on.
+study() {
+  local name=$1 begin=$SECONDS
+  shift
+  local budget=("${BUDGET_ARGS[@]}")
+  if [ "$1" = --own-budget ]; then budget=(); shift; fi
+  local cmd=(sigmanens study "$@" --config "$CFG" --out "$OUT/$name" "tracking.uri=$URI" "${budget[@]}")
+  [ -e "$OUT/$name/study.yaml" ] && cmd=(sigmanens study resume "$OUT/$name")
+  echo "[$(date +%T)] study $name: ${cmd[*]}"
+  if nice -n "${SIGMANENS_REPRO_NICE:-0}" "${cmd[@]}" >>"$OUT/$name.log" 2>&1; then
+    echo "[$(date +%T)] study $name finished in $((SECONDS - begin)) s"
+  else  # the study's log names the failed children, and running this again retries them
+    echo "[$(date +%T)] study $name FAILED (exit $?) after $((SECONDS - begin)) s: $OUT/$name.log"
+    touch "$OUT/.failed"
+  fi
+}
