@@ -40,7 +40,8 @@ study() {
   if nice -n "${SIGMANENS_REPRO_NICE:-0}" "${cmd[@]}" >>"$OUT/$name.log" 2>&1; then
     echo "[$(date +%T)] study $name finished in $((SECONDS - begin)) s"
   else  # the study's log names the failed children, and running this again retries them
-    echo "[$(date +%T)] study $name FAILED (exit $?) after $((SECONDS - begin)) s: $OUT/$name.log"
+    local rc=$?  # before $(date) below resets it
+    echo "[$(date +%T)] study $name FAILED (exit $rc) after $((SECONDS - begin)) s: $OUT/$name.log"
     touch "$OUT/.failed"
   fi
 }
