@@ -2,6 +2,7 @@
 
     python bench/bench_core.py            # all three
     python bench/bench_core.py --only step --model resnet18 --batch 32 --img 32
+    python bench/bench_core.py --only step --device cuda --amp bf16 --batch 128 --img 64      (on a GPU)
 
 1. train step (forward + backward + SGD) of σN-Ens(M) at batch B vs the plain backbone at batch M·B (equal FLOPs;
    goal ≤ 1.15×) and vs a naive loop over M separate member copies at batch B (must be slower than σN-Ens);
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import time
@@ -24,38 +26,54 @@ from torch import nn
 from sigmanens_dist import convert_to_sigma_ensemble, diversity_loss
 
 
-def _interleaved(fns: dict[str, Callable[[], None]], repeats: int, warmup: int = 2) -> dict[str, float]:
-    """Median seconds per call; calls alternate between candidates so machine noise hits all of them alike."""
+def _sync(device: torch.device | None) -> None:
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _interleaved(fns: dict[str, Callable[[], None]], repeats: int, warmup: int = 2,
+                 device: torch.device | None = None) -> dict[str, float]:
+    """Median seconds per call; calls alternate between candidates so machine noise hits all of them alike (on a GPU
+    each call is timed to its kernels' end)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
+            _sync(device)
             t = time.perf_counter()
             fn()
+            _sync(device)
             times[k].append(time.perf_counter() - t)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def _sgd_step(model: nn.Module, params: list[nn.Parameter], loss_fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
+def _sgd_step(model: nn.Module, params: list[nn.Parameter], loss_fn: Callable[[], torch.Tensor],
+              amp: torch.dtype | None = None) -> Callable[[], None]:
     opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    device = params[0].device
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        loss_fn().backward()
+        with torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext():
+            loss = loss_fn()
+        loss.backward()
         opt.step()
 
     return step
 
 
-def bench_step(model_name: str, m: int, batch: int, img: int, repeats: int) -> None:
+def bench_step(model_name: str, m: int, batch: int, img: int, repeats: int, device: torch.device,
+               amp: torch.dtype | None) -> None:
     torch.manual_seed(0)
     src = timm.create_model(model_name, num_classes=10).train()
-    ens = convert_to_sigma_ensemble(src, m).train()
-    members = [copy.deepcopy(src).train() for _ in range(m)]
-    x, xb = torch.randn(batch, 3, img, img), torch.randn(m * batch, 3, img, img)
-    y, yb = torch.randint(0, 10, (batch,)), torch.randint(0, 10, (m * batch,))
+    ens = convert_to_sigma_ensemble(copy.deepcopy(src), m).train().to(device)
+    members = [copy.deepcopy(src).train().to(device) for _ in range(m)]
+    src = src.to(device)
+    x, xb = torch.randn(batch, 3, img, img, device=device), torch.randn(m * batch, 3, img, img, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    yb = torch.randint(0, 10, (m * batch,), device=device)
     ce = nn.functional.cross_entropy
 
     def ens_loss() -> torch.Tensor:
@@ -63,15 +81,16 @@ def bench_step(model_name: str, m: int, batch: int, img: int, repeats: int) -> N
         return ce(logits.flatten(0, 1), y.repeat(m)) + 1e-3 * ens.diversity_loss(0.5)
 
     fns = {
-        f"plain backbone, batch {m * batch}": _sgd_step(src, list(src.parameters()), lambda: ce(src(xb), yb)),
-        f"σN-Ens M={m}, batch {batch}": _sgd_step(ens, list(ens.parameters()), ens_loss),
+        f"plain backbone, batch {m * batch}": _sgd_step(src, list(src.parameters()), lambda: ce(src(xb), yb), amp),
+        f"σN-Ens M={m}, batch {batch}": _sgd_step(ens, list(ens.parameters()), ens_loss, amp),
         f"loop over {m} member copies, batch {batch}": _sgd_step(
             members[0], [p for mm in members for p in mm.parameters()],
-            lambda: sum(ce(mm(x), y) for mm in members)),
+            lambda: sum(ce(mm(x), y) for mm in members), amp),
     }
-    t = _interleaved(fns, repeats)
+    t = _interleaved(fns, repeats, device=device)
     base = next(iter(t.values()))
-    print(f"\n[train step] {model_name} {img}x{img}, threads={torch.get_num_threads()}, median of {repeats}")
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, threads={torch.get_num_threads()}"
+    print(f"\n[train step] {model_name} {img}x{img}, {where}, amp={amp}, median of {repeats}")
     for k, v in t.items():
         print(f"  {k:40s} {v * 1e3:8.1f} ms   ratio vs plain {v / base:5.2f}x")
     names = list(t)
@@ -117,9 +136,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--img", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 … (the train-step benchmark)")
+    ap.add_argument("--amp", choices=["none", "bf16"], default="none", help="autocast of the train-step benchmark")
     args = ap.parse_args()
     if args.only in (None, "step"):
-        bench_step(args.model, args.members, args.batch, args.img, args.repeats)
+        bench_step(args.model, args.members, args.batch, args.img, args.repeats, torch.device(args.device),
+                   torch.bfloat16 if args.amp == "bf16" else None)
     if args.only in (None, "reg"):
         bench_regularizer("resnet50", 16, args.repeats * 5)
     if args.only in (None, "params"):
