@@ -149,3 +149,29 @@ def test_layer_rejects_batch_not_multiple_of_members() -> None:
     _, bn, _ = _build("BatchNorm2d")
     with pytest.raises(ValueError, match=r"expected 6 channels"):
         bn(torch.randn(M * B, 5, 5, 5))
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_forward_pass_computes_the_gated_affines_once_and_equals_the_per_layer_path(gated: bool) -> None:
+    """Inside ``forward_members`` every layer reads the store's once-per-pass affines; outside (activation
+    checkpointing's recompute, a layer called alone) each computes its own: same logits, same gradients."""
+    import timm
+
+    torch.manual_seed(0)
+    ens = convert_to_sigma_ensemble(timm.create_model("resnet10t", num_classes=5), M, gamma_init_mean=0.0,
+                                    gamma_init_std=1.0).train()
+    ens.sigma.gated = gated
+    x = torch.randn(M * B, 3, 16, 16)
+    calls = []
+    original = ens.sigma.gated_affines
+    ens.sigma.gated_affines = lambda: calls.append(1) or original()
+    twin = copy.deepcopy(ens)
+    out = ens.forward_members(x)
+    assert len(calls) == 1 and ens.sigma._pass is None  # once per pass, dropped after it
+    ref = twin.backbone(x)  # no pass: every layer computes its own gated affine
+    torch.testing.assert_close(out.flatten(0, 1), ref, rtol=1e-5, atol=1e-5)  # sigmoid over other spans: ulps
+    (out.square().mean() + ens.diversity_loss(0.5)).backward()
+    (ref.square().mean() + twin.diversity_loss(0.5)).backward()
+    torch.testing.assert_close(ens.sigma.flat.grad, twin.sigma.flat.grad, rtol=1e-4, atol=1e-6)
+    for a, b in zip(ens.backbone.parameters(), twin.backbone.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6)

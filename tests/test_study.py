@@ -165,6 +165,16 @@ def test_invalid_grid_is_refused_before_anything_starts(tmp_path: Path, capsys: 
     assert not out.exists()
 
 
+def test_a_methods_own_knob_is_a_valid_study_override_for_that_method_only(tmp_path: Path) -> None:
+    knob = [*BASE, "model.name=resnet10t", "model.packed_alpha=3"]
+    definition = build_definition("methods", None, {"methods": ["packed"], "members": [4, 8], "seeds": [0]}, knob,
+                                  tmp_path / "a3")
+    assert [c["name"] for c in definition["children"]] == ["packed-M4-s0", "packed-M8-s0"]
+    with pytest.raises(StudyError, match=r"sigma-M4.*\n.*model.packed_alpha: applies to model.method=packed only"):
+        build_definition("methods", None, {"methods": ["packed", "sigma"], "members": [4], "seeds": [0]}, knob,
+                         tmp_path / "mixed")
+
+
 def test_changed_grid_in_the_same_folder_is_an_error(tmp_path: Path) -> None:
     first = build_definition("m-scaling", None, {"members": [1, 2], "seeds": [0]}, BASE, tmp_path / "s")
     write_definition(first, None)

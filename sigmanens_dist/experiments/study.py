@@ -133,8 +133,12 @@ def build_definition(kind: str, config: Path | None, axes: dict[str, list[Any] |
         problems.append(f"--nproc {nproc} must be at least 1")
     if max_backbone_batch is not None and max_backbone_batch < 1:
         problems.append(f"--max-backbone-batch {max_backbone_batch} must be at least 1")
+    # Loaded as the first method given, so a knob of that method (model.packed_alpha=3 for a Packed-only study) is
+    # valid here; each child is validated with its own method below.
+    first = (axes.get("methods") or [None])[0]
+    selected = [f"{k}={v}" for k, v in METHODS[first].overrides.items()] if first in METHODS else []
     try:
-        base = load_config(config, list(overrides))
+        base = load_config(config, [*selected, *overrides])
     except ConfigError as err:
         raise StudyError(f"the base config does not load:\n{err}") from err
 

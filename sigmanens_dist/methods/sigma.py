@@ -76,7 +76,11 @@ class SigmaEnsemble(EnsembleMethod):
                              f"{self.num_members}; pass (M·B, …) member-major inputs, or use forward((B, …))")
         if self.sigma.running_stats.data_ptr() != self._bound_ptr:
             self.rebind()
-        out = logits_of(self.backbone(**x) if isinstance(x, Mapping) else self.backbone(x))
+        self.sigma.begin_pass()
+        try:
+            out = logits_of(self.backbone(**x) if isinstance(x, Mapping) else self.backbone(x))
+        finally:
+            self.sigma.end_pass()
         return out.view(self.num_members, batch // self.num_members, *out.shape[1:])
 
     def _replicate(self, t: torch.Tensor) -> torch.Tensor:

@@ -54,10 +54,13 @@ class SigmaBatchNorm(SigmaNorm):
                 self.num_batches_tracked.add_(1)
                 if self.momentum is None:
                     factor = 1.0 / float(self.num_batches_tracked)
+            # unbind, not scale[m]: its backward is one stack, where M selects would each write a full-size gradient
+            scales = scale.unbind(0)
+            shifts = shift.unbind(0) if shift is not None else [None] * self.num_members
             chunks = x.chunk(self.num_members)
             y = torch.cat([
                 F.batch_norm(chunks[m], None if mean is None else mean[m], None if var is None else var[m],
-                             scale[m], shift[m], True, factor, self.eps)
+                             scales[m], shifts[m], True, factor, self.eps)
                 for m in range(self.num_members)
             ])
         else:

@@ -67,7 +67,10 @@ class SigmaNorm(nn.Module):
 
     def gated_affine(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Member affine with the σ gate folded in: ``(σ(γ)·w, σ(γ)·b)``, each ``(M, C)`` (``(w, b)`` when the store
-        is ungated)."""
+        is ungated); within an ensemble's forward pass, the store's once-per-pass copy."""
+        cached = self.store.pass_affine(self._slot.name)
+        if cached is not None:
+            return cached
         bias = self.bias
         if not self.store.gated:
             return self.weight, bias

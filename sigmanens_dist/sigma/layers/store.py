@@ -8,6 +8,9 @@ Layout of the parameter, shape ``(M, D)``, one row per member::
     row m = [ γ of regularised layers | γ of other layers | weight, bias of layer 0 | weight, bias of layer 1 | … ]
 
 so ``flat[:, :G_reg]`` is the ``(M, F)`` matrix the regulariser needs and ``flat[m]`` is member m's whole state.
+During a forward pass of the ensemble (:meth:`SigmaStore.begin_pass`) every layer's gated affine ``σ(γ)·w, σ(γ)·b``
+comes from one sigmoid, one gather and one multiply over the whole store, split into per-layer views: a few kernels
+per pass instead of a few per layer, which is what a GPU pays for (each launch costs as much as a small norm's math).
 Running statistics live in one flat buffer too, with every layer's ``(M, C)`` mean and var contiguous so the
 per-member rows can be updated in place by ``F.batch_norm``.
 """
@@ -58,6 +61,15 @@ class SigmaStore(nn.Module):
         self.flat = nn.Parameter(torch.zeros(num_members, num_columns))
         self.register_buffer("running_stats", torch.zeros(num_stats))
         self.register_buffer("layout", torch.tensor(self._layout_values(), dtype=torch.int64))
+        # The affine columns follow the γ block, layer by layer (weight, then bias): for each, the γ column gating it.
+        spans = [(span, s.gamma[0]) for s in slots for span in (s.weight, s.bias) if span is not None]
+        starts = [lo for (lo, _), _ in spans]
+        if starts != [self.num_gamma, *(hi for (_, hi), _ in spans[:-1])]:
+            raise ValueError("SigmaStore: the affine columns must follow the γ block contiguously, layer by layer")
+        gate_of = [g0 + i for (lo, hi), g0 in spans for i in range(hi - lo)]
+        self.register_buffer("gate_index", torch.tensor(gate_of, dtype=torch.int64), persistent=False)
+        self._affine_sizes = [hi - lo for (lo, hi), _ in spans]
+        self._pass: dict[str, tuple[torch.Tensor, torch.Tensor | None]] | None = None
 
     def _layout_values(self) -> list[int]:
         crc = zlib.crc32("|".join(s.signature() for s in self.slots).encode())
@@ -78,6 +90,27 @@ class SigmaStore(nn.Module):
 
     def columns(self, span: tuple[int, int]) -> torch.Tensor:
         return self.flat[:, span[0] : span[1]]
+
+    def gated_affines(self) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+        """Every layer's ``(σ(γ)·w, σ(γ)·b)`` (``(w, b)`` ungated), each ``(M, C)``, by layer name, from one pass over
+        the flat parameter (its backward is one gather-add and one concatenation)."""
+        g = self.num_gamma
+        affine = self.flat[:, g:]
+        if self.gated:
+            affine = torch.sigmoid(self.flat[:, :g]).index_select(1, self.gate_index) * affine
+        pieces = iter(affine.split(self._affine_sizes, dim=1))
+        return {s.name: (next(pieces), next(pieces) if s.bias is not None else None) for s in self.slots}
+
+    def begin_pass(self) -> None:
+        """Compute every gated affine once for the forward pass that follows (the layers read them by name)."""
+        self._pass = self.gated_affines()
+
+    def end_pass(self) -> None:
+        """Drop them: a layer run outside a pass (activation checkpointing's recompute, export) computes its own."""
+        self._pass = None
+
+    def pass_affine(self, name: str) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        return None if self._pass is None else self._pass.get(name)
 
     def stats(self, offset: int, num_features: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Running mean and var of one layer as contiguous ``(M, C)`` views of the stats buffer."""
