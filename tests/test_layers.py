@@ -77,15 +77,9 @@ def _build(name: str) -> tuple[nn.Module, SigmaNorm, list[nn.Module]]:
     return ens, layer, refs
 
 
-@pytest.mark.parametrize("mode", ["train", "eval", "train-fused"])
+@pytest.mark.parametrize("mode", ["train", "eval"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_sigma_layer_equals_member_copies(name: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``train-fused``: σBatchNorm's one-reduction training path (what runs on a GPU) on the CPU."""
-    if mode == "train-fused":
-        if not name.startswith(("BatchNorm", "SyncBatchNorm", "timm.BatchNorm")):
-            pytest.skip("the fused path is σBatchNorm's")
-        monkeypatch.setattr(SigmaBatchNorm, "fused_stats", True)
-        mode = "train"
+def test_sigma_layer_equals_member_copies(name: str, mode: str) -> None:
     ens, layer, refs = _build(name)
     _, feat = CASES[name]
     ens.train(mode == "train")

@@ -14,18 +14,13 @@ __all__ = ["SigmaBatchNorm"]
 class SigmaBatchNorm(SigmaNorm):
     """Replaces ``nn.BatchNorm1d/2d/3d``, ``nn.SyncBatchNorm`` and timm's ``BatchNormAct2d``/``SyncBatchNormAct``.
 
-    Training on a CPU runs one ``F.batch_norm`` per member on its contiguous chunk (measured faster there than one
-    grouped call on a transposed copy); on a GPU, where each launch costs more than a small norm's math, all members'
-    statistics come from one reduction over the ``(M, B, C, …)`` view and the normalisation is one multiply-add
-    (``fused_stats``; bench/bench_core.py --device cuda measures it). Eval folds running stats, σ gate and affine into
-    one broadcast multiply-add.
+    Training runs one ``F.batch_norm`` per member on its contiguous chunk (measured faster on CPU than one grouped
+    call on a transposed copy); eval folds running stats, σ gate and affine into one broadcast multiply-add.
     Note: a source ``SyncBatchNorm`` keeps per-rank statistics here (stats are not synchronised across ranks).
     """
 
     kind = "batch"
     channels_last = False
-    # the one-reduction training path: "auto" on CUDA tensors only; True/False force it (tests, benchmarks)
-    fused_stats: bool | str = "auto"
 
     def __init__(self, source: nn.modules.batchnorm._BatchNorm, num_members: int) -> None:
         super().__init__(source, num_members, source.num_features)
@@ -59,8 +54,6 @@ class SigmaBatchNorm(SigmaNorm):
                 self.num_batches_tracked.add_(1)
                 if self.momentum is None:
                     factor = 1.0 / float(self.num_batches_tracked)
-            if self.fused_stats is True or (self.fused_stats == "auto" and x.is_cuda):
-                return self.post(self._fused_train(x, scale, shift, mean, var, factor))
             # unbind, not scale[m]: its backward is one stack, where M selects would each write a full-size gradient
             scales = scale.unbind(0)
             shifts = shift.unbind(0) if shift is not None else [None] * self.num_members
@@ -74,24 +67,6 @@ class SigmaBatchNorm(SigmaNorm):
             a = scale * torch.rsqrt(var + self.eps)
             y = self.member_affine(x, a.to(x.dtype), (shift - mean * a).to(x.dtype))
         return self.post(y)
-
-    def _fused_train(self, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None,
-                     mean: torch.Tensor | None, var: torch.Tensor | None, factor: float) -> torch.Tensor:
-        """Batch statistics of every member from one reduction (in fp32, as cuDNN's batch norm keeps them), the
-        running stats updated as ``F.batch_norm`` does (unbiased variance), and one multiply-add."""
-        m, c = self.num_members, self.num_features
-        xv = x.reshape(m, x.shape[0] // m, c, -1)
-        n = xv.shape[1] * xv.shape[3]
-        if n < 2:
-            raise ValueError(f"Expected more than 1 value per channel when training, got input size {tuple(x.shape)}")
-        batch_var, batch_mean = torch.var_mean(xv.float(), dim=(1, 3), correction=0, keepdim=True)
-        if mean is not None and var is not None:
-            with torch.no_grad():
-                mean.lerp_(batch_mean.view(m, c).to(mean.dtype), factor)
-                var.lerp_((batch_var.view(m, c) * (n / (n - 1))).to(var.dtype), factor)
-        a = scale.view(m, 1, c, 1) * torch.rsqrt(batch_var + self.eps)
-        b = -batch_mean * a if shift is None else shift.view(m, 1, c, 1) - batch_mean * a
-        return torch.addcmul(b, xv, a).to(x.dtype).view(x.shape)
 
     def fill_plain(self, layer: nn.Module, member: int, scale: torch.Tensor, shift: torch.Tensor | None) -> None:
         super().fill_plain(layer, member, scale, shift)
