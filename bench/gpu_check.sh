@@ -10,7 +10,7 @@ ROOT_ARG=()
 [ -n "${2:-}" ] && ROOT_ARG=("data.root=$2")
 PY="${PYTHON:-python3}"
 mkdir -p "$OUT"
-export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # bench/*.py import the package
 SUMMARY="$OUT/summary.md"
 FAILED=0
 # the small recipe, shortened; MLflow off (the check is the trainer, not the store)
