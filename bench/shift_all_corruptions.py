@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from sigmanens_dist.experiments.compare import Group, RunRecord, paired_difference
+from sigmanens_dist.experiments.compare import Group, RunRecord, method_variant, paired_difference
+from sigmanens_dist.experiments.study import METHODS
 
 REPO = Path(__file__).resolve().parents[1]
 SEVERITIES = ("3", "5")
@@ -71,6 +72,19 @@ def shift_scores(eval_json: Path) -> dict[str, float]:
     return out
 
 
+def point_of(run: Path, point: str) -> str:
+    """The run's grid point (its folder name without the seed), with its method's knobs away from their defaults
+    (``compare``'s variants), so that two studies of one point under different recipes stay apart."""
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    method = cfg["model"]["method"]
+    params = {}
+    for key in METHODS[method].knobs if method in METHODS else {}:
+        section, _, name = key.partition(".")
+        params[key] = str(cfg.get(section, {}).get(name))
+    variant = method_variant(method, params)
+    return f"{point} ({variant})" if variant else point
+
+
 def table(runs: list[Path], test_subset: int) -> str:
     groups: dict[str, Group] = {}
     for run in runs:
@@ -78,7 +92,8 @@ def table(runs: list[Path], test_subset: int) -> str:
         if m is None:
             continue
         values = shift_scores(score(run, test_subset))
-        group = groups.setdefault(m["point"], Group(m["point"], 0, None, None, 1, {}))
+        point = point_of(run, m["point"])
+        group = groups.setdefault(point, Group(point, 0, None, None, 1, {}))
         group.runs[int(m["seed"])] = RunRecord("", run.name, "FINISHED", m["point"], 0, None, None, int(m["seed"]),
                                                values=values)
     single = groups.get("single")

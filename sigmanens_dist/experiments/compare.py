@@ -283,11 +283,11 @@ def _record(run: Any) -> RunRecord:
         if all(s in by for s in SHIFT_SEVERITIES):
             values[f"{score}_shift"] = float(np.mean([by[s] for s in SHIFT_SEVERITIES]))
     return RunRecord(run.info.run_id, run.info.run_name, run.info.status, method, members, tau, lam,
-                     int(params.get("seed", 0)), budget, _variant(method, params), values, split_values,
+                     int(params.get("seed", 0)), budget, method_variant(method, params), values, split_values,
                      severity["ece"], severity["nll"])
 
 
-def _variant(method: str, params: dict[str, str]) -> str:
+def method_variant(method: str, params: dict[str, str]) -> str:
     """The method's knobs (``Method.knobs``) that the run set away from the config's defaults, as ``α=3 γ=2``."""
     spec = METHODS.get(method)
     parts = []
