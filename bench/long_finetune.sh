@@ -25,14 +25,16 @@ source "$ROOT/launch/studies.sh"
 start_tracking  # or reuse the server of a reproduction running on the same OUT
 trap stop_tracking EXIT
 
+sigmalr() {  # the τ = 0.5 conversion with the σ store at the from-scratch rate
+  study "finetune05_sigmalr_s$1" methods --methods sigma --members 4 --seeds "$1" "${FINETUNE[@]}" reg.tau=0.5 \
+    "${TAU_ACTIVE[@]}" optim.sigma_lr_scale=40 "model.init_from=$OUT/methods_s$1/single-s$1"
+}
+for seed in 0 1 2; do sigmalr "$seed"; done  # the sources of seeds 0-2 exist (reproduce.sh)
 for seed in 3 4; do
   study "methods_s$seed" methods --methods single --seeds "$seed" "${LONG[@]}"
   study "finetune_s$seed" methods --methods single,sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" \
     "model.init_from=$OUT/methods_s$seed/single-s$seed"
   study "finetune05_s$seed" methods --methods sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" reg.tau=0.5 \
     "${TAU_ACTIVE[@]}" "model.init_from=$OUT/methods_s$seed/single-s$seed"
-done
-for seed in 0 1 2 3 4; do
-  study "finetune05_sigmalr_s$seed" methods --methods sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" reg.tau=0.5 \
-    "${TAU_ACTIVE[@]}" optim.sigma_lr_scale=40 "model.init_from=$OUT/methods_s$seed/single-s$seed"
+  sigmalr "$seed"
 done
