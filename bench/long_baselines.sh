@@ -9,15 +9,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/launch/setup.sh"
 cd "$ROOT"
-OUT="$(mkdir -p "${1:-runs/repro_long}" && cd "${1:-runs/repro_long}" && pwd)"
-PORT="${SIGMANENS_REPRO_PORT:-5077}"
-CFG=configs/fmnist_small.yaml
+source "$ROOT/launch/studies.sh"
 BUDGET_ARGS=(train.max_steps=6250 data.test_subset=10000 schedule.warmup_steps=100 train.eval_every_steps=250
              checkpoint.every_steps=1250)
-export SIGMANENS_REPRO_NICE="${SIGMANENS_REPRO_NICE:-19}"
-source "$ROOT/launch/studies.sh"
-start_tracking  # or reuse the server of a reproduction running on the same OUT
-trap stop_tracking EXIT
+studies_begin "${1:-runs/repro_long}" 5077  # or reuse the server of a reproduction on the same OUT
 
 for seed in 0 1 2; do
   study "packed_m8_s$seed" methods --methods packed --members 8 --seeds "$seed"

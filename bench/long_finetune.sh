@@ -10,9 +10,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/launch/setup.sh"
 cd "$ROOT"
-OUT="$(mkdir -p "${1:-runs/repro_long}" && cd "${1:-runs/repro_long}" && pwd)"
-PORT="${SIGMANENS_REPRO_PORT:-5077}"
-CFG=configs/fmnist_small.yaml
+source "$ROOT/launch/studies.sh"
 BUDGET_ARGS=()  # each study sets its whole budget
 LONG=(train.max_steps=6250 data.test_subset=10000 schedule.warmup_steps=100 train.eval_every_steps=250
       checkpoint.every_steps=1250)
@@ -20,10 +18,7 @@ FINETUNE=(data.test_subset=10000 train.max_steps=625 optim.lr=0.005 schedule.war
           checkpoint.every_steps=625 reg.lambda=0.01 reg.tau=1 model.gamma_init_mean=0 model.gamma_init_std=1
           tracking.experiment=sigmanens-fmnist-finetune)
 TAU_ACTIVE=(model.gamma_init_mean=2 model.gamma_init_std=0.1)
-export SIGMANENS_REPRO_NICE="${SIGMANENS_REPRO_NICE:-19}"
-source "$ROOT/launch/studies.sh"
-start_tracking  # or reuse the server of a reproduction running on the same OUT
-trap stop_tracking EXIT
+studies_begin "${1:-runs/repro_long}" 5077  # or reuse the server of a reproduction on the same OUT
 
 sigmalr() {  # the τ = 0.5 conversion with the σ store at the from-scratch rate
   study "finetune05_sigmalr_s$1" methods --methods sigma --members 4 --seeds "$1" "${FINETUNE[@]}" reg.tau=0.5 \

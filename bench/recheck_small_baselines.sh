@@ -7,14 +7,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/launch/setup.sh"
 cd "$ROOT"
-OUT="$(mkdir -p "${1:-runs/repro_recheck}" && cd "${1:-runs/repro_recheck}" && pwd)"
-PORT="${SIGMANENS_REPRO_PORT:-5078}"
-CFG=configs/fmnist_small.yaml
-BUDGET_ARGS=()
-export SIGMANENS_REPRO_NICE="${SIGMANENS_REPRO_NICE:-19}"
 source "$ROOT/launch/studies.sh"
-start_tracking
-trap stop_tracking EXIT
+BUDGET_ARGS=()
+studies_begin "${1:-runs/repro_recheck}" 5078  # or reuse the server of a reproduction on the same OUT
 
 study baselines methods --methods single,batch,packed --members 4
 sigmanens compare --experiment sigmanens-fmnist-small --uri "$URI" --out "$OUT/compare" --pair epochs

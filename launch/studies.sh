@@ -1,7 +1,19 @@
 #!/usr/bin/env bash
-# Sourced by launch/reproduce.sh and bench/long_*.sh: one MLflow server for a folder of studies, and `study`, which
-# runs one `sigmanens study` into OUT/<name> with its log in OUT/<name>.log.
-# The caller sets OUT (absolute), PORT and CFG, and BUDGET_ARGS (overrides every study gets; may be empty).
+# Sourced by launch/reproduce.sh and the bench/ scripts that run studies: one MLflow server for a folder of studies,
+# and `study`, which runs one `sigmanens study` into OUT/<name> with its log in OUT/<name>.log.
+# The caller sets OUT (absolute), PORT and CFG, and BUDGET_ARGS (overrides every study gets; may be empty), or calls
+# studies_begin.
+
+# studies_begin OUT PORT: the bench scripts' set-up: OUT created and made absolute, the small recipe, niced studies,
+# the tracking server started (or reused) and stopped on exit.
+studies_begin() {
+  OUT="$(mkdir -p "$1" && cd "$1" && pwd)"
+  PORT="${SIGMANENS_REPRO_PORT:-$2}"
+  CFG=configs/fmnist_small.yaml
+  export SIGMANENS_REPRO_NICE="${SIGMANENS_REPRO_NICE:-19}"
+  start_tracking
+  trap stop_tracking EXIT
+}
 
 # Start a tracking server on OUT/mlflow.db unless one already answers on PORT (a lane of the same reproduction);
 # the caller's EXIT trap should call stop_tracking.
