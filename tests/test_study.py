@@ -340,7 +340,7 @@ def test_run_record_reads_what_train_and_eval_log() -> None:
 def test_a_methods_own_knobs_away_from_default_make_a_variant_that_compare_keeps_apart() -> None:
     from types import SimpleNamespace
 
-    from sigmanens_dist.experiments.compare import _record
+    from sigmanens_dist.experiments.compare import _record, method_variant
 
     def run(name: str, seed: int, acc: float, **params: str) -> RunRecord:
         info = SimpleNamespace(run_id=f"{name}{seed}", run_name=f"{name}-s{seed}", status="FINISHED")
@@ -357,6 +357,8 @@ def test_a_methods_own_knobs_away_from_default_make_a_variant_that_compare_keeps
     assert [(g.label(), len(g.runs)) for g in groups] == [("packed M=4", 2), ("packed (α=3) M=4", 2),
                                                          ("packed (α=3 γ=2) M=4", 1)]
     assert groups[1].mean("acc") == pytest.approx(0.9)
+    words = {"model.method": "sigma", "model.member_batches": "shared", "optim.sigma_lr_scale": "num_members"}
+    assert method_variant("sigma", words) == "batches=shared"  # a word knob; a word default is no variant
 
 
 @pytest.mark.slow

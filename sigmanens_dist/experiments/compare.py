@@ -292,8 +292,14 @@ def method_variant(method: str, params: dict[str, str]) -> str:
     spec = METHODS.get(method)
     parts = []
     for key, short in (spec.knobs if spec else {}).items():
-        value, default = _float(params.get(key)), _config_default(key)
-        if value is not None and value != default:
+        text, default = params.get(key), _config_default(key)
+        if text is None:
+            continue
+        value = _float(text)
+        if value is None:  # a word (member_batches=shared), or a word-valued default such as "num_members"
+            if text != str(default):
+                parts.append(f"{short}={text}")
+        elif value != default:
             parts.append(f"{short}={value:g}")
     return " ".join(parts)
 
