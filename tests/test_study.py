@@ -353,6 +353,18 @@ def test_a_methods_own_knobs_away_from_default_make_a_variant_that_compare_keeps
     records += [run("a3g2", 0, 0.7, **{"model.packed_alpha": "3", "model.packed_gamma": "2"})]
     assert [r.variant for r in records] == ["", "", "α=3", "α=3", "α=3 γ=2"]  # defaults (2, 1) are no variant
     select_split(records, "val")
+    # one child name in two studies of different variants: both kept, each the newest of its own variant
+    from sigmanens_dist.experiments.compare import _pick_runs
+
+    def raw(seed: int, alpha: str, start: int) -> SimpleNamespace:
+        return SimpleNamespace(info=SimpleNamespace(run_id=f"{alpha}{start}", run_name=f"packed-M4-s{seed}",
+                                                    status="FINISHED", start_time=start),
+                               data=SimpleNamespace(params={"model.method": "packed", "model.num_members": "4",
+                                                            "seed": str(seed), "model.packed_alpha": alpha},
+                                                    tags={}, metrics={"val/acc": 0.5}))
+
+    picked, _ = _pick_runs([raw(0, "2", 1), raw(0, "3", 2), raw(0, "2", 3)], None)
+    assert sorted((r.variant, r.run_id) for r in picked) == [("", "23"), ("α=3", "32")]
     groups = group_runs(records)
     assert [(g.label(), len(g.runs)) for g in groups] == [("packed M=4", 2), ("packed (α=3) M=4", 2),
                                                          ("packed (α=3 γ=2) M=4", 1)]

@@ -211,7 +211,8 @@ def _expected_children(client: Any, parent: str) -> list[str] | None:
 
 
 def _pick_runs(runs: list[Any], expected: list[str] | None) -> tuple[list[RunRecord], list[str]]:
-    """The newest FINISHED run of each name; a note for every expected child without one."""
+    """The newest FINISHED run of each grid point, variant and seed; a note for every expected child without one.
+    (One child name can hold two variants: ``packed-M4-s0`` of a study at α = 2 and of another at α = 3.)"""
     by_name: dict[str, list[Any]] = defaultdict(list)
     for run in runs:
         by_name[run.info.run_name].append(run)
@@ -222,7 +223,7 @@ def _pick_runs(runs: list[Any], expected: list[str] | None) -> tuple[list[RunRec
         candidates = sorted(by_name.get(name, []), key=lambda r: r.info.start_time or 0)
         finished = [r for r in candidates if r.info.status == "FINISHED"]
         if finished:
-            records.append(_record(finished[-1]))
+            records.extend(_record(r) for r in finished)  # oldest first: the newest of a point wins below
         elif not candidates:
             notes.append(f"{name}: missing (not started)")
         else:
