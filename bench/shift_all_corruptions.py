@@ -66,7 +66,8 @@ def score(run: Path, test_subset: int) -> Path:
 def shift_scores(eval_json: Path) -> dict[str, float]:
     """Mean over corruptions and ``SEVERITIES`` of each score, plus how many (corruption, severity) pairs."""
     shift = json.loads(eval_json.read_text())["weights"]["raw"]["shift"]
-    cells = [by_sev[s] for by_sev in shift.values() for s in SEVERITIES if s in by_sev]
+    cells = [by_sev[s] for name, by_sev in shift.items() if name != "mean"  # eval's own mean over corruptions
+             for s in SEVERITIES if s in by_sev]
     out = {f"{k}_shift": float(np.mean([c[k] for c in cells])) for k in SCORES}
     out["cells"] = len(cells)
     return out
