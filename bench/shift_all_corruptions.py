@@ -81,7 +81,8 @@ def point_of(run: Path, point: str) -> str:
     params = {}
     for key in METHODS[method].knobs if method in METHODS else {}:
         section, _, name = key.partition(".")
-        params[key] = str(cfg.get(section, {}).get(name))
+        if name in cfg.get(section, {}):  # a run older than the knob ran at its default
+            params[key] = str(cfg[section][name])
     variant = method_variant(method, params)
     return f"{point} ({variant})" if variant else point
 
