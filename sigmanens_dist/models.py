@@ -46,6 +46,8 @@ def build_model(cfg: Any, num_classes: int, in_chans: int, vocab_size: int | Non
         return backbone
 
     model = build_method(cfg, make_backbone)
+    if cfg.train.grad_checkpointing and isinstance(getattr(model, "sigma", None), SigmaStore):
+        model.sigma.per_pass = False  # recomputed blocks must see what their first forward saw
     if source is not None and source.whole_model:
         _load_source(model, source, model_cfg)
     return model

@@ -154,7 +154,8 @@ def test_layer_rejects_batch_not_multiple_of_members() -> None:
 @pytest.mark.parametrize("gated", [True, False])
 def test_forward_pass_computes_the_gated_affines_once_and_equals_the_per_layer_path(gated: bool) -> None:
     """Inside ``forward_members`` every layer reads the store's once-per-pass affines; outside (activation
-    checkpointing's recompute, a layer called alone) each computes its own: same logits, same gradients."""
+    a layer called alone, or every layer under activation checkpointing) each computes its own: same logits and
+    gradients."""
     import timm
 
     torch.manual_seed(0)
@@ -162,10 +163,10 @@ def test_forward_pass_computes_the_gated_affines_once_and_equals_the_per_layer_p
                                     gamma_init_std=1.0).train()
     ens.sigma.gated = gated
     x = torch.randn(M * B, 3, 16, 16)
+    twin = copy.deepcopy(ens)
     calls = []
     original = ens.sigma.gated_affines
     ens.sigma.gated_affines = lambda: calls.append(1) or original()
-    twin = copy.deepcopy(ens)
     out = ens.forward_members(x)
     assert len(calls) == 1 and ens.sigma._pass is None  # once per pass, dropped after it
     ref = twin.backbone(x)  # no pass: every layer computes its own gated affine

@@ -70,6 +70,9 @@ class SigmaStore(nn.Module):
         self.register_buffer("gate_index", torch.tensor(gate_of, dtype=torch.int64), persistent=False)
         self._affine_sizes = [hi - lo for (lo, hi), _ in spans]
         self._pass: dict[str, tuple[torch.Tensor, torch.Tensor | None]] | None = None
+        # False under activation checkpointing: a recomputed block must save exactly the tensors its first forward
+        # saved, so every layer computes its own affine in both (models.build_model sets it)
+        self.per_pass = True
 
     def _layout_values(self) -> list[int]:
         crc = zlib.crc32("|".join(s.signature() for s in self.slots).encode())
@@ -103,10 +106,10 @@ class SigmaStore(nn.Module):
 
     def begin_pass(self) -> None:
         """Compute every gated affine once for the forward pass that follows (the layers read them by name)."""
-        self._pass = self.gated_affines()
+        self._pass = self.gated_affines() if self.per_pass else None
 
     def end_pass(self) -> None:
-        """Drop them: a layer run outside a pass (activation checkpointing's recompute, export) computes its own."""
+        """Drop them: a layer run outside a pass (export, a layer called alone) computes its own."""
         self._pass = None
 
     def pass_affine(self, name: str) -> tuple[torch.Tensor, torch.Tensor | None] | None:
