@@ -10,8 +10,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/launch/setup.sh"
 cd "$ROOT"
 source "$ROOT/launch/studies.sh"
-BUDGET_ARGS=(train.max_steps=6250 data.test_subset=10000 schedule.warmup_steps=100 train.eval_every_steps=250
-             checkpoint.every_steps=1250)
+BUDGET_ARGS=("${LONG_BUDGET[@]}")
 studies_begin "${1:-runs/repro_long}" 5077  # or reuse the server of a reproduction on the same OUT
 
 for seed in 0 1 2; do  # the authors' fast-weight rate first: BatchEnsemble is the slowest of these runs

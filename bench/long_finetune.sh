@@ -12,8 +12,6 @@ source "$ROOT/launch/setup.sh"
 cd "$ROOT"
 source "$ROOT/launch/studies.sh"
 BUDGET_ARGS=()  # each study sets its whole budget
-LONG=(train.max_steps=6250 data.test_subset=10000 schedule.warmup_steps=100 train.eval_every_steps=250
-      checkpoint.every_steps=1250)
 FINETUNE=(data.test_subset=10000 train.max_steps=625 optim.lr=0.005 schedule.warmup_steps=20 train.eval_every_steps=125
           checkpoint.every_steps=625 reg.lambda=0.01 reg.tau=1 model.gamma_init_mean=0 model.gamma_init_std=1
           tracking.experiment=sigmanens-fmnist-finetune)
@@ -26,7 +24,7 @@ sigmalr() {  # the τ = 0.5 conversion with the σ store at the from-scratch rat
 }
 for seed in 0 1 2; do sigmalr "$seed"; done  # the sources of seeds 0-2 exist (reproduce.sh)
 for seed in 3 4; do
-  study "methods_s$seed" methods --methods single --seeds "$seed" "${LONG[@]}"
+  study "methods_s$seed" methods --methods single --seeds "$seed" "${LONG_BUDGET[@]}"
   study "finetune_s$seed" methods --methods single,sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" \
     "model.init_from=$OUT/methods_s$seed/single-s$seed"
   study "finetune05_s$seed" methods --methods sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" reg.tau=0.5 \

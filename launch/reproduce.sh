@@ -10,11 +10,11 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/launch/setup.sh"
 cd "$ROOT"
+source "$ROOT/launch/studies.sh"
 BUDGET="${2:-small}"
 case "$BUDGET" in
   small) BUDGET_ARGS=() ; DEFAULT_OUT=runs/repro ;;
-  long) BUDGET_ARGS=(train.max_steps=6250 data.test_subset=10000 schedule.warmup_steps=100
-                     train.eval_every_steps=250 checkpoint.every_steps=1250) ; DEFAULT_OUT=runs/repro_long ;;
+  long) BUDGET_ARGS=("${LONG_BUDGET[@]}") ; DEFAULT_OUT=runs/repro_long ;;
   *) echo "budget must be small or long, got '$BUDGET'" >&2; exit 2 ;;
 esac
 OUT="$(mkdir -p "${1:-$DEFAULT_OUT}" && cd "${1:-$DEFAULT_OUT}" && pwd)"
@@ -22,7 +22,6 @@ PORT="${SIGMANENS_REPRO_PORT:-5055}"
 CFG=configs/fmnist_small.yaml
 
 # One tracking server for both lanes (two processes writing one sqlite file directly would lock it).
-source "$ROOT/launch/studies.sh"
 start_tracking
 trap stop_tracking EXIT
 

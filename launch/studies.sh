@@ -4,6 +4,10 @@
 # The caller sets OUT (absolute), PORT and CFG, and BUDGET_ARGS (overrides every study gets; may be empty), or calls
 # studies_begin.
 
+# The long budget (issue 18): 6,250 steps of 32 on the 10,000 training images (~20 epochs), the full test set.
+LONG_BUDGET=(train.max_steps=6250 data.test_subset=10000 schedule.warmup_steps=100 train.eval_every_steps=250
+             checkpoint.every_steps=1250)
+
 # studies_begin OUT PORT: the bench scripts' set-up: OUT created and made absolute, the small recipe, niced studies,
 # the tracking server started (or reused) and stopped on exit.
 studies_begin() {
