@@ -56,7 +56,7 @@ class SigmaBatchNorm(SigmaNorm):
                     factor = 1.0 / float(self.num_batches_tracked)
             # unbind, not scale[m]: its backward is one stack, where M selects would each write a full-size gradient
             scales = scale.unbind(0)
-            shifts = shift.unbind(0) if shift is not None else [None] * self.num_members
+            shifts = shift.unbind(0)  # σBatchNorm always has a member bias (has_bias)
             chunks = x.chunk(self.num_members)
             y = torch.cat([
                 F.batch_norm(chunks[m], None if mean is None else mean[m], None if var is None else var[m],
