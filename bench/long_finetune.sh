@@ -6,6 +6,10 @@
 # the source continued and the τ = 1, γ ~ N(0, 1) conversion (finetune_s*), the τ = 0.5, γ ~ N(2, 0.1) conversion
 # (finetune05_s*). Then on all five seeds the τ = 0.5 conversion with the σ store (γ, member affines) at 40 × the
 # fine-tune's rate, 0.2: the rate it has when trained from scratch (0.05 × M), so that γ can move within 625 steps.
+# Last, on all five seeds the τ = 0.5 conversion with every member on the same batch (model.member_batches=shared):
+# the backbone then sees the continued source's images, not M× as many (bench/long_shared_batches.sh from scratch).
+# Then the middle start between the two, γ ~ N(1, 1) at τ = 0.5 (a sixth of the gates below 0.5), with independent
+# and with shared batches, on seeds 0-2 (MIDDLE_SEEDS="0 1 2 3 4" for all five).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/launch/setup.sh"
@@ -30,4 +34,15 @@ for seed in 3 4; do
   study "finetune05_s$seed" methods --methods sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" reg.tau=0.5 \
     "${TAU_ACTIVE[@]}" "model.init_from=$OUT/methods_s$seed/single-s$seed"
   sigmalr "$seed"
+done
+for seed in 0 1 2 3 4; do
+  study "finetune05_shared_s$seed" methods --methods sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" reg.tau=0.5 \
+    "${TAU_ACTIVE[@]}" model.member_batches=shared "model.init_from=$OUT/methods_s$seed/single-s$seed"
+done
+for seed in ${MIDDLE_SEEDS:-0 1 2}; do
+  for batches in independent shared; do
+    study "finetune05_middle_${batches}_s$seed" methods --methods sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" \
+      reg.tau=0.5 model.gamma_init_mean=1 model.gamma_init_std=1 "model.member_batches=$batches" \
+      "model.init_from=$OUT/methods_s$seed/single-s$seed"
+  done
 done
