@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 18 at the long budget (README "Long budget"): σN-Ens at the default τ = 0.5 with every member on the same
-# batch (model.member_batches=shared, the paper's batched pass) instead of its own. Under independent batches the
-# shared backbone sees M× the distinct images of a single model per step, and the single model trained 4× longer is
-# worse calibrated under shift than at 1×; this asks whether σN-Ens's calibration under shift is that effect.
-# Beside `launch/reproduce.sh OUT long` (same OUT and MLflow store); resumable.
-#   bash bench/long_shared_batches.sh [OUT] [SEEDS]     # OUT defaults to runs/repro_long, SEEDS to "0 1 2"
+# Issue 18 at the long budget (README "Long budget"): σN-Ens with every member on the same batch
+# (model.member_batches=shared, the paper's batched pass) instead of its own, at τ = 0.5 (the default) and τ = 0.25.
+# Under independent batches the shared backbone sees M× the distinct images of a single model per step, and the
+# single model trained 4× longer is worse calibrated under shift than at 1×; this asks whether σN-Ens's calibration
+# under shift is that effect. Beside `launch/reproduce.sh OUT long` (same OUT and MLflow store); resumable.
+#   bash bench/long_shared_batches.sh [OUT] [SEEDS] [TAUS]   # defaults: runs/repro_long, "0 1 2 3 4", "0.5 0.25"
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/launch/setup.sh"
@@ -12,7 +12,9 @@ cd "$ROOT"
 source "$ROOT/launch/studies.sh"
 BUDGET_ARGS=("${LONG_BUDGET[@]}")
 studies_begin "${1:-runs/repro_long}" 5077  # or reuse the server of a reproduction on the same OUT
-for seed in ${2:-0 1 2}; do
-  study "tau05_shared_s$seed" tau-sweep --taus 0.5 --lambdas 0.01 --seeds "$seed" model.gamma_init_mean=2 \
-    model.gamma_init_std=0.1 model.member_batches=shared
+for tau in ${3:-0.5 0.25}; do
+  for seed in ${2:-0 1 2 3 4}; do
+    study "tau${tau/./}_shared_s$seed" tau-sweep --taus "$tau" --lambdas 0.01 --seeds "$seed" model.gamma_init_mean=2 \
+      model.gamma_init_std=0.1 model.member_batches=shared
+  done
 done

@@ -19,27 +19,48 @@ studies_begin() {
   trap stop_tracking EXIT
 }
 
-# Start a tracking server on OUT/mlflow.db unless one already answers on PORT (a lane of the same reproduction);
-# the caller's EXIT trap should call stop_tracking.
+# Start a tracking server on OUT/mlflow.db unless one already answers on PORT, and register this lane as one of its
+# users (OUT/.tracking_lanes: one PID per line). Several lanes (bench scripts, reproduce.sh) may share one server;
+# the caller's EXIT trap should call stop_tracking, and the last lane to leave stops the server.
 start_tracking() {
   URI="http://127.0.0.1:$PORT"
   export OMP_NUM_THREADS=1 MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false
-  SERVER=
-  curl -sf "$URI/health" >/dev/null && return 0
+  exec 9>"$OUT/.tracking.lock"
+  flock 9  # two lanes starting at once must not both start a server
+  echo "$BASHPID" >>"$OUT/.tracking_lanes"
+  if curl -sf "$URI/health" >/dev/null; then flock -u 9; return 0; fi
   python -m mlflow server --host 127.0.0.1 --port "$PORT" --workers 1 --backend-store-uri "sqlite:///$OUT/mlflow.db" \
-    --artifacts-destination "$OUT/mlartifacts" >"$OUT/server.log" 2>&1 &
-  SERVER=$!
+    --artifacts-destination "$OUT/mlartifacts" >"$OUT/server.log" 2>&1 9>&- &
+  local server=$!
+  echo "$server" >"$OUT/server.pid"
   for _ in $(seq 120); do
-    curl -sf "$URI/health" >/dev/null && return 0
-    kill -0 "$SERVER" 2>/dev/null || { echo "mlflow server failed to start: $OUT/server.log" >&2; return 1; }
+    if curl -sf "$URI/health" >/dev/null; then flock -u 9; return 0; fi
+    kill -0 "$server" 2>/dev/null || { echo "mlflow server failed to start: $OUT/server.log" >&2; flock -u 9; return 1; }
     sleep 1
   done
   echo "mlflow server not answering after 120 s: $OUT/server.log" >&2
+  flock -u 9
   return 1
 }
 
+# Unregister this lane; when no other registered lane is alive, stop the server a lane started (OUT/server.pid; a
+# server someone else started is left alone).
 stop_tracking() {
-  if [ -n "${SERVER:-}" ]; then kill "$SERVER" 2>/dev/null; wait "$SERVER" 2>/dev/null || true; fi
+  flock 9
+  local pid others=()
+  while read -r pid; do
+    [ "$pid" != "$BASHPID" ] && kill -0 "$pid" 2>/dev/null && others+=("$pid")
+  done <"$OUT/.tracking_lanes"
+  printf '%s\n' "${others[@]}" | grep . >"$OUT/.tracking_lanes" || true
+  if [ "${#others[@]}" -eq 0 ] && [ -s "$OUT/server.pid" ]; then
+    pid=$(cat "$OUT/server.pid")
+    if grep -qa mlflow "/proc/$pid/cmdline" 2>/dev/null; then
+      kill "$pid"
+      while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
+    fi
+    rm -f "$OUT/server.pid"
+  fi
+  flock -u 9
 }
 
 # study NAME [--own-budget] ARGS...: a folder that already holds a study continues it as it was defined (its saved
