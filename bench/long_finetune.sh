@@ -9,7 +9,7 @@
 # Last, on all five seeds the τ = 0.5 conversion with every member on the same batch (model.member_batches=shared):
 # the backbone then sees the continued source's images, not M× as many (bench/long_shared_batches.sh from scratch).
 # Then the middle start between the two, γ ~ N(1, 1) at τ = 0.5 (a sixth of the gates below 0.5), with independent
-# and with shared batches, on seeds 0-2 (MIDDLE_SEEDS="0 1 2 3 4" for all five).
+# and with shared batches, on seeds 0-2 (MIDDLE_SEEDS="0 1 2 3 4" for all five; MIDDLE_BATCHES, MIDDLE_GAMMA="m s").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/launch/setup.sh"
@@ -39,10 +39,12 @@ for seed in 0 1 2 3 4; do
   study "finetune05_shared_s$seed" methods --methods sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" reg.tau=0.5 \
     "${TAU_ACTIVE[@]}" model.member_batches=shared "model.init_from=$OUT/methods_s$seed/single-s$seed"
 done
+read -r gmean gstd <<<"${MIDDLE_GAMMA:-1 1}"  # MIDDLE_GAMMA="1.5 1": another start (studies *_g15_*)
+tag=$([ "$gmean" = 1 ] && [ "$gstd" = 1 ] || echo "_g${gmean/./}")
 for seed in ${MIDDLE_SEEDS:-0 1 2}; do
-  for batches in independent shared; do
-    study "finetune05_middle_${batches}_s$seed" methods --methods sigma --members 4 --seeds "$seed" "${FINETUNE[@]}" \
-      reg.tau=0.5 model.gamma_init_mean=1 model.gamma_init_std=1 "model.member_batches=$batches" \
-      "model.init_from=$OUT/methods_s$seed/single-s$seed"
+  for batches in ${MIDDLE_BATCHES:-independent shared}; do
+    study "finetune05_middle${tag}_${batches}_s$seed" methods --methods sigma --members 4 --seeds "$seed" \
+      "${FINETUNE[@]}" reg.tau=0.5 "model.gamma_init_mean=$gmean" "model.gamma_init_std=$gstd" \
+      "model.member_batches=$batches" "model.init_from=$OUT/methods_s$seed/single-s$seed"
   done
 done
