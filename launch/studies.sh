@@ -49,7 +49,7 @@ stop_tracking() {
   flock 9
   local pid others=()
   while read -r pid; do
-    [ "$pid" != "$BASHPID" ] && kill -0 "$pid" 2>/dev/null && others+=("$pid")
+    if [ "$pid" != "$BASHPID" ] && kill -0 "$pid" 2>/dev/null; then others+=("$pid"); fi
   done <"$OUT/.tracking_lanes"
   printf '%s\n' "${others[@]}" | grep . >"$OUT/.tracking_lanes" || true
   if [ "${#others[@]}" -eq 0 ] && [ -s "$OUT/server.pid" ]; then
