@@ -71,10 +71,15 @@ study() {
   shift
   local budget=("${BUDGET_ARGS[@]}")
   if [ "$1" = --own-budget ]; then budget=(); shift; fi
+  if [ -e "$OUT/$name/.finished" ]; then  # a finished study stays finished: skip its ~7 s resume check
+    echo "[$(date +%T)] study $name: finished before, skipped"
+    return 0
+  fi
   local cmd=(sigmanens study "$@" --config "$CFG" --out "$OUT/$name" "tracking.uri=$URI" "${budget[@]}")
   [ -e "$OUT/$name/study.yaml" ] && cmd=(sigmanens study resume "$OUT/$name")
   echo "[$(date +%T)] study $name: ${cmd[*]}"
   if nice -n "${SIGMANENS_REPRO_NICE:-0}" "${cmd[@]}" >>"$OUT/$name.log" 2>&1; then
+    touch "$OUT/$name/.finished"  # `sigmanens study` exits 0 only when every child finished
     echo "[$(date +%T)] study $name finished in $((SECONDS - begin)) s"
   else  # the study's log names the failed children, and running this again retries them
     local rc=$?  # before $(date) below resets it
