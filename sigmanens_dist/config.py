@@ -84,9 +84,12 @@ class ModelConfig(_Section):
     # to switch members off (at 3, σ'(3) ≈ 0.045, τ did nothing in a trained model): README "Long budget"
     gamma_init_mean: float = Field(2.0, allow_inf_nan=False)
     gamma_init_std: float = Field(0.1, ge=0, allow_inf_nan=False)
-    # divide: member affine = source affine / σ(γ) (function preserving); plain: = source affine;
-    # auto: divide for a pretrained backbone, plain from scratch (there is no function to preserve)
-    affine_init: Literal["auto", "divide", "plain"] = "auto"
+    # divide: member affine = source affine / σ(γ_m), every member starts as the source (the conversion); perturb:
+    # member affine = source affine, member m starts as the source with feature i scaled by σ(γ_m,i) at every norm (a
+    # random perturbation of a trained network, which needs model.init_from or model.pretrained); plain: member affine
+    # = the backbone's fresh init (from scratch, where there is no function to preserve); auto: divide with a source,
+    # plain without. README "Converting a trained network" measures divide against perturb.
+    affine_init: Literal["auto", "divide", "perturb", "plain"] = "auto"
     layers: list[str] | None = None  # fnmatch patterns of norm layers to convert; None: every norm
     # a trained network to convert (loaded into the backbone before conversion): a run directory (its best
     # checkpoint, else its newest), a checkpoint file or folder of any strategy of a single-model run, or a plain
@@ -154,9 +157,22 @@ class ModelConfig(_Section):
 
     @model_validator(mode="after")
     def _resolve_affine_init(self) -> ModelConfig:
-        """``auto`` becomes what it means here, so the saved config says what ran."""
+        """``auto`` becomes what it means here, so the saved config says what ran. ``plain`` on a trained source is
+        the perturbed start under another name (runs before 0.2 saved it so): it runs, is saved as ``perturb``, and
+        says so in one line; ``perturb`` with nothing to perturb is an error."""
+        has_source = bool(self.pretrained or self.init_from)
         if self.affine_init == "auto":
-            self.affine_init = "divide" if self.pretrained or self.init_from else "plain"
+            self.affine_init = "divide" if has_source else "plain"
+        elif self.affine_init == "plain" and has_source:
+            warnings.warn("model.affine_init=plain on a trained source is the perturbed start (member m = the source "
+                          "with each feature scaled by σ(γ_m) at every norm), saved as model.affine_init=perturb; "
+                          "model.affine_init=divide (or auto) starts every member as the source", UserWarning,
+                          stacklevel=2)
+            self.affine_init = "perturb"
+        elif self.affine_init == "perturb" and not has_source:
+            raise _cross_field("affine_init", "perturbs a trained network: it needs model.init_from or "
+                                              "model.pretrained=true; from scratch use plain (or auto)",
+                               self.affine_init)
         return self
 
     @model_validator(mode="after")

@@ -294,6 +294,9 @@ def method_variant(method: str, params: dict[str, str]) -> str:
     parts = []
     for key, short in (spec.knobs if spec else {}).items():
         text, default = params.get(key), _config_default(key)
+        if default == "auto":  # resolved when the run's config loaded (model.affine_init: divide with a source)
+            source = params.get("model.init_from") not in (None, "None") or params.get("model.pretrained") == "True"
+            default = "divide" if source else "plain"
         if text is None:
             continue
         value = _float(text)

@@ -64,7 +64,8 @@ class Method:
 METHODS: dict[str, Method] = {
     "sigma": Method({"model.method": "sigma"}, members=True, regularised=True,
                     knobs={"model.gamma_init_mean": "γ₀", "model.gamma_init_std": "γ₀ std",
-                           "optim.sigma_lr_scale": "σ lr×", "model.member_batches": "batches"}),
+                           "optim.sigma_lr_scale": "σ lr×", "model.member_batches": "batches",
+                           "model.affine_init": "affine"}),
     "single": Method({"model.method": "single"}, members=False, regularised=False),
     "deep": Method({"model.method": "deep"}, members=True, regularised=False),
     "batch": Method({"model.method": "batch"}, members=True, regularised=False,

@@ -166,10 +166,15 @@ def convert_to_sigma_ensemble(
     return SigmaEnsemble(backbone, store, summary)
 
 
+# The config's names for the library's two affine starts: on a trained source ``plain`` is the perturbed start.
+_LIBRARY_AFFINE = {"divide": "divide", "perturb": "plain", "plain": "plain"}
+
+
 def build(cfg: Any, make_backbone: Callable[[], nn.Module]) -> SigmaEnsemble:
     m = cfg.model
     return convert_to_sigma_ensemble(make_backbone(), m.num_members, gamma_init_mean=m.gamma_init_mean,
-                                     gamma_init_std=m.gamma_init_std, affine_init=m.affine_init, layers=m.layers,
+                                     gamma_init_std=m.gamma_init_std, affine_init=_LIBRARY_AFFINE[m.affine_init],
+                                     layers=m.layers,
                                      regularize=cfg.reg.regularize,
                                      seed=cfg.seed, inplace=True)
 

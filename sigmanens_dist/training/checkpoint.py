@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import re
 import shutil
 import tempfile
@@ -25,14 +26,33 @@ import torch
 from sigmanens_dist.distributed.strategies.base import FOLDER_KEY
 from sigmanens_dist.errors import MissingPathError, UsageError
 
-__all__ = ["CheckpointManager", "capture_rng", "consolidated_ema", "consolidated_state_dict", "resolve_checkpoint",
-           "restore_rng"]
+__all__ = ["CheckpointManager", "capture_rng", "consolidated_ema", "consolidated_state_dict", "load_file",
+           "resolve_checkpoint", "restore_rng"]
 
 log = logging.getLogger(__name__)
 
 _STEP_FILE = re.compile(r"^step_(\d+)(\.pt)?$")
 #: The trainer's non-tensor state inside a checkpoint folder (position, RNG of all ranks, schedule, config…).
 TRAINER_STATE = "trainer.pt"
+
+
+def load_file(path: Path | str, what: str) -> Any:
+    """``torch.load`` of a checkpoint or weights file that cannot run code: tensors, containers and plain values only
+    (``weights_only``), plus the numpy RNG state our checkpoints carry. A file from elsewhere holding any other object
+    is refused in one line, before anything in it is built."""
+    import numpy as np
+
+    rng_parts = [np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    reconstruct = getattr(getattr(np, "_core", None), "multiarray", None) or np.core.multiarray
+    with torch.serialization.safe_globals([reconstruct._reconstruct, *rng_parts]):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as err:
+            found = re.search(r"GLOBAL (\S+)", str(err))
+            raise UsageError(
+                f"{what} {path}: refused: it holds {found.group(1) if found else 'a Python object'} besides tensors "
+                "and plain values, and unpickling it could run any code. If you trust the file, re-save its tensors "
+                "(torch.save(torch.load(f, weights_only=False)['state_dict'], 'weights.pt')) and give that") from None
 
 
 def capture_rng() -> dict[str, Any]:
@@ -158,12 +178,12 @@ class CheckpointManager:
         folder under ``FOLDER_KEY`` (the strategy reads its shards from there), once its shard index is readable."""
         path = Path(path)
         if path.is_dir():
-            state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
+            state = load_file(path / TRAINER_STATE, "checkpoint")
             if not isinstance(state, dict) or "format" not in state or "position" not in state:
                 raise UsageError(f"{path} is not a sigmanens checkpoint folder (missing 'format'/'position')")
             check_folder(path, state["format"])
             return {**state, FOLDER_KEY: path}
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = load_file(path, "checkpoint")
         if not isinstance(state, dict) or "model" not in state or "position" not in state:
             raise UsageError(f"{path} is not a sigmanens checkpoint (missing 'model'/'position')")
         return state
