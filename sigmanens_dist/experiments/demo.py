@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "--out", str(args.out / "compare")])
     curves = {}
     for child in definition["children"]:
-        pred = torch.load(Path(definition["out"]) / child["name"] / "val_predictions.pt")
+        pred = torch.load(Path(definition["out"]) / child["name"] / "val_predictions.pt", weights_only=True)
         curves[child["name"]] = (pred["probs"], pred["targets"])
     plot = reliability_diagrams(curves, args.out / "reliability.png")
     print(f"reliability diagrams (validation split): {plot}")

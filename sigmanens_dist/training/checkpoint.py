@@ -55,6 +55,92 @@ def load_file(path: Path | str, what: str) -> Any:
                 "(torch.save(torch.load(f, weights_only=False)['state_dict'], 'weights.pt')) and give that") from None
 
 
+# What the pickles of this project's checkpoints name besides containers and numbers: torch's tensor rebuilding, the
+# numpy RNG state, and the data classes that torch.distributed.checkpoint's metadata and DeepSpeed's state files hold.
+_WRITTEN_GLOBALS = frozenset({
+    "collections.OrderedDict", "_codecs.encode", "pathlib.PosixPath", "torch.Size", "torch._utils._rebuild_tensor_v2",
+    "torch._utils._rebuild_parameter", "torch.serialization._get_layout", "numpy.dtype", "numpy.ndarray",
+    "numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct",
+    "torch.distributed.checkpoint.filesystem._StorageInfo"})
+_DATA_CLASS_MODULES = ("torch.distributed.checkpoint.metadata", "deepspeed.runtime.zero.config",
+                       "deepspeed.runtime.fp16.loss_scaler", "deepspeed.utils.tensor_fragment", "numpy.dtypes")
+
+
+def written_by_us(name: str) -> bool:
+    """Whether a pickle GLOBAL is one that this project's checkpoints contain (a class of those modules, a torch dtype
+    or storage type, or one of ``_WRITTEN_GLOBALS``); functions of those modules are not."""
+    import importlib
+
+    if name in _WRITTEN_GLOBALS:
+        return True
+    module, _, attr = name.rpartition(".")
+    if module == "torch":
+        obj = getattr(torch, attr, None)
+        return isinstance(obj, torch.dtype) or (isinstance(obj, type) and attr.endswith("Storage"))
+    if module in _DATA_CLASS_MODULES:
+        return isinstance(getattr(importlib.import_module(module), attr, None), type)
+    return False
+
+
+class _GlobalsCheck(pickle.Unpickler):
+    """Walks a pickle the way ``pickle.load`` would, but every class or function it names resolves to an inert stand-in
+    (nothing is constructed or called), and a name outside ``allowed`` stops the walk: the way to vet a pickle that a
+    library will then load in full (DCP's metadata, DeepSpeed's state files)."""
+
+    class _Inert(dict):
+        """Takes any construction, state, items or appends (an OrderedDict, a list subclass…) and keeps none."""
+
+        __hash__ = object.__hash__
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def __setstate__(self, state: Any) -> None:
+            pass
+
+        def __setitem__(self, key: Any, value: Any) -> None:
+            pass
+
+        def append(self, item: Any) -> None:
+            pass
+
+        def extend(self, items: Any) -> None:
+            pass
+
+    def __init__(self, file: Any, allowed: Callable[[str], bool]) -> None:
+        super().__init__(file)
+        self.allowed = allowed
+
+    def find_class(self, module: str, name: str) -> Any:
+        if not self.allowed(f"{module}.{name}"):
+            raise pickle.UnpicklingError(f"GLOBAL {module}.{name}")
+        return self._Inert
+
+    def persistent_load(self, pid: Any) -> None:  # torch.save's tensor storages: their bytes are not pickles
+        return None
+
+
+def check_pickle(path: Path, allowed: Callable[[str], bool], what: str) -> None:
+    """Refuse (one line) a pickle file, or a ``torch.save`` zip's pickle, that names a class or function outside
+    ``allowed``: a checkpoint folder from elsewhere must not run code when torch.distributed.checkpoint or DeepSpeed,
+    which unpickle without restriction, read it."""
+    import zipfile
+
+    with open(path, "rb") as f:
+        if zipfile.is_zipfile(f):
+            with zipfile.ZipFile(f) as z:
+                streams = [z.open(n) for n in z.namelist() if n.endswith(".pkl")]
+        else:
+            f.seek(0)
+            streams = [f]
+        try:
+            for stream in streams:
+                _GlobalsCheck(stream, allowed).load()
+        except pickle.UnpicklingError as err:
+            raise UsageError(f"{what} {path}: refused: it holds {str(err).removeprefix('GLOBAL ')}, which is not "
+                             "in a checkpoint this project writes, and unpickling it could run any code") from None
+
+
 def capture_rng() -> dict[str, Any]:
     """Every RNG the loop draws from (torch CPU/CUDA, numpy, python), so a resumed run draws the same numbers."""
     import random
@@ -214,11 +300,14 @@ def check_folder(path: Path, fmt: str) -> None:
     if fmt == "dcp":
         from torch.distributed.checkpoint import FileSystemReader
 
+        check_pickle(path / ".metadata", written_by_us, "checkpoint")  # DCP unpickles it without restriction
         FileSystemReader(str(path)).read_metadata()
     elif fmt == "deepspeed":
         tag = path / "latest"
         if not tag.is_file() or not (path / tag.read_text().strip()).is_dir():
             raise FileNotFoundError(f"{path} has no complete DeepSpeed checkpoint ('latest' and its tag folder)")
+        for file in sorted((path / tag.read_text().strip()).glob("*.pt")):  # DeepSpeed loads with weights_only=False
+            check_pickle(file, written_by_us, "checkpoint")
     else:
         raise ValueError(f"{path}: unknown checkpoint folder format {fmt!r}")
 
