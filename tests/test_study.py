@@ -268,6 +268,11 @@ def test_pairing_at_equal_epochs_or_equal_compute(tmp_path: Path) -> None:
         write_report(records, [], tmp_path, "single", pair="flops")
     with pytest.raises(CompareError, match=r"--split test: 9 run\(s\) have no test-set evaluation"):
         write_report(records, [], tmp_path, "single", split="test")
+    assert "Selection on the test set" not in table  # validation scores
+    for r in records:
+        r.split_values["test"] = {"acc": r.values["acc"]}
+    write_report(records, [], tmp_path, "single", pair="compute", split="test")
+    assert "**Selection on the test set:** this table compares 3 configurations" in (tmp_path / "table.md").read_text()
 
 
 def test_compare_errors_name_what_is_wrong(tmp_path: Path) -> None:
@@ -371,6 +376,11 @@ def test_a_methods_own_knobs_away_from_default_make_a_variant_that_compare_keeps
     assert groups[1].mean("acc") == pytest.approx(0.9)
     words = {"model.method": "sigma", "model.member_batches": "shared", "optim.sigma_lr_scale": "num_members"}
     assert method_variant("sigma", words) == "batches=shared"  # a word knob; a word default is no variant
+    # the affine start: what auto resolves to is no variant (plain from scratch, divide from a source)
+    assert method_variant("sigma", {"model.affine_init": "plain"}) == ""
+    assert method_variant("sigma", {"model.affine_init": "divide", "model.init_from": "runs/x"}) == ""
+    assert method_variant("sigma", {"model.affine_init": "perturb", "model.init_from": "runs/x"}) == "affine=perturb"
+    assert method_variant("sigma", {"model.affine_init": "divide"}) == "affine=divide"
 
 
 @pytest.mark.slow

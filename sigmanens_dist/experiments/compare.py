@@ -294,7 +294,7 @@ def method_variant(method: str, params: dict[str, str]) -> str:
     parts = []
     for key, short in (spec.knobs if spec else {}).items():
         text, default = params.get(key), _config_default(key)
-        if default == "auto":  # resolved when the run's config loaded (model.affine_init: divide with a source)
+        if key == "model.affine_init":  # saved as auto resolved: divide with a source, plain from scratch
             source = params.get("model.init_from") not in (None, "None") or params.get("model.pretrained") == "True"
             default = "divide" if source else "plain"
         if text is None:
@@ -482,6 +482,10 @@ def _markdown(report: _Report, notes: list[str], path: Path) -> Path:
     where = ("the test set (the trained weights' `eval/test/raw/*`)" if report.split == "test" else
              "the validation split (the loop's final `val/*`)")
     text = "\n".join(lines) + f"\n\nScores on {where}; mean ± std over seeds. "
+    if report.split == "test" and len(report.groups) > 2:
+        text += (f"**Selection on the test set:** this table compares {len(report.groups)} configurations; a choice "
+                 "among them read off it is tuned on the test set: choose with `--split val`, then read this table "
+                 "once for the configurations chosen. ")
     text += (f"Δ: the paired difference (same seed) against {report.reference} at {PAIRINGS[report.pair]}, with the "
              "95% t interval; it excludes 0 when both ends have the same sign. " if report.diffs else
              "One method only: no paired differences (a study with `--methods sigma,single` has a reference). ")
