@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sigmanens_dist.sigma.layers.sigma_norm import SigmaNorm
+from sigmanens_dist.sigma.layers.sigma_norm import SigmaNorm, fresh_view
 
 __all__ = ["SigmaBatchNorm"]
 
@@ -14,8 +14,10 @@ __all__ = ["SigmaBatchNorm"]
 class SigmaBatchNorm(SigmaNorm):
     """Replaces ``nn.BatchNorm1d/2d/3d``, ``nn.SyncBatchNorm`` and timm's ``BatchNormAct2d``/``SyncBatchNormAct``.
 
-    Training runs one ``F.batch_norm`` per member on its contiguous chunk (measured faster on CPU than one grouped
-    call on a transposed copy); eval folds running stats, σ gate and affine into one broadcast multiply-add.
+    In an ensemble pass (interleaved rows) the layer is ONE ``F.batch_norm`` over the view ``(B, M·C, …)``, with the
+    member affines and running stats as ``(M·C,)`` vectors: in training, bit for bit the M per-member calls. Called
+    alone (member-major rows), training runs one ``F.batch_norm`` per member on its contiguous chunk and eval folds
+    running stats, σ gate and affine into one broadcast multiply-add.
     Note: a source ``SyncBatchNorm`` keeps per-rank statistics here (stats are not synchronised across ranks).
     """
 
@@ -28,6 +30,7 @@ class SigmaBatchNorm(SigmaNorm):
         self.track_running_stats = source.track_running_stats and source.running_mean is not None
         if self.track_running_stats:
             self.register_buffer("num_batches_tracked", source.num_batches_tracked.detach().clone())
+        self._flat_stats: tuple[torch.Tensor, torch.Tensor] | tuple[None, None] = (None, None)
 
     def bind(self, store, slot) -> None:
         super().bind(store, slot)
@@ -36,37 +39,62 @@ class SigmaBatchNorm(SigmaNorm):
 
     def rebind_stats(self) -> None:
         """Expose the running stats as buffers named ``running_mean``/``running_var`` (views, not in state_dict:
-        the store's flat buffer is what is saved) so tools that sync BN buffers by name keep working."""
+        the store's flat buffer is what is saved) so tools that sync BN buffers by name keep working; and keep their
+        ``(M·C,)`` views for the one-call path, so no forward rebuilds them."""
         mean, var = self.store.stats(self._slot.stats, self.num_features)
         self.register_buffer("running_mean", mean, persistent=False)
         self.register_buffer("running_var", var, persistent=False)
+        self._flat_stats = (mean.view(-1), var.view(-1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_batch(x)
         if x.shape[1] != self.num_features:
             raise ValueError(f"{type(self).__name__}: expected {self.num_features} channels at dim 1, got "
                              f"input of shape {tuple(x.shape)}")
-        scale, shift = self.gated_affine()
-        mean, var = self.store.stats(self._slot.stats, self.num_features) if self.track_running_stats else (None, None)
-        if self.training or not self.track_running_stats:
-            factor = 0.0 if self.momentum is None else self.momentum
-            if self.training and self.track_running_stats:
-                self.num_batches_tracked.add_(1)
-                if self.momentum is None:
-                    factor = 1.0 / float(self.num_batches_tracked)
-            # unbind, not scale[m]: its backward is one stack, where M selects would each write a full-size gradient
-            scales = scale.unbind(0)
-            shifts = shift.unbind(0)  # σBatchNorm always has a member bias (has_bias)
-            chunks = x.chunk(self.num_members)
-            y = torch.cat([
-                F.batch_norm(chunks[m], None if mean is None else mean[m], None if var is None else var[m],
-                             scales[m], shifts[m], True, factor, self.eps)
-                for m in range(self.num_members)
-            ])
+        scale, shift = self.flat_affine()  # σBatchNorm always has a member bias (has_bias)
+        batch_stats = self.training or not self.track_running_stats
+        factor = self._momentum_step() if batch_stats else 0.0
+        if self.store.interleaved:
+            y = self._one_call(x, scale, shift, batch_stats, factor)
+        elif batch_stats:
+            y = self._per_member(x, scale, shift, factor)
         else:
+            mean, var = (t.view(-1) for t in self.store.stats(self._slot.stats, self.num_features))
             a = scale * torch.rsqrt(var + self.eps)
             y = self.member_affine(x, a.to(x.dtype), (shift - mean * a).to(x.dtype))
         return self.post(y)
+
+    def _momentum_step(self) -> float:
+        """The running-stat update factor of this training call (counting the batch first, as ``_BatchNorm`` does)."""
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                factor = 1.0 / float(self.num_batches_tracked)
+        return factor
+
+    def _one_call(self, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, batch_stats: bool,
+                  factor: float) -> torch.Tensor:
+        """Interleaved rows: every member's norm as one native call over M·C channels."""
+        # channels_last (or any other stride order) has no (B, M·C, …) view: one NCHW copy keeps it exact.
+        x = x.contiguous()
+        mean, var = self._flat_stats
+        y = F.batch_norm(x.view(x.shape[0] // self.num_members, -1, *x.shape[2:]), mean, var, scale, shift,
+                         batch_stats, factor, self.eps)
+        return fresh_view(y, x.shape)
+
+    def _per_member(self, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, factor: float) -> torch.Tensor:
+        """Member-major rows, batch statistics: one call per member on its contiguous chunk."""
+        m = self.num_members
+        mean, var = self.store.stats(self._slot.stats, self.num_features) if self.track_running_stats else (None, None)
+        # unbind, not scale[m]: its backward is one stack, where M selects would each write a full-size gradient
+        scales, shifts = scale.view(m, -1).unbind(0), shift.view(m, -1).unbind(0)
+        chunks = x.chunk(m)
+        return torch.cat([
+            F.batch_norm(chunks[i], None if mean is None else mean[i], None if var is None else var[i], scales[i],
+                         shifts[i], True, factor, self.eps)
+            for i in range(m)
+        ])
 
     def fill_plain(self, layer: nn.Module, member: int, scale: torch.Tensor, shift: torch.Tensor | None) -> None:
         super().fill_plain(layer, member, scale, shift)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sigmanens_dist.sigma.layers.sigma_norm import SigmaNorm
+from sigmanens_dist.sigma.layers.sigma_norm import SigmaNorm, fresh_view
 
 __all__ = ["SigmaLayerNorm", "SigmaLayerNorm2d"]
 
@@ -30,19 +30,32 @@ class SigmaLayerNorm(SigmaNorm):
         dtype = x.dtype
         if self.fp32:
             x = x.float()
-        scale, shift = self.gated_affine()
-        y = self.norm_affine(x, scale.to(x.dtype), None if shift is None else shift.to(x.dtype))
-        return self.post(y.to(dtype))
+        return self.post(self.norm_affine(x).to(dtype))
 
-    def norm_affine(self, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None) -> torch.Tensor:
-        return self.member_affine(self.normalize(x), scale, shift)
+    def norm_affine(self, x: torch.Tensor) -> torch.Tensor:
+        joint = self.store.pass_affine(self._slot.name)
+        if not (self.store.interleaved and x.is_contiguous() and joint is not None and len(joint) == 1):
+            return self.member_affine(self.normalize(x), *self.affine(x.dtype))
+        # Interleaved rows: ONE native call with the member affine fused. Viewed as (B, M·T·K) (T positions of K
+        # features per row), a LayerNorm is a GroupNorm with M·T groups of K channels; its per-channel affine is the
+        # member affine spread over the T positions: one (2, M·T·K) copy of weight and bias, 1/B of the activation.
+        m, k = self.num_members, self.num_features
+        tokens = x[0].numel() // k
+        scale, shift = joint[0].to(x.dtype).view(2, m, 1, k).expand(2, m, tokens, k).reshape(2, -1)
+        y = F.group_norm(x.view(x.shape[0] // m, -1), m * tokens, scale, shift, self.eps)
+        return fresh_view(y, x.shape)
 
 
 class SigmaLayerNorm2d(SigmaLayerNorm):
-    """Channels-first LayerNorm over dim 1 of ``(N, C, H, W)`` (timm ``LayerNorm2d``, ``LayerNormAct2d``…), computed
-    the way timm does: permute to channels-last, normalise, permute back."""
+    """Channels-first LayerNorm over dim 1 of ``(N, C, H, W)`` (timm ``LayerNorm2d``, ``LayerNormAct2d``…), normalised
+    the way timm does (permute to channels-last, normalise, permute back). The member affine then runs on that
+    permuted view as a channels-first broadcast: no reshape of a permuted tensor, so no copy of the activation."""
 
     kind = "layer2d"
+    channels_last = False
 
-    def norm_affine(self, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None) -> torch.Tensor:
-        return super().norm_affine(x.permute(0, 2, 3, 1), scale, shift).permute(0, 3, 1, 2)
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return super().normalize(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+    def norm_affine(self, x: torch.Tensor) -> torch.Tensor:
+        return self.member_affine(self.normalize(x), *self.affine(x.dtype))

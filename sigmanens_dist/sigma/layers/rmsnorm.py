@@ -26,6 +26,9 @@ class SigmaRmsNorm(SigmaLayerNorm):
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, self.normalized_shape, None, self.eps)
 
+    def norm_affine(self, x: torch.Tensor) -> torch.Tensor:
+        return self.member_affine(self.normalize(x), *self.affine(x.dtype))  # no native grouped RMS norm to fuse
+
 
 class SigmaRmsNorm2d(SigmaRmsNorm):
     """Channels-first RMS norm over dim 1 of ``(N, C, H, W)``, with timm's eager 2d kernel."""

@@ -1,8 +1,11 @@
 """Base of the member-vectorised σ norms: ``σNorm_m(x) = sigmoid(γ_m) ⊙ norm_m(x)`` for M members in one pass.
 
-The input is a member-major batch ``(M·B, …)``: rows ``m·B … (m+1)·B − 1`` belong to member m. Subclasses only
-normalise (without affine); this base applies member m's affine with ``sigmoid(γ_m)`` folded into it, so the σ
-gate costs no extra pass over the activations: ``σ(γ)·(w·x̂ + b) = (σ(γ)w)·x̂ + σ(γ)b``.
+The input holds M·B rows in one of two layouts: member-major (rows ``m·B … (m+1)·B − 1`` belong to member m), what
+a layer called alone takes, or interleaved (row ``b·M + m``), what the ensemble runs its backbone on (the store says
+which, :attr:`SigmaStore.interleaved`). Interleaved, a contiguous ``(B·M, C, …)`` activation is the pure view
+``(B, M·C, …)``: a native norm over M·C channels is then every member's norm at once. Subclasses normalise; this
+base applies member m's affine with ``sigmoid(γ_m)`` folded into it, so the σ gate costs no extra pass over the
+activations: ``σ(γ)·(w·x̂ + b) = (σ(γ)w)·x̂ + σ(γ)b``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from torch import nn
 
 from sigmanens_dist.sigma.layers.store import LayerSlot, SigmaStore
 
-__all__ = ["SigmaNorm"]
+__all__ = ["SigmaNorm", "fresh_view"]
 
 
 class SigmaNorm(nn.Module):
@@ -65,35 +68,51 @@ class SigmaNorm(nn.Module):
     def bias(self) -> torch.Tensor | None:
         return None if self._slot.bias is None else self.store.columns(self._slot.bias)
 
-    def gated_affine(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Member affine with the σ gate folded in: ``(σ(γ)·w, σ(γ)·b)``, each ``(M, C)`` (``(w, b)`` when the store
-        is ungated); within an ensemble's forward pass, the store's once-per-pass copy."""
+    def flat_affine(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Member affine with the σ gate folded in: ``(σ(γ)·w, σ(γ)·b)`` (``(w, b)`` when the store is ungated),
+        each a contiguous ``(M·C,)`` vector, entry ``m·C + c``; within an ensemble's forward pass, the store's
+        once-per-pass piece."""
         cached = self.store.pass_affine(self._slot.name)
         if cached is not None:
-            return cached
-        bias = self.bias
-        if not self.store.gated:
-            return self.weight, bias
-        gate = torch.sigmoid(self.gamma)
-        return gate * self.weight, None if bias is None else gate * bias
+            return cached if len(cached) == 2 else tuple(cached[0].unbind(0))
+        weight, bias = self.weight, self.bias
+        if self.store.gated:
+            gate = torch.sigmoid(self.gamma)
+            weight, bias = gate * weight, None if bias is None else gate * bias
+        return weight.reshape(-1), None if bias is None else bias.reshape(-1)
+
+    def gated_affine(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`flat_affine` as ``(M, C)`` views, member m's row m."""
+        scale, shift = self.flat_affine()
+        m = self.num_members
+        return scale.view(m, -1), None if shift is None else shift.view(m, -1)
+
+    def affine(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`flat_affine` in the activations' dtype."""
+        scale, shift = self.flat_affine()
+        return scale.to(dtype), None if shift is None else shift.to(dtype)
 
     # -- forward helpers -----------------------------------------------------------------------------------
     def check_batch(self, x: torch.Tensor) -> int:
-        """Per-member batch size B of a member-major input, or a clear error."""
+        """Per-member batch size B of the input, or a clear error."""
         if x.ndim < 2 or x.shape[0] % self.num_members:
             raise ValueError(f"{type(self).__name__}: input batch dimension {tuple(x.shape)[:1]} is not a multiple "
                              f"of num_members={self.num_members}; σ layers take member-major batches (M·B, …)")
         return x.shape[0] // self.num_members
 
     def member_affine(self, y: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None) -> torch.Tensor:
-        """Apply member m's ``(C,)`` scale/shift to its rows of the normalised ``y`` in one broadcast op."""
-        m, c = self.num_members, self.num_features
-        if self.channels_last:
-            view, s = y.reshape(m, -1, c), (m, 1, c)
-        else:
-            view, s = y.reshape(m, y.shape[0] // m, c, -1), (m, 1, c, 1)
-        out = view * scale.view(s) if shift is None else torch.addcmul(shift.view(s), view, scale.view(s))
-        return out.view(y.shape)
+        """Apply member m's scale/shift (``(M·C,)``, see :meth:`flat_affine`) to its rows of the normalised ``y``,
+        in either row layout, in one broadcast op."""
+        m = self.num_members
+        rows, members = ((y.shape[0] // m, m), (1, m)) if self.store.interleaved else ((m, y.shape[0] // m), (m, 1))
+        if self.channels_last:  # the affine covers the trailing param_shape dims
+            shape = (*members, *[1] * (y.ndim - 1 - len(self.param_shape)), *self.param_shape)
+        else:  # the affine covers dim 1
+            shape = (*members, self.num_features, *[1] * (y.ndim - 2))
+        out = y.view(*rows, *y.shape[1:]) * scale.view(shape)
+        if shift is not None:  # mul then add: addcmul's backward would add two multiplies by its scalar `value`
+            out = out + shift.view(shape)
+        return fresh_view(out, y.shape)
 
     def post(self, y: torch.Tensor) -> torch.Tensor:
         if self.drop is not None:
@@ -128,3 +147,11 @@ class SigmaNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, num_members={self.num_members}, eps={self.eps}"
+
+
+def fresh_view(t: torch.Tensor, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
+    """``t.view(shape)`` that autograd treats as a new tensor, not as a view of ``t``. Returned from a σ layer, a plain
+    view makes a following in-place op (``ReLU(inplace=True)``, timm's ``*Act`` layers) rewrite the backward of
+    ``t``'s producer as CopySlices: three extra full-size copies per layer. Safe here because ``t`` is an output that
+    no backward saves (batch/group/layer norm and the affine's mul/addcmul save their inputs, not their outputs)."""
+    return torch.ops.aten._unsafe_view(t, shape)

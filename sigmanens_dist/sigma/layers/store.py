@@ -9,8 +9,10 @@ Layout of the parameter, shape ``(M, D)``, one row per member::
 
 so ``flat[:, :G_reg]`` is the ``(M, F)`` matrix the regulariser needs and ``flat[m]`` is member m's whole state.
 During a forward pass of the ensemble (:meth:`SigmaStore.begin_pass`) every layer's gated affine ``σ(γ)·w, σ(γ)·b``
-comes from one sigmoid, one gather and one multiply over the whole store, split into per-layer views: a few kernels
-per pass instead of a few per layer, which is what a GPU pays for (each launch costs as much as a small norm's math).
+comes from one gather, one sigmoid and one multiply over the whole store, split into per-layer contiguous ``(M·C,)``
+pieces (member-major: entry ``m·C + c``): a few kernels per pass instead of a few per layer, which is what a GPU pays
+for (each launch costs as much as a small norm's math), and pieces a native norm over M·C channels takes as they are.
+The pass also publishes where the members sit in the batch (:attr:`SigmaStore.interleaved`), so no layer guesses.
 Running statistics live in one flat buffer too, with every layer's ``(M, C)`` mean and var contiguous so the
 per-member rows can be updated in place by ``F.batch_norm``.
 """
@@ -23,7 +25,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["LayerSlot", "SigmaStore"]
+__all__ = ["JOINT_AFFINE", "LayerSlot", "SigmaStore"]
+
+# Kinds of σ layer that take weight and bias as one (2, M·C) tensor in a pass: σLayerNorm spreads both over the
+# token positions with one copy (see SigmaLayerNorm.norm_affine).
+JOINT_AFFINE = frozenset({"layer"})
 
 
 @dataclass(frozen=True)
@@ -66,13 +72,21 @@ class SigmaStore(nn.Module):
         starts = [lo for (lo, _), _ in spans]
         if starts != [self.num_gamma, *(hi for (_, hi), _ in spans[:-1])]:
             raise ValueError("SigmaStore: the affine columns must follow the γ block contiguously, layer by layer")
-        gate_of = [g0 + i for (lo, hi), g0 in spans for i in range(hi - lo)]
-        self.register_buffer("gate_index", torch.tensor(gate_of, dtype=torch.int64), persistent=False)
-        self._affine_sizes = [hi - lo for (lo, hi), _ in spans]
-        self._pass: dict[str, tuple[torch.Tensor, torch.Tensor | None]] | None = None
+        # One gather from the flat (M, D) parameter reads, for every affine entry in the per-layer (M·C,) order,
+        # first the γ that gates it, then the entry itself.
+        gates = _member_major_index(num_members, num_columns, spans, [g0 for _, g0 in spans])
+        self.register_buffer("gather_index", torch.cat([gates, _member_major_index(num_members, num_columns, spans,
+                                                                                   starts)]), persistent=False)
+        self._piece_sizes = [num_members * (hi - lo) for s in slots
+                             for lo, hi in ([(s.weight[0], s.bias[1])] if self._joint(s) else
+                                            [span for span in (s.weight, s.bias) if span is not None])]
+        self._pass: dict[str, tuple[torch.Tensor, ...]] | None = None
         # False under activation checkpointing: a recomputed block must save exactly the tensors its first forward
         # saved, so every layer computes its own affine in both (models.build_model sets it)
         self.per_pass = True
+        # True only during an ensemble pass whose backbone rows are interleaved (row b·M + m, see
+        # SigmaEnsemble.forward_members); a σ layer called outside a pass takes member-major rows.
+        self.interleaved = False
 
     def _layout_values(self) -> list[int]:
         crc = zlib.crc32("|".join(s.signature() for s in self.slots).encode())
@@ -94,25 +108,34 @@ class SigmaStore(nn.Module):
     def columns(self, span: tuple[int, int]) -> torch.Tensor:
         return self.flat[:, span[0] : span[1]]
 
-    def gated_affines(self) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
-        """Every layer's ``(σ(γ)·w, σ(γ)·b)`` (``(w, b)`` ungated), each ``(M, C)``, by layer name, from one pass over
-        the flat parameter (its backward is one gather-add and one concatenation)."""
-        g = self.num_gamma
-        affine = self.flat[:, g:]
+    def gated_affines(self) -> dict[str, tuple[torch.Tensor, ...]]:
+        """Every layer's ``(σ(γ)·w, σ(γ)·b)`` (``(w, b)`` ungated) by layer name, from one gather over the flat
+        parameter (its backward is one gather-add): two contiguous ``(M·C,)`` pieces (entry ``m·C + c``), or, for the
+        kinds in :data:`JOINT_AFFINE`, one ``(2, M·C)`` tensor whose rows they are."""
+        gamma, affine = self.flat.reshape(-1).index_select(0, self.gather_index).chunk(2)
         if self.gated:
-            affine = torch.sigmoid(self.flat[:, :g]).index_select(1, self.gate_index) * affine
-        pieces = iter(affine.split(self._affine_sizes, dim=1))
-        return {s.name: (next(pieces), next(pieces) if s.bias is not None else None) for s in self.slots}
+            affine = torch.sigmoid(gamma) * affine
+        pieces = iter(affine.split(self._piece_sizes))
+        return {s.name: (next(pieces).view(2, -1),) if self._joint(s) else
+                (next(pieces), next(pieces) if s.bias is not None else None) for s in self.slots}
 
-    def begin_pass(self) -> None:
-        """Compute every gated affine once for the forward pass that follows (the layers read them by name)."""
+    @staticmethod
+    def _joint(slot: LayerSlot) -> bool:
+        return slot.kind in JOINT_AFFINE and slot.bias is not None
+
+    def begin_pass(self, interleaved: bool = False) -> None:
+        """Compute every gated affine once for the forward pass that follows (the layers read them by name), and
+        publish the pass's row layout."""
         self._pass = self.gated_affines() if self.per_pass else None
+        self.interleaved = interleaved
 
     def end_pass(self) -> None:
-        """Drop them: a layer run outside a pass (export, a layer called alone) computes its own."""
+        """Drop them: a layer run outside a pass (export, a layer called alone) computes its own, on member-major
+        rows."""
         self._pass = None
+        self.interleaved = False
 
-    def pass_affine(self, name: str) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    def pass_affine(self, name: str) -> tuple[torch.Tensor, ...] | None:
         return None if self._pass is None else self._pass.get(name)
 
     def stats(self, offset: int, num_features: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,3 +169,12 @@ class SigmaStore(nn.Module):
             diffs = ["same sizes but the σ layers differ in name, kind or order (layout checksum differs)"]
         return "cannot load σN-Ens state: the checkpoint comes from a different architecture or conversion (" + \
             "; ".join(diffs) + ")"
+
+
+def _member_major_index(num_members: int, row_len: int, spans: list[tuple[tuple[int, int], int]],
+                        firsts: list[int]) -> torch.Tensor:
+    """Indices into a flattened row-major ``(M, row_len)`` tensor that read, span after span, the ``hi - lo`` columns
+    starting at ``first`` for member 0, then member 1, …: each span's ``(M·C,)`` piece in member-major order."""
+    rows = torch.arange(num_members, dtype=torch.int64)[:, None] * row_len
+    return torch.cat([(rows + torch.arange(first, first + hi - lo, dtype=torch.int64)).reshape(-1)
+                      for ((lo, hi), _), first in zip(spans, firsts, strict=True)])
