@@ -68,9 +68,7 @@ class SigmaEnsemble(EnsembleMethod):
         """Member logits ``(M, B, K)`` for a batch ``(B, …)`` seen by every member (or a member-major one)."""
         if member_major:
             return self.forward_members(x)
-        interleaved = self._interleaves()
-        return self._members_pass(map_tensors(x, lambda t: _replicate(t, self.num_members, interleaved)),
-                                  _batch_size(x), interleaved)
+        return self._members_pass(map_tensors(x, lambda t: _replicate(t, self.num_members)), _batch_size(x))
 
     def forward_members(self, x: Inputs) -> torch.Tensor:
         """Member logits ``(M, B, K)`` for a member-major batch ``(M·B, …)``."""
@@ -78,29 +76,21 @@ class SigmaEnsemble(EnsembleMethod):
         if batch % self.num_members:
             raise ValueError(f"forward_members: batch size {batch} is not a multiple of num_members="
                              f"{self.num_members}; pass (M·B, …) member-major inputs, or use forward((B, …))")
-        interleaved = self._interleaves()
-        if interleaved:
-            x = map_tensors(x, lambda t: _interleave(t, self.num_members))
-        return self._members_pass(x, batch // self.num_members, interleaved)
+        return self._members_pass(map_tensors(x, lambda t: _interleave(t, self.num_members)),
+                                  batch // self.num_members)
 
-    def _interleaves(self) -> bool:
-        """Whether the backbone runs on interleaved rows (see :mod:`sigmanens_dist.sigma.layers.sigma_norm`): always,
-        except under activation checkpointing (``per_pass`` off), where a block recomputed in backward runs after
-        the pass that published the layout has ended and would read its rows as member-major."""
-        return self.sigma.per_pass
-
-    def _members_pass(self, rows: Inputs, batch: int, interleaved: bool) -> torch.Tensor:
-        """Run the backbone on ``M·B`` rows in the given layout; member logits ``(M, B, K)``."""
+    def _members_pass(self, rows: Inputs, batch: int) -> torch.Tensor:
+        """Run the backbone on ``M·B`` interleaved rows (row ``b·M + m``, see
+        :mod:`sigmanens_dist.sigma.layers.sigma_norm`); member logits ``(M, B, K)``."""
         if self.sigma.running_stats.data_ptr() != self._bound_ptr:
             self.rebind()
-        self.sigma.begin_pass(interleaved)
+        self.sigma.begin_pass(interleaved=True)
         try:
             out = logits_of(self.backbone(**rows) if isinstance(rows, Mapping) else self.backbone(rows))
         finally:
             self.sigma.end_pass()
-        if interleaved:  # back to the member-major contract, as a view (as Packed-Ensembles returns its logits)
-            return out.view(batch, self.num_members, *out.shape[1:]).transpose(0, 1)
-        return out.view(self.num_members, batch, *out.shape[1:])
+        # back to the member-major contract, as a view (as Packed-Ensembles returns its logits)
+        return out.view(batch, self.num_members, *out.shape[1:]).transpose(0, 1)
 
     # -- σ state ---------------------------------------------------------------------------------------------
     def gamma(self, regularized_only: bool = True) -> torch.Tensor:
@@ -210,7 +200,6 @@ def _interleave(t: torch.Tensor, num_members: int) -> torch.Tensor:
     return t.view(num_members, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
 
 
-def _replicate(t: torch.Tensor, num_members: int, interleaved: bool) -> torch.Tensor:
-    """A batch ``(B, …)`` seen by every member, as ``M·B`` rows of the given layout: one copy."""
-    rows = (t.shape[0], num_members) if interleaved else (num_members, t.shape[0])
-    return t.unsqueeze(1 if interleaved else 0).expand(*rows, *t.shape[1:]).reshape(-1, *t.shape[1:])
+def _replicate(t: torch.Tensor, num_members: int) -> torch.Tensor:
+    """A batch ``(B, …)`` seen by every member, as ``M·B`` interleaved rows: one copy."""
+    return t.unsqueeze(1).expand(t.shape[0], num_members, *t.shape[1:]).reshape(-1, *t.shape[1:])

@@ -84,8 +84,9 @@ class SigmaStore(nn.Module):
         # False under activation checkpointing: a recomputed block must save exactly the tensors its first forward
         # saved, so every layer computes its own affine in both (models.build_model sets it)
         self.per_pass = True
-        # True only during an ensemble pass whose backbone rows are interleaved (row b·M + m, see
-        # SigmaEnsemble.forward_members); a σ layer called outside a pass takes member-major rows.
+        # True during an ensemble pass, whose backbone rows are interleaved (row b·M + m, see
+        # SigmaEnsemble.forward_members); a σ layer called outside a pass takes member-major rows. Under activation
+        # checkpointing it stays True after the pass (see end_pass).
         self.interleaved = False
 
     def _layout_values(self) -> list[int]:
@@ -131,9 +132,11 @@ class SigmaStore(nn.Module):
 
     def end_pass(self) -> None:
         """Drop them: a layer run outside a pass (export, a layer called alone) computes its own, on member-major
-        rows."""
+        rows. Under activation checkpointing (``per_pass`` off) the blocks recomputed in backward run after the pass
+        and must read their rows as their first forward did: the layout then stays published until the next pass."""
         self._pass = None
-        self.interleaved = False
+        if self.per_pass:
+            self.interleaved = False
 
     def pass_affine(self, name: str) -> tuple[torch.Tensor, ...] | None:
         return None if self._pass is None else self._pass.get(name)
