@@ -191,3 +191,13 @@ def test_op_count_of_a_train_step_does_not_grow_with_members(name: str) -> None:
     assert counts[4] == counts[16], counts
     plain_ops, sigma_ops = counts[4]
     assert sigma_ops / plain_ops <= bound, counts
+
+
+@pytest.mark.parametrize("name", ["resnet18", "vit-tiny"])
+def test_the_sigma_pass_compiles_to_one_graph(name: str) -> None:
+    """torch.compile traces the whole ensemble pass (interleave, σ layers, de-interleave) as one graph: a break
+    would split the step into pieces and put Python between them on an accelerator."""
+    ens = convert_to_sigma_ensemble(OP_MODELS[name][0](), 4).train()
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(ens)(torch.randn(2, 3, 32, 32))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons

@@ -82,7 +82,8 @@ class SigmaEnsemble(EnsembleMethod):
     def _members_pass(self, rows: Inputs, batch: int) -> torch.Tensor:
         """Run the backbone on ``M·B`` interleaved rows (row ``b·M + m``, see
         :mod:`sigmanens_dist.sigma.layers.sigma_norm`); member logits ``(M, B, K)``."""
-        if self.sigma.running_stats.data_ptr() != self._bound_ptr:
+        # (compiled, the check would break the graph; .to() and load_state_dict re-bind through _apply anyway)
+        if not torch.compiler.is_compiling() and self.sigma.running_stats.data_ptr() != self._bound_ptr:
             self.rebind()
         self.sigma.begin_pass(interleaved=True)
         try:
