@@ -1,13 +1,15 @@
 """σNorm core benchmarks; every number is a ratio against a baseline measured in the same run.
 
-    python bench/bench_core.py            # all three
+    python bench/bench_core.py            # all four
     python bench/bench_core.py --only step --model resnet18 --batch 32 --img 32
     python bench/bench_core.py --only step --device cuda --amp bf16 --batch 128 --img 64      (on a GPU)
 
 1. train step (forward + backward + SGD) of σN-Ens(M) at batch B vs the plain backbone at batch M·B (equal FLOPs;
    goal ≤ 1.15×) and vs a naive loop over M separate member copies at batch B (must be slower than σN-Ens);
-2. ``diversity_loss`` fused (one op over the flat (M, F) view) vs a loop over layers, ResNet-50 size, M=16 (goal ≥ 5×);
-3. parameters of σN-Ens(M) / single model (a Deep Ensemble is M×).
+2. host cost: fwd+bwd of 40 tiny BatchNorm layers, σN-Ens(M) / plain (goal ≤ 1.5× at M=16): what a launch-bound
+   accelerator pays per op;
+3. ``diversity_loss`` fused (one op over the flat (M, F) view) vs a loop over layers, ResNet-50 size, M=16 (goal ≥ 5×);
+4. parameters of σN-Ens(M) / single model (a Deep Ensemble is M×).
 """
 
 from __future__ import annotations
@@ -102,6 +104,26 @@ def bench_step(model_name: str, m: int, batch: int, img: int, repeats: int, devi
           + (f";  member loop / σN-Ens = {t[names[2]] / t[names[1]]:.2f}x (goal > 1)" if len(names) > 2 else ""))
 
 
+def bench_host(m: int, repeats: int, layers: int = 40) -> None:
+    """Host cost: forward + backward of ``layers`` tiny BatchNorm2d layers on a few pixels, where the math is nearly
+    nothing and most of the time is dispatch overhead (what a GPU step of small norms pays): σN-Ens(M) on 2 images per
+    member against the plain stack on as many rows."""
+    plain = nn.Sequential(*[nn.BatchNorm2d(8) for _ in range(layers)]).train()
+    ens = convert_to_sigma_ensemble(copy.deepcopy(plain), m).train()
+    x = torch.randn(2 * m, 8, 2, 2, requires_grad=True)
+
+    def plain_pass() -> None:
+        plain(x).sum().backward()
+
+    def sigma_pass() -> None:
+        ens.forward_members(x).sum().backward()
+
+    t = _interleaved({"plain": plain_pass, "sigma": sigma_pass}, repeats, warmup=5)
+    print(f"\n[host cost] {layers} BatchNorm2d(8) layers on {2 * m}×8×2×2, fwd+bwd, median of {repeats}")
+    print(f"  plain {t['plain'] * 1e3:7.2f} ms   σN-Ens M={m} {t['sigma'] * 1e3:7.2f} ms   "
+          f"ratio {t['sigma'] / t['plain']:.2f}x (goal ≤ 1.5x at M=16)")
+
+
 def bench_regularizer(model_name: str, m: int, repeats: int) -> None:
     ens = convert_to_sigma_ensemble(timm.create_model(model_name), m)
     layers = [layer for _, layer in ens.sigma_layers()]
@@ -134,7 +156,7 @@ def bench_params(names: list[str], ms: list[int]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", choices=["step", "reg", "params"])
+    ap.add_argument("--only", choices=["step", "host", "reg", "params"])
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--members", type=int, default=4)
     ap.add_argument("--batch", type=int, default=32)
@@ -147,6 +169,8 @@ def main() -> None:
     if args.only in (None, "step"):
         bench_step(args.model, args.members, args.batch, args.img, args.repeats, torch.device(args.device),
                    torch.bfloat16 if args.amp == "bf16" else None, args.compile)
+    if args.only in (None, "host"):
+        bench_host(args.members, args.repeats * 20)
     if args.only in (None, "reg"):
         bench_regularizer("resnet50", 16, args.repeats * 5)
     if args.only in (None, "params"):

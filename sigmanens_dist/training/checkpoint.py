@@ -59,7 +59,8 @@ def load_file(path: Path | str, what: str) -> Any:
 # numpy RNG state, and the data classes that torch.distributed.checkpoint's metadata and DeepSpeed's state files hold.
 _WRITTEN_GLOBALS = frozenset({
     "collections.OrderedDict", "_codecs.encode", "pathlib.PosixPath", "torch.Size", "torch._utils._rebuild_tensor_v2",
-    "torch._utils._rebuild_parameter", "torch.serialization._get_layout", "numpy.dtype", "numpy.ndarray",
+    "torch._utils._rebuild_parameter", "torch._tensor._rebuild_from_type_v2", "torch.Tensor",
+    "torch.nn.parameter.Parameter", "torch.serialization._get_layout", "numpy.dtype", "numpy.ndarray",
     "numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct",
     "torch.distributed.checkpoint.filesystem._StorageInfo"})
 _DATA_CLASS_MODULES = ("torch.distributed.checkpoint.metadata", "deepspeed.runtime.zero.config",
