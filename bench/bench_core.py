@@ -67,16 +67,19 @@ def _sgd_step(model: nn.Module, params: list[nn.Parameter], loss_fn: Callable[[]
 
 
 def bench_step(model_name: str, m: int, batch: int, img: int, repeats: int, device: torch.device,
-               amp: torch.dtype | None, compile_models: bool = False) -> None:
+               amp: torch.dtype | None, compile_models: bool = False, channels_last: bool = False,
+               kwargs: dict[str, int | float | str] | None = None) -> None:
     torch.manual_seed(0)
-    src = timm.create_model(model_name, num_classes=10).train()
-    ens = convert_to_sigma_ensemble(copy.deepcopy(src), m).train().to(device)
-    members = [copy.deepcopy(src).train().to(device) for _ in range(m)]
-    src = src.to(device)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    src = timm.create_model(model_name, num_classes=10, **(kwargs or {})).train()
+    ens = convert_to_sigma_ensemble(copy.deepcopy(src), m).train().to(device, memory_format=fmt)
+    members = [copy.deepcopy(src).train().to(device, memory_format=fmt) for _ in range(m)]
+    src = src.to(device, memory_format=fmt)
     if compile_models:  # the trainer's train.compile; the member loop is left out (M more compilations)
         src.compile()
         ens.compile()
-    x, xb = torch.randn(batch, 3, img, img, device=device), torch.randn(m * batch, 3, img, img, device=device)
+    x = torch.randn(batch, 3, img, img, device=device).contiguous(memory_format=fmt)
+    xb = torch.randn(m * batch, 3, img, img, device=device).contiguous(memory_format=fmt)
     y = torch.randint(0, 10, (batch,), device=device)
     yb = torch.randint(0, 10, (m * batch,), device=device)
     ce = nn.functional.cross_entropy
@@ -93,15 +96,30 @@ def bench_step(model_name: str, m: int, batch: int, img: int, repeats: int, devi
         fns[f"loop over {m} member copies, batch {batch}"] = _sgd_step(
             members[0], [p for mm in members for p in mm.parameters()], lambda: sum(ce(mm(x), y) for mm in members),
             amp)
+    peak = {k: _peak_memory(fn, device) for k, fn in fns.items()}  # each alone, before the timing (its warm-up)
     t = _interleaved(fns, repeats, warmup=3 if compile_models else 2, device=device)
     base = next(iter(t.values()))
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, threads={torch.get_num_threads()}"
-    print(f"\n[train step] {model_name} {img}x{img}, {where}, amp={amp}, compile={compile_models}, median of {repeats}")
+    print(f"\n[train step] {model_name} {img}x{img}, {where}, amp={amp}, compile={compile_models}, "
+          f"{'channels_last' if channels_last else 'NCHW'}, median of {repeats}")
     for k, v in t.items():
-        print(f"  {k:40s} {v * 1e3:8.1f} ms   ratio vs plain {v / base:5.2f}x")
+        mem = "" if peak[k] is None else f"   peak {peak[k] / 2**30:6.2f} GiB"
+        print(f"  {k:40s} {v * 1e3:8.1f} ms   ratio vs plain {v / base:5.2f}x{mem}")
     names = list(t)
     print(f"  σN-Ens / plain = {t[names[1]] / t[names[0]]:.2f}x (goal ≤ 1.15x)"
           + (f";  member loop / σN-Ens = {t[names[2]] / t[names[1]]:.2f}x (goal > 1)" if len(names) > 2 else ""))
+
+
+def _peak_memory(fn: Callable[[], None], device: torch.device) -> int | None:
+    """Peak accelerator memory of one call (None on the CPU, where the allocator keeps no such count)."""
+    if device.type != "cuda":
+        fn()
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device)
 
 
 def bench_host(m: int, repeats: int, layers: int = 40) -> None:
@@ -154,6 +172,13 @@ def bench_params(names: list[str], ms: list[int]) -> None:
         print(f"  {name:22s} {n / 1e6:7.2f}M   " + "   ".join(cells))
 
 
+def _number(text: str) -> int | float | str:
+    for kind in (int, float):
+        with contextlib.suppress(ValueError):
+            return kind(text)
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", choices=["step", "host", "reg", "params"])
@@ -165,10 +190,13 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 … (the train-step benchmark)")
     ap.add_argument("--amp", choices=["none", "bf16"], default="none", help="autocast of the train-step benchmark")
     ap.add_argument("--compile", action="store_true", help="torch.compile the plain backbone and σN-Ens")
+    ap.add_argument("--channels-last", action="store_true", help="models and inputs in channels_last memory format")
+    ap.add_argument("--kwargs", nargs="*", default=[], help="timm.create_model kwargs as key=value (img_size=32 …)")
     args = ap.parse_args()
     if args.only in (None, "step"):
         bench_step(args.model, args.members, args.batch, args.img, args.repeats, torch.device(args.device),
-                   torch.bfloat16 if args.amp == "bf16" else None, args.compile)
+                   torch.bfloat16 if args.amp == "bf16" else None, args.compile, args.channels_last,
+                   {k: _number(v) for k, v in (kv.split("=", 1) for kv in args.kwargs)})
     if args.only in (None, "host"):
         bench_host(args.members, args.repeats * 20)
     if args.only in (None, "reg"):
