@@ -135,8 +135,10 @@ import json, sys
 from pathlib import Path
 
 out = Path(sys.argv[1])
-print("\n| method (300 steps, bf16) | val acc | val NLL | train img/s |\n|---|---:|---:|---:|")
-for d in sorted(out.glob("train_*")):
+runs = sorted(out.glob("train_*"))
+if runs:  # the checks part ran
+    print("\n| method (300 steps, bf16) | val acc | val NLL | train img/s |\n|---|---:|---:|---:|")
+for d in runs:
     f = d / "final_metrics.json"
     if f.is_file():
         m = json.loads(f.read_text())
