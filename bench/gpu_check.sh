@@ -4,7 +4,7 @@
 #           plain at equal FLOPs and member loop / σN-Ens, with peak memory, for resnet18 32² (B=128 per member),
 #           resnet50 224² (B=64), vit_tiny/vit_small 224² (B=128; the ImageNet recipe's models), M = 4 and 16; then
 #           the whole loop (bench/bench_trainer.py): the trainer's σN-Ens M=4 against its single model at 4× batch,
-#           and against a bare PyTorch loop (~6 min on one H200);
+#           and against a bare PyTorch loop (sized for a short GPU slot; not yet timed on a GPU);
 #   checks  every method trains and evaluates on the GPU in bf16; DDP and FSDP2 run through torchrun with nccl; a run
 #           preempted by SIGTERM resumes on the GPU (~5 min).
 #   bash bench/gpu_check.sh [OUT] [FASHION_MNIST_ROOT] [--part perf|checks|all] [--device cuda|cpu]
