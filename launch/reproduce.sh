@@ -54,7 +54,8 @@ small_lane2() {
 TAU_ACTIVE=(model.gamma_init_mean=2 model.gamma_init_std=0.1)
 FINETUNE=(data.test_subset=10000 train.max_steps=625 optim.lr=0.005 schedule.warmup_steps=20 train.eval_every_steps=125
           checkpoint.every_steps=625 reg.lambda=0.01 reg.tau=1 model.gamma_init_mean=0 model.gamma_init_std=1
-          tracking.experiment=sigmanens-fmnist-finetune)
+          tracking.experiment=sigmanens-fmnist-finetune
+          model.affine_init=perturb)  # the start these fine-tunes were measured with (0.1's recipes pinned plain)
 long_lane1() {  # the τ sweep on seed 0, then its best ECE point (τ = 0.25 on seed 0) on the other seeds
   study tau_s0 tau-sweep --taus 0.05,0.1,0.25,0.5,1,2 --lambdas 0.01 --seeds 0 "${TAU_ACTIVE[@]}"
   for seed in 1 2; do

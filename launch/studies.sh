@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sourced by launch/reproduce.sh and the bench/ scripts that run studies: one MLflow server for a folder of studies,
+# Sourced by launch/reproduce.sh and the research/ scripts that run studies: one MLflow server for a folder of studies,
 # and `study`, which runs one `sigmanens study` into OUT/<name> with its log in OUT/<name>.log.
 # The caller sets OUT (absolute), PORT and CFG, and BUDGET_ARGS (overrides every study gets; may be empty), or calls
 # studies_begin.

@@ -4,4 +4,4 @@ from sigmanens_dist.methods.sigma import SigmaEnsemble, convert_to_sigma_ensembl
 from sigmanens_dist.sigma.regularizer import diversity_loss, members_on, optimal_members_on
 
 __all__ = ["SigmaEnsemble", "convert_to_sigma_ensemble", "diversity_loss", "members_on", "optimal_members_on"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -2,7 +2,7 @@
 # σN-Ens wide ResNet on CIFAR-100 on one node (one process per GPU), checkpoint + requeue on Slurm's warning.
 #   bash slurm/cifar100_wrn.sh [sbatch options --] [key=value overrides...]   validates, then submits (prints the job id)
 #   sbatch slurm/cifar100_wrn.sh [key=value overrides...]                     also works; a bad config fails the job once
-#   sbatch --gpus-per-node=1 slurm/cifar100_wrn.sh data.root=/scratch/cifar100 model.num_members=8
+#   sbatch --gpus-per-node=1 slurm/cifar100_wrn.sh data.root=/data/cifar100 model.num_members=8
 # Arguments are config overrides for the trainer. Environment variables are those of slurm/imagenet_vit.sh
 # (SIGMANENS_CONFIG defaults to configs/cifar100_wrn.yaml here); see docs/slurm.md.
 #SBATCH --job-name=sigmanens-cifar100-wrn

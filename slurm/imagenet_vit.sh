@@ -3,7 +3,7 @@
 # Slurm's time-limit/preemption warning. Submit from the repository checkout (on a file system all nodes share):
 #   bash slurm/imagenet_vit.sh [sbatch options --] [key=value overrides...]   validates, then submits (prints the job id)
 #   sbatch slurm/imagenet_vit.sh [key=value overrides...]                     also works; a bad config fails the job once
-#   sbatch --nodes=4 --time=12:00:00 slurm/imagenet_vit.sh data.root=/scratch/imagenet_ffcv model.num_members=8
+#   sbatch --nodes=4 --time=12:00:00 slurm/imagenet_vit.sh data.root=/data/imagenet_ffcv model.num_members=8
 # Command-line sbatch options override the #SBATCH lines below. Arguments are config overrides for the trainer
 # (python -m sigmanens_dist.train), e.g. strategy.name=fsdp, train.batch_size=64, tracking.experiment=vit.
 #

@@ -78,7 +78,7 @@ def test_recipe_values_are_read_as_written() -> None:
     vit = load_config(REPO / "configs" / "imagenet_vit.yaml", check_data=False)
     assert vit.optim.lr == 5e-4 and vit.optim.betas == (0.9, 0.999) and vit.train.ema_decay == 0.99996
     assert (vit.train.amp, vit.data.format, vit.data.root, vit.strategy.backend) == (
-        "bf16", "ffcv", Path("/data/imagenet"), "nccl")
+        "bf16", "ffcv", Path("/data/imagenet_ffcv"), "nccl")
     assert vit.train.randaugment == "rand-m9-mstd0.5-inc1" and vit.schedule.warmup_steps == 6205
     sst2 = load_config(REPO / "configs" / "sst2_bert.yaml", check_data=False)
     assert (sst2.model.source, sst2.model.name, sst2.model.pretrained, sst2.data.dataset) == (
@@ -91,7 +91,7 @@ def test_recipe_with_absent_data_fails_with_the_path() -> None:
     with pytest.raises(ConfigError) as info:
         load_config(REPO / "configs" / "imagenet_vit.yaml")
     assert _problem_paths(info.value) == ["data.root"]
-    assert "/data/imagenet does not exist" in str(info.value)
+    assert "/data/imagenet_ffcv does not exist" in str(info.value)
 
 
 def test_overrides_apply() -> None:

@@ -7,8 +7,8 @@ interrupted one continues from its last checkpoint (``checkpoint.resume=auto``).
 the CSV (``results/quality_ablation.csv``); the summary pairs arms with the single model by seed (same ``seed``, so
 the same init and data order for the shared weights) and prints the mean and 95 % t-interval of the paired difference.
 
-    python bench/ablation_quality.py                 # run what is missing, then summarise
-    python bench/ablation_quality.py --summary-only  # only the table, from the CSV
+    python research/ablation_quality.py                 # run what is missing, then summarise
+    python research/ablation_quality.py --summary-only  # only the table, from the CSV
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 # Under independent batches the shared backbone sees M× the distinct images of a single model per step, and the
 # single model trained 4× longer is worse calibrated under shift than at 1×; this asks whether σN-Ens's calibration
 # under shift is that effect. Beside `launch/reproduce.sh OUT long` (same OUT and MLflow store); resumable.
-#   bash bench/long_shared_batches.sh [OUT] [SEEDS] [TAUS]   # defaults: runs/repro_long, "0 1 2 3 4", "0.5 0.25"
+#   bash research/long_shared_batches.sh [OUT] [SEEDS] [TAUS]   # defaults: runs/repro_long, "0 1 2 3 4", "0.5 0.25"
 # GAMMA0="1 1" starts γ ~ N(1, 1) instead of the default N(2, 0.1) (the fine-tune's best start; studies *_g1_*).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -5,7 +5,7 @@
 # γ ~ N(1.5, 1)) started two ways: model.affine_init=divide (every member equals the source at step 0) and
 # model.affine_init=perturb (member m is the source with every feature scaled by σ(γ_m) at every norm).
 # Resumable (a finished study is skipped, a half-finished one continues); niced; one process.
-#   bash bench/long_conversion.sh [OUT] [SEEDS]   # defaults: runs/conversion, "0 1 2 3 4"
+#   bash research/long_conversion.sh [OUT] [SEEDS]   # defaults: runs/conversion, "0 1 2 3 4"
 # Then: sigmanens compare --experiment sigmanens-fmnist-conversion --uri http://127.0.0.1:5078 --split val|test
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -2,7 +2,7 @@
 # Issue 21 at the long budget (README "Long budget"): the baselines as their authors train them, beside the runs of
 # `launch/reproduce.sh OUT long` (same OUT, same MLflow store, so `sigmanens compare` pairs them by seed with the
 # single model). Resumable: run it again and finished children are skipped, interrupted ones resume.
-#   bash bench/long_baselines.sh [OUT]        # OUT defaults to runs/repro_long; one process, niced
+#   bash research/long_baselines.sh [OUT]        # OUT defaults to runs/repro_long; one process, niced
 # (1) Packed-Ensembles at M = 8 (α = 2) and at the paper's wider α = 3 (M = 4, 8): where it collapses, with its
 #     parameter count; (2) BatchEnsemble with the authors' fast-weight rate (edward2's ResNet-32x4 recipe: 0.5).
 set -euo pipefail

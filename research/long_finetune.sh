@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Issue 18 at the long budget (README "Long budget"): the fine-tuned conversion on 5 paired seeds, and with the σ
 # store at the from-scratch rate. Beside `launch/reproduce.sh OUT long` (same OUT and MLflow store); resumable.
-#   bash bench/long_finetune.sh [OUT]         # OUT defaults to runs/repro_long; one process, niced
+#   bash research/long_finetune.sh [OUT]         # OUT defaults to runs/repro_long; one process, niced
 # Seeds 3 and 4 get their source (the single model, 6,250 steps) and the fine-tunes reproduce.sh runs on seeds 0-2:
 # the source continued and the τ = 1, γ ~ N(0, 1) conversion (finetune_s*), the τ = 0.5, γ ~ N(2, 0.1) conversion
 # (finetune05_s*). Then on all five seeds the τ = 0.5 conversion with the σ store (γ, member affines) at 40 × the
 # fine-tune's rate, 0.2: the rate it has when trained from scratch (0.05 × M), so that γ can move within 625 steps.
 # Last, on all five seeds the τ = 0.5 conversion with every member on the same batch (model.member_batches=shared):
-# the backbone then sees the continued source's images, not M× as many (bench/long_shared_batches.sh from scratch).
+# the backbone then sees the continued source's images, not M× as many (research/long_shared_batches.sh from scratch).
 # Then the middle start between the two, γ ~ N(1, 1) at τ = 0.5 (a sixth of the gates below 0.5), with independent
 # and with shared batches, on seeds 0-2 (MIDDLE_SEEDS="0 1 2 3 4" for all five; MIDDLE_BATCHES, MIDDLE_GAMMA="m s").
 set -euo pipefail
@@ -18,7 +18,8 @@ source "$ROOT/launch/studies.sh"
 BUDGET_ARGS=()  # each study sets its whole budget
 FINETUNE=(data.test_subset=10000 train.max_steps=625 optim.lr=0.005 schedule.warmup_steps=20 train.eval_every_steps=125
           checkpoint.every_steps=625 reg.lambda=0.01 reg.tau=1 model.gamma_init_mean=0 model.gamma_init_std=1
-          tracking.experiment=sigmanens-fmnist-finetune)
+          tracking.experiment=sigmanens-fmnist-finetune
+          model.affine_init=perturb)  # the start these fine-tunes were measured with (0.1's recipes pinned plain)
 TAU_ACTIVE=(model.gamma_init_mean=2 model.gamma_init_std=0.1)
 studies_begin "${1:-runs/repro_long}" 5077  # or reuse the server of a reproduction on the same OUT
 

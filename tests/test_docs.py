@@ -1,0 +1,190 @@
+"""README and docs stay true: links and repository paths exist, every command in a code block parses, every table
+of numbers names the command that made it, and the README stays a newcomer's page."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+PAGES = sorted([REPO / "README.md", REPO / "CONTRIBUTING.md", REPO / "CHANGELOG.md", *REPO.glob("docs/*.md"),
+                *REPO.glob("*/README.md")], key=str)
+TOP = ("configs", "slurm", "launch", "bench", "research", "checks", "results", "docs", "tests", "sigmanens_dist")
+
+
+def _rel(page: Path) -> str:
+    return str(page.relative_to(REPO))
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _code_blocks(text: str) -> Iterator[str]:
+    yield from re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def _prose(text: str) -> str:
+    return re.sub(r"^```[a-z]*\n.*?^```", "", text, flags=re.S | re.M)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_relative_links_resolve(page: Path) -> None:
+    missing = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", _prose(page.read_text())):
+        if re.match(r"[a-z]+:", target):
+            continue  # http(s), mailto
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            missing.append(target)
+        elif anchor and dest.suffix == ".md":
+            anchors = {_slug(h) for h in re.findall(r"^#+ (.+)$", _prose(dest.read_text()), flags=re.M)}
+            if anchor not in anchors:
+                missing.append(target)
+    assert not missing, f"{_rel(page)} links to what does not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_repository_paths_named_exist(page: Path) -> None:
+    pattern = r"(?<![\w./$-])((?:" + "|".join(TOP) + r")/[\w./*-]*)"
+    missing = set()
+    for name in re.findall(pattern, page.read_text()):
+        name = name.split("::")[0].rstrip(".,")
+        if "<" in name or not name:
+            continue
+        if not any(REPO.glob(name)) and not (REPO / name).exists():
+            missing.add(name)
+    assert not missing, f"{_rel(page)} names paths that do not exist: {sorted(missing)}"
+
+
+def _commands(text: str) -> Iterator[list[str]]:
+    """Each ``sigmanens …`` / ``python -m sigmanens_dist…`` / ``torchrun … -m sigmanens_dist…`` line of the code
+    blocks, continuation lines joined, comments and output lines dropped."""
+    for block in _code_blocks(text):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.strip()
+            if not re.match(r"(sigmanens |python -m sigmanens_dist|torchrun )", line):
+                continue
+            try:
+                words = shlex.split(line, comments=True)
+            except ValueError:  # an output line quoting a command
+                continue
+            if words[0] == "torchrun":
+                words = words[words.index("-m") + 1:] if "-m" in words else []
+            elif words[0] == "python":
+                words = words[2:]
+            if words and words[0].startswith("sigmanens"):
+                yield words
+
+
+class _Parsed(Exception):
+    def __init__(self, namespace: argparse.Namespace) -> None:
+        self.namespace = namespace
+
+
+def _parse_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The outermost argparse parse raises its namespace once parsed (parse_intermixed_args calls parse_known_args
+    inside): the command is checked, nothing runs."""
+    depth = [0]
+    for name in ("parse_args", "parse_known_args", "parse_intermixed_args"):
+        original = getattr(argparse.ArgumentParser, name)
+
+        def parse(self, *args, _original=original, **kwargs):
+            depth[0] += 1
+            try:
+                result = _original(self, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+            if depth[0]:
+                return result
+            raise _Parsed(result[0] if isinstance(result, tuple) else result)
+
+        monkeypatch.setattr(argparse.ArgumentParser, name, parse)
+
+
+DOC_COMMANDS = [(page, words) for page in PAGES for words in _commands(page.read_text())]
+
+
+@pytest.mark.parametrize(("page", "words"), DOC_COMMANDS,
+                         ids=[f"{_rel(p)}:{' '.join(w)[:60]}" for p, w in DOC_COMMANDS])
+def test_commands_in_code_blocks_parse(page: Path, words: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from sigmanens_dist.config import load_config
+
+    words = ["1" if w.startswith("$") else w for w in words]  # $SLURM_ARRAY_TASK_ID: a value at run time
+    if words[0] == "sigmanens":
+        main, argv = importlib.import_module("sigmanens_dist.cli").main, words[1:]
+    else:
+        main, argv = importlib.import_module(words[0]).main, words[1:]
+    _parse_only(monkeypatch)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            status = main(argv)
+        except _Parsed as parsed:
+            ns = parsed.namespace
+            overrides = [o for o in getattr(ns, "overrides", None) or [] if "=" in o and "<" not in o]
+            if getattr(ns, "config", None) is not None or overrides:
+                load_config(getattr(ns, "config", None), overrides, check_data=False)
+            return
+        except SystemExit as exit_:
+            status = exit_.code
+    pytest.fail(f"{_rel(page)}: `{shlex.join(words)}` did not parse (status {status}): {err.getvalue()[-600:]}")
+
+
+def _sections(text: str) -> Iterator[tuple[list[str], list[bool]]]:
+    """Each section (the lines between two headings outside code blocks) with, per line, whether it is code."""
+    lines, code, in_code = text.splitlines(), [], False
+    for line in lines:
+        if line.startswith("```"):
+            in_code = not in_code
+            code.append(True)
+        else:
+            code.append(in_code)
+    heads = [i for i, line in enumerate(lines) if line.startswith("#") and not code[i]] + [len(lines)]
+    for start, end in zip([0, *heads[:-1]], heads, strict=True):
+        yield lines[start:end], code[start:end]
+
+
+COMMAND = r"(sigmanens|python|python3|bash|torchrun|OMP_NUM_THREADS=1 python|CI=true bash)\b"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_every_table_of_numbers_names_its_command(page: Path) -> None:
+    orphans = []
+    for lines, code in _sections(page.read_text()):
+        table = [line for line, is_code in zip(lines, code, strict=True) if line.startswith("|") and not is_code]
+        if len(re.findall(r"(?<![\w.])[−+-]?\d+\.\d{3,}", "\n".join(table))) < 3:  # measured, not settings
+            continue
+        named = any(re.match(COMMAND, line.strip()) for line, is_code in zip(lines, code, strict=True) if is_code) \
+            or re.search("`" + COMMAND, "\n".join(lines))
+        if not named:
+            orphans.append(lines[0][:80])
+    assert not orphans, f"{_rel(page)}: these sections hold a table of numbers but name no command: {orphans}"
+
+
+def test_readme_is_a_newcomers_page() -> None:
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines (at most 200; the rest belongs in docs/)"
+    slurm = next(i for i, line in enumerate(lines) if line.startswith("## ImageNet on Slurm"))
+    assert slurm < 120 and any("bash slurm/imagenet_vit.sh" in line for line in lines[slurm:slurm + 12])
+
+
+def test_one_imagenet_path() -> None:
+    """One ImageNet folder has one name: the recipes, the scripts and the docs all say /data/imagenet_ffcv (the
+    ImageFolder it is converted from: /data/imagenet)."""
+    named = set()
+    for path in [*REPO.glob("configs/*.yaml"), *REPO.glob("slurm/*.sh"), *PAGES]:
+        named |= set(re.findall(r"(/\w+/imagenet\w*)(?![\w-])", path.read_text()))
+    assert named == {"/data/imagenet", "/data/imagenet_ffcv"}, named
