@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -64,14 +65,31 @@ def test_ddp_flat_sigma_gradient_is_identical_on_all_ranks(tmp_path: Path) -> No
     torch.testing.assert_close(grads[0], (local[0] + local[1]) / 2, atol=1e-6, rtol=1e-5)  # an average, once
 
 
+# Dropout and drop-path on, so RNG restoration matters; slow steps so the signal lands mid-run.
+INTERRUPTED = [*BASE, "train.max_steps=24", "checkpoint.every_steps=4", "checkpoint.keep_last=3",
+               "model.kwargs.drop_rate=0.2", "model.kwargs.drop_path_rate=0.1", "train.eval_every_steps=8",
+               "train.batch_size=8", "train.ema_decay=0.9"]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Path]:
+    """The uninterrupted run per process count, trained once for every signal that interrupts it."""
+    runs: dict[int, Path] = {}
+
+    def get(nproc: int) -> Path:
+        if nproc not in runs:
+            runs[nproc] = tmp_path_factory.mktemp(f"straight{nproc}") / "run"
+            run_train(runs[nproc], *INTERRUPTED, nproc=nproc)
+        return runs[nproc]
+    return get
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("sig", "nproc"), [(signal.SIGKILL, 1), (signal.SIGUSR1, 1), (signal.SIGUSR1, 2)])
-def test_interrupted_and_resumed_run_is_identical(tmp_path: Path, sig: signal.Signals, nproc: int) -> None:
-    # Dropout and drop-path on, so RNG restoration matters; slow steps so the signal lands mid-run.
-    overrides = [*BASE, "train.max_steps=24", "checkpoint.every_steps=4", "checkpoint.keep_last=3",
-                 "model.kwargs.drop_rate=0.2", "model.kwargs.drop_path_rate=0.1", "train.eval_every_steps=8",
-                 "train.batch_size=8", "train.ema_decay=0.9"]
-    run_train(tmp_path / "straight", *overrides, nproc=nproc)
+def test_interrupted_and_resumed_run_is_identical(tmp_path: Path, straight: Callable[[int], Path],
+                                                  sig: signal.Signals, nproc: int) -> None:
+    overrides = INTERRUPTED
+    reference = straight(nproc)
     run = tmp_path / "interrupted"
     status = interrupted(run, overrides, sig, "step_00000004.pt", nproc)
     if sig == signal.SIGKILL:
@@ -88,7 +106,7 @@ def test_interrupted_and_resumed_run_is_identical(tmp_path: Path, sig: signal.Si
     for ckpt in (run / "checkpoints").iterdir():  # every file as the umask says (shared project directories)
         assert ckpt.stat().st_mode & 0o777 == 0o666 & ~umask, ckpt
     run_train(run, *overrides, "checkpoint.resume=auto", nproc=nproc)
-    assert losses(run) == losses(tmp_path / "straight")
+    assert losses(run) == losses(reference)
     # The records hold each step once: what the killed attempt logged past its checkpoint was dropped on resume.
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     trained = [r["step"] for r in rows if "train/loss" in r]
@@ -96,9 +114,9 @@ def test_interrupted_and_resumed_run_is_identical(tmp_path: Path, sig: signal.Si
     [mark] = [r for r in rows if "resumed_from_step" in r]
     assert mark["step"] == mark["resumed_from_step"] < 24
     for part in ("model", "ema"):
-        straight, resumed = final_state(tmp_path / "straight", part), final_state(run, part)
-        for k in straight:
-            assert torch.equal(straight[k], resumed[k]), f"{part}: {k}"
+        expected, resumed = final_state(reference, part), final_state(run, part)
+        for k in expected:
+            assert torch.equal(expected[k], resumed[k]), f"{part}: {k}"
 
 
 @pytest.mark.slow
