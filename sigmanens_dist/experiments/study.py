@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from sigmanens_dist.atomic import write_text
 from sigmanens_dist.config import Config, ConfigError, RegConfig, load_config, recipe_path
 from sigmanens_dist.training.preemption import EXIT_PREEMPTED, MARKER
 from sigmanens_dist.training.tracking import PARENT_TAG, default_tracking_uri, ensure_experiment
@@ -345,11 +346,9 @@ def load_definition(path: Path) -> dict[str, Any]:
 
 
 def _save(path: Path, definition: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("# written by `sigmanens study`; a Slurm array runs element I with\n"
-                   f"#   sigmanens study run-one --definition {path} --index $SLURM_ARRAY_TASK_ID\n"
-                   + yaml.safe_dump(definition, sort_keys=False, width=120))
-    os.replace(tmp, path)
+    write_text(path, "# written by `sigmanens study`; a Slurm array runs element I with\n"
+               f"#   sigmanens study run-one --definition {path} --index $SLURM_ARRAY_TASK_ID\n"
+               + yaml.safe_dump(definition, sort_keys=False, width=120))
 
 
 def ensure_parent(definition: dict[str, Any], path: Path) -> str | None:
