@@ -13,6 +13,7 @@ A method is an ``nn.Module`` that maps a batch to member logits ``(M, B, K)``. T
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -33,6 +34,13 @@ class EnsembleMethod(nn.Module):
     loss_reduction: ClassVar[Literal["mean", "sum"]] = "mean"
     # model.member_batches when the config leaves it unset.
     default_member_batches: ClassVar[Literal["shared", "independent"]] = "shared"
+    # What a study grid and `sigmanens compare` need to know (experiments/): whether M is one of the method's axes (a
+    # single model has none), whether τ and λ apply (the σ regulariser's L_div), and the method's own config keys
+    # (dotted key → short name): runs that set one away from its default are a variant of the method, which compare
+    # keeps apart (Packed-Ensembles at α = 2 and α = 3 are two rows, not one).
+    member_axis: ClassVar[bool] = True
+    regularized: ClassVar[bool] = False
+    knobs: ClassVar[Mapping[str, str]] = MappingProxyType({})
 
     @property
     def num_members(self) -> int:

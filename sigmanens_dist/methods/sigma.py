@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -32,6 +33,10 @@ class SigmaEnsemble(EnsembleMethod):
     # Each member its own batches: the best recipe measured in docs/quality.md (shared batches leave the members one
     # model, since identical members get identical gradients).
     default_member_batches = "independent"
+    regularized = True
+    knobs = MappingProxyType({"model.gamma_init_mean": "γ₀", "model.gamma_init_std": "γ₀ std",
+                              "optim.sigma_lr_scale": "σ lr×", "model.member_batches": "batches",
+                              "model.affine_init": "affine"})
 
     def __init__(self, backbone: nn.Module, sigma: SigmaStore, summary: ConversionSummary | None = None) -> None:
         super().__init__()
