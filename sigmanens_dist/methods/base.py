@@ -80,6 +80,26 @@ class EnsembleMethod(nn.Module):
         """Method-specific numbers logged with every evaluation (σN-Ens: the measured sharing)."""
         return {}
 
+    def sub_ensemble(self, members: list[int]) -> EnsembleMethod:
+        """A model of only ``members`` (distinct indices, in that order) that really runs ``len(members)`` members,
+        for the k-member scores of ``sigmanens eval``; methods that can override this."""
+        raise TypeError(f"model.method={self.name!r} has no sub_ensemble(members); cannot run {len(members)} of its "
+                        f"{self.num_members} members")
+
+    @property
+    def supports_sub_ensembles(self) -> bool:
+        """Whether :meth:`sub_ensemble` is implemented (a one-member model is its own only sub-ensemble)."""
+        return type(self).sub_ensemble is not EnsembleMethod.sub_ensemble or self.num_members == 1
+
+    def sharing(self, threshold: float = 0.5) -> dict[str, float] | None:
+        """Measured sharing per layer (σN-Ens: members "on" per feature); None for methods without σ gates."""
+        return None
+
+    def layer_importances(self) -> tuple[list[str], torch.Tensor] | None:
+        """Per-member importance of each gated layer, ``(M, L)`` with the layer names (the sharing heatmap); None
+        for methods without σ gates."""
+        return None
+
     def check_index(self, index: int) -> None:
         if not 0 <= index < self.num_members:
             raise IndexError(f"member index {index} out of range for num_members={self.num_members}")

@@ -31,9 +31,6 @@ class FiLMEnsemble(SigmaEnsemble):
     def aux_loss(self, reg: Any) -> torch.Tensor:
         return torch.zeros((), device=self.sigma.flat.device)
 
-    def extra_metrics(self) -> dict[str, float]:
-        return {}
-
 
 def convert_to_film_ensemble(model: nn.Module, num_members: int, init_std: float = 0.1,
                              layers: list[str] | None = None, seed: int | None = 0) -> FiLMEnsemble:
