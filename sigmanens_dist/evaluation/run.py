@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -32,16 +31,15 @@ from sigmanens_dist.data.corruptions import CORRUPTIONS, corrupt
 from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.evaluation.load import method_of
-from sigmanens_dist.evaluation.metrics import SampleMetrics, ood_detection
-from sigmanens_dist.methods.base import EnsembleMethod, map_tensors
-from sigmanens_dist.progress import progress
+from sigmanens_dist.evaluation.ood import OOD_SCORES, score_ood
+from sigmanens_dist.evaluation.scoring import Transform, score_pass
+from sigmanens_dist.methods.base import EnsembleMethod
 
 __all__ = ["OOD_SETS", "check_options", "flat_metrics", "markdown", "run_eval", "score_pass", "sub_ensemble"]
 
 log = logging.getLogger("sigmanens")
 
 OOD_SETS = {"digits": ("fashion_mnist",), "svhn": ("cifar10", "cifar100")}  # OOD set → datasets it is OOD for
-OOD_SCORES = ("msp", "entropy", "mutual_information")
 SHIFT_KEYS = ("acc", "nll", "ece")
 SUB_KEYS = ("acc", "nll", "ece", "aece", "brier", "aurc")
 IMAGENET_C_DATASETS = ("imagenet", "imagefolder")
@@ -58,37 +56,6 @@ def sub_ensemble(model: EnsembleMethod, members: Sequence[int]) -> EnsembleMetho
     if members == list(range(m)):
         return model
     return model.sub_ensemble(members)
-
-
-# -- one pass over a dataset ---------------------------------------------------------------------------------------
-Transform = Callable[[torch.Tensor, int], torch.Tensor]  # (normalised batch, batch index) -> batch
-
-
-@torch.no_grad()
-def score_pass(model: nn.Module, batches: Iterable[Any], num_classes: int, device: torch.device, desc: str,
-               transform: Transform | None = None, sync: bool = False) -> tuple[SampleMetrics, float]:
-    """Run ``model`` over ``batches`` of ``(x, y)``; returns the filled :class:`SampleMetrics` and the seconds spent
-    in the model's forward passes alone (data loading and corruption excluded)."""
-    model.eval()
-    metrics = SampleMetrics(num_classes, model.num_members, sync_on_compute=sync).to(device)
-    seconds = 0.0
-    not_main = dist.is_available() and dist.is_initialized() and dist.get_rank() != 0  # one bar: rank 0's
-    for i, (x, y) in enumerate(progress(batches, desc=desc, unit="batch", leave=False, disable=not_main)):
-        x, y = map_tensors(x, lambda t: t.to(device)), y.to(device)
-        if transform is not None:
-            x = transform(x, i)
-        _synchronize(device)
-        start = time.perf_counter()
-        logits = model(x)
-        _synchronize(device)
-        seconds += time.perf_counter() - start
-        metrics.update(logits.float(), y)
-    return metrics, seconds
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _corruption(name: str, severity: int, mean: Sequence[float], std: Sequence[float], seed: int) -> Transform:
@@ -195,7 +162,7 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
             part["shift"] = _shift(cfg, options, names, sub_ensemble(weights, range(k_max)), eval_set, data.num_classes,
                                    device, variant, batch, sync)
         if ood_batches is not None:
-            part["ood"] = _ood(sub_ensemble(weights, range(k_max)), scores, ood_batches, data.num_classes, device,
+            part["ood"] = score_ood(sub_ensemble(weights, range(k_max)), scores, ood_batches, data.num_classes, device,
                                variant, options.ood)
         sharing = weights.sharing()
         if sharing is not None:
@@ -281,18 +248,6 @@ def _ood_batches(cfg: Config, options: EvalConfig, batch: int) -> Callable[[], I
     else:
         dataset = SVHNOOD(options.ood_root, cfg.data.dataset)
     return lambda: DataLoader(dataset, batch_size=batch, num_workers=cfg.data.num_workers)
-
-
-def _ood(model: nn.Module, in_scores: dict[str, torch.Tensor], batches: Callable[[], Iterable], num_classes: int,
-         device: torch.device, variant: str, name: str) -> dict[str, Any]:
-    metrics, _ = score_pass(model, ((x, torch.zeros(len(x), dtype=torch.long)) for x, _ in batches()), num_classes,
-                            device, f"{variant} ood {name}")
-    out_scores = metrics.scores()
-    report: dict[str, Any] = {"set": name, "num_in": len(in_scores["msp"]), "num_out": len(out_scores["msp"])}
-    for score in OOD_SCORES:
-        report[score] = ood_detection(in_scores[score].cpu(), out_scores[score].cpu())
-    report["_scores"] = {s: (in_scores[s].cpu(), out_scores[s].cpu()) for s in OOD_SCORES}  # for the plots only
-    return report
 
 
 # -- outputs -------------------------------------------------------------------------------------------------------
