@@ -239,12 +239,12 @@ def _imagenet_c_sets(cfg: Config, root: Path, names: list[str], severities: list
 
 def _ood_batches(cfg: Config, options: EvalConfig, batch: int) -> Callable[[], Iterable]:
     from sigmanens_dist.data.ood import SVHNOOD, DigitsOOD
-    from sigmanens_dist.data.registry import _Resized
+    from sigmanens_dist.data.registry import Resized
 
     if options.ood == "digits":
         dataset: Dataset = DigitsOOD()
         if cfg.data.img_size and cfg.data.img_size != 28:
-            dataset = _Resized(dataset, cfg.data.img_size)
+            dataset = Resized(dataset, cfg.data.img_size)
     else:
         dataset = SVHNOOD(options.ood_root, cfg.data.dataset)
     return lambda: DataLoader(dataset, batch_size=batch, num_workers=cfg.data.num_workers)
