@@ -20,9 +20,10 @@ from sigmanens_dist.methods.batch import BatchEnsembleLayer, convert_to_batch_en
 from sigmanens_dist.methods.deep import DeepEnsemble
 from sigmanens_dist.methods.film import convert_to_film_ensemble
 from sigmanens_dist.methods.packed import MIN_CHANNELS_PER_GROUP, convert_to_packed_ensemble
-from sigmanens_dist.models import build_model, param_groups
+from sigmanens_dist.models import build_model
 from sigmanens_dist.train import run
 from sigmanens_dist.training.objective import member_loss
+from sigmanens_dist.training.optim import param_groups
 from tests.helpers import SYNTHETIC, final_state
 
 VIT = ["model.name=vit_tiny_patch16_224", "model.kwargs.img_size=16", "model.kwargs.patch_size=4",
