@@ -11,9 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import os
 import re
-import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from sigmanens_dist.atomic import write_text
 from sigmanens_dist.data.datasets import DATASETS, DatasetName, resolve_root
 from sigmanens_dist.errors import UsageError
 
@@ -639,18 +638,7 @@ def save_config(cfg: Config, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True), sort_keys=False, default_flow_style=False)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a run's config should be readable like its other files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_text(path, text)
 
 
 def flatten(cfg: Config) -> dict[str, Any]:

@@ -7,6 +7,7 @@ Every method answers :class:`sigmanens_dist.methods.EnsembleMethod` (``forward(x
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -17,9 +18,9 @@ from torch import nn
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.methods import EnsembleMethod, build_method
 from sigmanens_dist.methods.single import SingleModel
-from sigmanens_dist.sigma.layers import SigmaStore, sigma_class_for
+from sigmanens_dist.sigma.layers import SigmaStore
 
-__all__ = ["SingleModel", "Source", "build_model", "enable_grad_checkpointing", "param_groups", "source_weights"]
+__all__ = ["SingleModel", "Source", "build_model", "enable_grad_checkpointing", "source_weights"]
 
 log = logging.getLogger(__name__)
 
@@ -160,40 +161,11 @@ def _hf_backbone(model_cfg: Any, num_labels: int, vocab_size: int | None) -> nn.
     return backbone
 
 
-def param_groups(model: nn.Module, weight_decay: float, sigma_lr: float | None = None,
-                 fast_lr: float | None = None) -> list[dict[str, Any]]:
-    """Weight decay on shared weights only: none on the σ store (by type: decaying γ would pull every importance to
-    σ(0)=½ and fight the regulariser), on plain norm layers, on biases, or on what a module names in its
-    ``no_weight_decay()`` (timm ViT's ``pos_embed`` and ``cls_token``, as timm's optimizer factory does).
+def __getattr__(name: str) -> Any:
+    if name == "param_groups":  # moved to training/optim.py with the rest of the optimiser's set-up
+        warnings.warn("sigmanens_dist.models.param_groups moved to sigmanens_dist.training.optim.param_groups",
+                      DeprecationWarning, stacklevel=2)
+        from sigmanens_dist.training.optim import param_groups
 
-    ``sigma_lr`` (the peak rate × ``optim.sigma_lr_scale``) puts the σ store in a group of its own with that rate:
-    under a member-mean loss each member's γ and affine get 1/M of the gradient, and ``sigma_lr = M·lr`` gives them a
-    single model's rate back without touching the shared weights. None keeps the two-group layout (and resumes).
-    ``fast_lr`` does the same for what the method names in ``fast_weights()`` (BatchEnsemble's r, s), undecayed.
-    """
-    store: set[int] = set()
-    no_decay: set[int] = set()
-    for module in model.modules():
-        if isinstance(module, SigmaStore):
-            store.update(id(p) for p in module.parameters(recurse=False))
-        if isinstance(module, SigmaStore) or sigma_class_for(module) is not None:
-            no_decay.update(id(p) for p in module.parameters(recurse=False))
-        if callable(getattr(module, "no_weight_decay", None)):
-            named = dict(module.named_parameters())
-            for name in module.no_weight_decay():
-                no_decay.update(id(p) for n, p in named.items() if n == name or n.startswith(f"{name}."))
-    own = store if sigma_lr is not None else set()
-    fast_names = model.fast_weights() if fast_lr is not None and callable(getattr(model, "fast_weights", None)) \
-        else set()
-    fast_ids = {id(p) for n, p in model.named_parameters() if n in fast_names}
-    decay, other, sigma, fast = [], [], [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (sigma if id(p) in own else fast if id(p) in fast_ids else other if id(p) in no_decay or p.ndim <= 1
-             else decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
-    if sigma:
-        groups.append({"params": sigma, "weight_decay": 0.0, "lr": sigma_lr})
-    if fast:
-        groups.append({"params": fast, "weight_decay": 0.0, "lr": fast_lr})
-    return groups
+        return param_groups
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -36,11 +35,12 @@ from sigmanens_dist.distributed.strategies import build_strategy, strategy_optio
 from sigmanens_dist.errors import EXIT_USAGE, RunExistsError, UsageError
 from sigmanens_dist.evaluation.metrics import EnsembleMetrics, reliability_diagram
 from sigmanens_dist.methods import map_tensors, member_major, member_train_stream
-from sigmanens_dist.models import build_model, param_groups
+from sigmanens_dist.models import build_model
 from sigmanens_dist.progress import progress
 from sigmanens_dist.training.checkpoint import CheckpointManager, capture_rng, resolve_checkpoint, restore_rng
 from sigmanens_dist.training.ema import build_ema
-from sigmanens_dist.training.objective import fast_weight_lr, loss_reduction, member_loss, sigma_lr
+from sigmanens_dist.training.objective import loss_reduction, member_loss
+from sigmanens_dist.training.optim import build_optimizer, fast_weight_lr, param_groups, sigma_lr, warmup_cosine
 from sigmanens_dist.training.preemption import (
     EXIT_PREEMPTED,
     PreemptionCheck,
@@ -119,8 +119,8 @@ class Trainer:
         self.wrapped = self.strategy.wrap(model)
         self.model = self.strategy.model
         groups = param_groups(self.model, cfg.optim.weight_decay, sigma_lr(cfg, self.model), fast_weight_lr(cfg))
-        self.optimizer = self.strategy.build_optimizer(groups, lambda groups: _optimizer(cfg, groups))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _warmup_cosine(cfg, self.total_steps))
+        self.optimizer = self.strategy.build_optimizer(groups, lambda groups: build_optimizer(cfg, groups))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_cosine(cfg, self.total_steps))
         self.ema = build_ema(self.strategy, cfg.train.ema_decay) if cfg.train.ema_decay else None
         self.mixup = _mixup(cfg, self.data.num_classes)
         self.pos, run_id = Position(), None
@@ -405,26 +405,6 @@ def _micro_batches(stream: TrainStream, pos: Position) -> Iterator[tuple[Any, in
         for i, batch in enumerate(stream.iter_epoch(epoch, start), start=start + 1):
             yield (batch, epoch + 1, 0) if i == len(stream) else (batch, epoch, i)
         epoch, start = epoch + 1, 0
-
-
-def _optimizer(cfg: Config, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
-    if cfg.optim.name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum, nesterov=cfg.optim.nesterov)
-    return torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas))
-
-
-def _warmup_cosine(cfg: Config, total: int):
-    warm, floor = cfg.schedule.warmup_steps, cfg.schedule.min_lr_ratio
-
-    def factor(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        if cfg.schedule.name == "constant":
-            return 1.0
-        progress = min(1.0, (step - warm) / max(1, total - warm))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
 
 
 def _mixup(cfg: Config, num_classes: int) -> nn.Module | None:

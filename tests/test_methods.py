@@ -20,9 +20,10 @@ from sigmanens_dist.methods.batch import BatchEnsembleLayer, convert_to_batch_en
 from sigmanens_dist.methods.deep import DeepEnsemble
 from sigmanens_dist.methods.film import convert_to_film_ensemble
 from sigmanens_dist.methods.packed import MIN_CHANNELS_PER_GROUP, convert_to_packed_ensemble
-from sigmanens_dist.models import build_model, param_groups
+from sigmanens_dist.models import build_model
 from sigmanens_dist.train import run
 from sigmanens_dist.training.objective import member_loss
+from sigmanens_dist.training.optim import param_groups
 from tests.helpers import SYNTHETIC, final_state
 
 VIT = ["model.name=vit_tiny_patch16_224", "model.kwargs.img_size=16", "model.kwargs.patch_size=4",
@@ -382,3 +383,18 @@ def test_member_stream_evens_out_batches_that_lost_skipped_samples() -> None:
     (x0, y0), (x1, y1) = MemberStream([Stream([4, 4], 0), Stream([3, 4], 100)]).iter_epoch(0)
     assert y0.tolist() == [0, 1, 2, 100, 101, 102] and x0.shape == (6, 1)
     assert y1.tolist() == [0, 1, 2, 3, 100, 101, 102, 103] and x1.shape == (8, 1)
+
+
+def test_the_method_table_is_the_configs_list_of_methods() -> None:
+    # config.py sits below methods/ and names the methods in its model.method Literal; the table must agree.
+    from typing import get_args
+
+    from sigmanens_dist.config import ModelConfig
+    from sigmanens_dist.experiments import study
+    from sigmanens_dist.methods import METHODS
+
+    assert tuple(METHODS) == get_args(ModelConfig.model_fields["method"].annotation)
+    assert all(cls.name == name for name, cls in METHODS.items())
+    assert study.METHODS is METHODS  # the old import path still works
+    assert [n for n, c in METHODS.items() if not c.member_axis] == ["single"]
+    assert [n for n, c in METHODS.items() if c.regularized] == ["sigma"]

@@ -12,9 +12,10 @@ import torch.nn.functional as F
 from sigmanens_dist import convert_to_sigma_ensemble, diversity_loss
 from sigmanens_dist.config import load_config
 from sigmanens_dist.methods import member_major
-from sigmanens_dist.models import build_model, param_groups
-from sigmanens_dist.train import _optimizer, run
-from sigmanens_dist.training.objective import loss_reduction, member_loss, sigma_lr
+from sigmanens_dist.models import build_model
+from sigmanens_dist.train import run
+from sigmanens_dist.training.objective import loss_reduction, member_loss
+from sigmanens_dist.training.optim import build_optimizer, param_groups, sigma_lr
 from tests.helpers import SYNTHETIC, TINY_VIT, final_state, losses
 
 
@@ -117,7 +118,7 @@ def test_sigma_lr_scale_gives_the_sigma_store_its_own_rate_through_the_schedule(
     by_m = load_config(None, ["model.name=resnet10t", "optim.lr=0.05", "optim.sigma_lr_scale=num_members",
                               "model.num_members=4"], check_data=False)
     assert sigma_lr(by_m, model) == pytest.approx(0.2)  # M × lr
-    opt = _optimizer(cfg, param_groups(model, cfg.optim.weight_decay, sigma_lr(cfg, model)))
+    opt = build_optimizer(cfg, param_groups(model, cfg.optim.weight_decay, sigma_lr(cfg, model)))
     store = [g for g in opt.param_groups if any(p is model.sigma.flat for p in g["params"])]
     assert len(store) == 1 and store[0]["lr"] == pytest.approx(0.2) and store[0]["weight_decay"] == 0
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))

@@ -12,7 +12,7 @@ import torch
 
 from sigmanens_dist.config import load_config
 from sigmanens_dist.distributed.env import DistEnv
-from sigmanens_dist.models import param_groups
+from sigmanens_dist.training.optim import param_groups
 from sigmanens_dist.training.preemption import PreemptionCheck, PreemptionFlag
 from sigmanens_dist.training.resume import BatchLayout, check_same_run
 from tests.helpers import SYNTHETIC, TINY_VIT, losses, run_train

@@ -10,12 +10,12 @@ ask for the same split, so converted and raw data of one config train and valida
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from torch.utils.data import Subset
 
+from sigmanens_dist.atomic import write_text
 from sigmanens_dist.data.datasets import convertible
 from sigmanens_dist.data.loaders import CLASSES_FILE
 from sigmanens_dist.data.registry import build_datasets, split_indices
@@ -69,10 +69,8 @@ def convert(data: Any, root: Path, fmt: str, out: Path, *, max_count: int = 10_0
 
             write_shards(ds, out / split, split=split, max_count=max_count, jpeg_quality=jpeg_quality,
                          num_workers=num_workers, desc=f"{dataset} {split}")
-    tmp = out / f".{CLASSES_FILE}.tmp"
-    tmp.write_text(json.dumps({"dataset": dataset, "classes": list(classes), "train_pool": len(pool),
-                               "val_split": data.val_split, "split_seed": split_seed}, indent=1))
-    os.replace(tmp, out / CLASSES_FILE)
+    write_text(out / CLASSES_FILE, json.dumps({"dataset": dataset, "classes": list(classes), "train_pool": len(pool),
+                                               "val_split": data.val_split, "split_seed": split_seed}, indent=1))
     return out
 
 

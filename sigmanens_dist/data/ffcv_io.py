@@ -17,7 +17,6 @@ Grayscale sources are stored as 3-channel RGB (the channel repeated): FFCV's ``R
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing import Process, Queue, SimpleQueue, Value
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 from torch.utils.data import Dataset
 from tqdm import tqdm
 
+from sigmanens_dist.atomic import atomic_path
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler
 from sigmanens_dist.data.sst2 import TextDataset
 from sigmanens_dist.data.webdataset_io import read_source, unwrap_source
@@ -86,8 +86,9 @@ def _writer_class() -> type:
         """FFCV 1.0.2's writer loop, except that a worker that dies fails the write (its sample's error in the
         message) instead of leaving the parent polling a progress counter that never completes."""
 
-        def __init__(self, target: Path, fields: dict[str, Any], num_workers: int, errors: SimpleQueue) -> None:
-            super().__init__(str(target.with_name(target.name + ".tmp")), fields, num_workers=num_workers)
+        def __init__(self, tmp: Path, target: Path, fields: dict[str, Any], num_workers: int,
+                     errors: SimpleQueue) -> None:
+            super().__init__(str(tmp), fields, num_workers=num_workers)
             self.target, self.errors = target, errors
 
         def _write_common(self, num_samples: int, queue_content: Any, work_fn: Any,
@@ -145,7 +146,7 @@ def write_beton(dataset: Dataset, path: Path | str, *, max_resolution: int | Non
     ``max_resolution``; with ``write_mode='proportion'`` a ``compress_probability`` fraction stored as JPEG at
     ``jpeg_quality``, the rest raw, trading disk for decode time) and ``label`` an ``IntField``.
 
-    Written to ``path.tmp`` and renamed when complete, so ``path`` never holds a partial file.
+    Written under a temporary name and renamed when complete, so ``path`` never holds a partial file.
     """
     _ffcv()
     from ffcv.fields import IntField, RGBImageField
@@ -174,20 +175,15 @@ def write_text_beton(dataset: TextDataset, path: Path | str, *, num_workers: int
 
 def _write(dataset: Dataset, path: Path | str, fields: dict[str, Any],
            read: Callable[[Dataset, int], tuple[Any, ...]], num_workers: int, chunksize: int) -> Path:
-    """``fields`` of every sample (``read(dataset, i)``) to ``path.tmp``, renamed to ``path`` once complete."""
+    """``fields`` of every sample (``read(dataset, i)``) to a temporary file, renamed to ``path`` once complete."""
     if len(dataset) == 0:
         raise ValueError(f"writing {path}: the dataset is empty")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     errors: SimpleQueue = SimpleQueue()
-    writer = _writer_class()(path, fields, max(1, num_workers), errors)
-    try:
+    with atomic_path(path) as tmp:
+        writer = _writer_class()(tmp, path, fields, max(1, num_workers), errors)
         writer.from_indexed_dataset(_Source(dataset, errors, read), chunksize=chunksize)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
     return path
 
 

@@ -15,7 +15,7 @@ from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.data.idx import IdxImageDataset
 from sigmanens_dist.errors import UsageError
 
-__all__ = ["DataBundle", "SeededAugment", "SyntheticImages", "build_datasets", "split_indices"]
+__all__ = ["DataBundle", "Resized", "SeededAugment", "SyntheticImages", "build_datasets", "split_indices"]
 
 
 
@@ -144,7 +144,7 @@ def _parts(data_cfg: Any, root: Path | None, randaugment: str | None) -> _Parts:
         plain: Dataset = train
         if size != 28:
             aug.append(v2.Resize(size, antialias=True))
-            plain, test = _Resized(train, size), _Resized(test, size)
+            plain, test = Resized(train, size), Resized(test, size)
         return _Parts(train, plain, test, v2.Compose(aug), train.num_classes, train.in_chans)
     if name in ("cifar10", "cifar100"):
         return _cifar(name, root, data_cfg)
@@ -159,7 +159,10 @@ def _parts(data_cfg: Any, root: Path | None, randaugment: str | None) -> _Parts:
     raise ValueError(f"data.dataset={name!r} is not one of {', '.join(DATASETS)}")
 
 
-class _Resized(Dataset):
+class Resized(Dataset):
+    """``dataset``'s images resized to ``size`` (the shorter side), labels unchanged: a dataset at the resolution
+    the model expects (a small-image set for a larger model; an OOD set at the eval set's size)."""
+
     def __init__(self, dataset: Dataset, size: int) -> None:
         self.dataset, self.resize = dataset, v2.Resize(size, antialias=True)
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import random
 import tarfile
 import zlib
@@ -49,6 +48,7 @@ from torchvision import datasets
 from torchvision.transforms import v2
 from tqdm import tqdm
 
+from sigmanens_dist.atomic import write_text
 from sigmanens_dist.data.bad_samples import BadSamples
 from sigmanens_dist.data.idx import IdxImageDataset
 from sigmanens_dist.data.registry import SeededAugment
@@ -178,9 +178,7 @@ def _selection(dataset: Dataset) -> str | None:
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
     """Atomic: a reader (or a resumed conversion) never sees half a manifest."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    write_text(path, json.dumps(obj, indent=1))
 
 
 def _valid_prefix(out_dir: Path, shards: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistEnv", "all_gather_object", "any_rank", "init_distributed"]
+__all__ = ["DistEnv", "all_gather_object", "init_distributed"]
 
 
 @dataclass(frozen=True)
@@ -50,15 +50,6 @@ def init_distributed(backend: str = "auto", group_of_one: bool = False) -> DistE
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                                 device_id=device if backend == "nccl" else None)
     return DistEnv(rank, world, local_rank, device)
-
-
-def any_rank(flag: bool, env: DistEnv) -> bool:
-    """True on every rank if it is true on any (e.g. a preemption signal that reached only some ranks)."""
-    if not env.distributed:
-        return flag
-    t = torch.tensor([int(flag)], device=env.device if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
 
 
 def all_gather_object(obj: Any, env: DistEnv) -> list[Any]:

@@ -1,18 +1,24 @@
-"""OOD detection by predictive entropy: an ensemble's uncertainty is only useful if it is higher on inputs unlike
-the training data. ``ood_scores`` measures how well predictive entropy separates in-distribution samples from OOD
-ones (AUROC 1: perfectly, 0.5: not at all); the OOD sets are in :mod:`sigmanens_dist.data.ood`."""
+"""OOD detection: an ensemble's uncertainty is only useful if it is higher on inputs unlike the training data.
+
+:func:`score_ood` is what ``sigmanens eval`` reports: for each of :data:`OOD_SCORES` (max softmax, entropy, mutual
+information) how well it separates the eval set from an OOD set (AUROC 1: perfectly, 0.5: not at all). The
+lighter :func:`ood_scores` measures predictive entropy alone for any model and two loaders. The OOD sets are in
+:mod:`sigmanens_dist.data.ood`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
 from sigmanens_dist.evaluation.metrics import ood_detection, predictive_entropy
+from sigmanens_dist.evaluation.scoring import score_pass
 
-__all__ = ["ood_scores"]
+__all__ = ["OOD_SCORES", "ood_scores", "score_ood"]
+
+OOD_SCORES = ("msp", "entropy", "mutual_information")
 
 
 @torch.no_grad()
@@ -46,3 +52,17 @@ def ood_scores(model: nn.Module, in_loader: Iterable[Any], out_loader: Iterable[
     auroc = ood_detection(ent_in, ent_out)["auroc"]
     return {"auroc_entropy": auroc, "entropy_in": float(ent_in.mean()), "entropy_out": float(ent_out.mean()),
             "num_in": float(len(ent_in)), "num_out": float(len(ent_out))}
+
+
+def score_ood(model: nn.Module, in_scores: dict[str, torch.Tensor], batches: Callable[[], Iterable], num_classes: int,
+              device: torch.device, variant: str, name: str) -> dict[str, Any]:
+    """OOD set ``name`` (``batches()``: its ``(x, _)`` batches) against the eval set's per-sample ``in_scores``: the
+    detection metrics of each score, OOD positive, and both sets' scores under ``"_scores"`` for the plots."""
+    metrics, _ = score_pass(model, ((x, torch.zeros(len(x), dtype=torch.long)) for x, _ in batches()), num_classes,
+                            device, f"{variant} ood {name}")
+    out_scores = metrics.scores()
+    report: dict[str, Any] = {"set": name, "num_in": len(in_scores["msp"]), "num_out": len(out_scores["msp"])}
+    for score in OOD_SCORES:
+        report[score] = ood_detection(in_scores[score].cpu(), out_scores[score].cpu())
+    report["_scores"] = {s: (in_scores[s].cpu(), out_scores[s].cpu()) for s in OOD_SCORES}  # for the plots only
+    return report

@@ -14,8 +14,6 @@ then writes ``eval.json``, ``eval.md`` and PNG plots into ``out_dir`` and logs t
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import json
 import logging
 import math
@@ -25,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -34,115 +31,31 @@ from sigmanens_dist.data.corruptions import CORRUPTIONS, corrupt
 from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.evaluation.load import method_of
-from sigmanens_dist.evaluation.metrics import SampleMetrics, ood_detection
-from sigmanens_dist.methods.base import map_tensors
-from sigmanens_dist.methods.sigma import SigmaEnsemble
-from sigmanens_dist.progress import progress
-from sigmanens_dist.sigma.layers import SigmaStore
+from sigmanens_dist.evaluation.ood import OOD_SCORES, score_ood
+from sigmanens_dist.evaluation.scoring import Transform, score_pass
+from sigmanens_dist.methods.base import EnsembleMethod
 
-__all__ = ["OOD_SETS", "check_options", "flat_metrics", "layer_importances", "markdown", "run_eval", "score_pass",
-           "sub_ensemble"]
+__all__ = ["OOD_SETS", "check_options", "flat_metrics", "markdown", "run_eval", "score_pass", "sub_ensemble"]
 
 log = logging.getLogger("sigmanens")
 
 OOD_SETS = {"digits": ("fashion_mnist",), "svhn": ("cifar10", "cifar100")}  # OOD set → datasets it is OOD for
-OOD_SCORES = ("msp", "entropy", "mutual_information")
 SHIFT_KEYS = ("acc", "nll", "ece")
 SUB_KEYS = ("acc", "nll", "ece", "aece", "brier", "aurc")
 IMAGENET_C_DATASETS = ("imagenet", "imagefolder")
 
 
 # -- sub-ensembles -------------------------------------------------------------------------------------------------
-def sub_ensemble(model: nn.Module, members: Sequence[int]) -> nn.Module:
-    """A model of only ``members`` (indices into ``model``'s M), which really runs ``len(members)`` members.
-
-    σN-Ens: a copy whose σ store keeps only those rows (σ parameters and running statistics), every σ layer rebound
-    to it; shared weights are copied unchanged. Other methods answer through their own ``sub_ensemble(members)``;
-    a one-member model is its own only sub-ensemble."""
+def sub_ensemble(model: EnsembleMethod, members: Sequence[int]) -> EnsembleMethod:
+    """A model of only ``members`` (indices into ``model``'s M), which really runs ``len(members)`` members: the
+    method's own ``sub_ensemble(members)``, after checking the indices; all members in order is the model itself."""
     m = model.num_members
     members = list(members)
     if not members or len(set(members)) != len(members) or not all(0 <= i < m for i in members):
         raise ValueError(f"members {members} must be distinct indices in 0..{m - 1}")
     if members == list(range(m)):
         return model
-    if not isinstance(model, SigmaEnsemble):
-        if hasattr(model, "sub_ensemble"):
-            return model.sub_ensemble(members)
-        raise TypeError(f"{type(model).__name__} has no sub_ensemble(members); cannot evaluate {len(members)} of its "
-                        f"{m} members")
-    old, k = model.sigma, len(members)
-    slots, num_stats = [], 0
-    for slot in old.slots:  # running statistics are laid out per layer as (M, C) blocks: re-pack them for k rows
-        offset = None
-        if slot.stats is not None:
-            offset, num_stats = num_stats, num_stats + 2 * k * slot.num_features
-        slots.append(dataclasses.replace(slot, stats=offset))
-    store = SigmaStore(k, slots, old.flat.shape[1], num_stats).to(device=old.flat.device, dtype=old.flat.dtype)
-    store.gated = old.gated  # FiLM's store is ungated
-    rows = torch.tensor(members, device=old.flat.device)
-    with torch.no_grad():
-        store.flat.copy_(old.flat.index_select(0, rows))
-        for before, after in zip(old.slots, slots, strict=True):
-            if before.stats is not None:
-                for src, dst in zip(old.stats(before.stats, before.num_features),
-                                    store.stats(after.stats, after.num_features), strict=True):
-                    dst.copy_(src.index_select(0, rows))
-    backbone = copy.deepcopy(model.backbone, {id(old): store})
-    for slot in slots:
-        layer = backbone.get_submodule(slot.name)
-        layer.num_members = k
-        layer.bind(store, slot)
-    return type(model)(backbone, store).eval()  # the same class: σN-Ens or FiLM
-
-
-def _has_sharing(model: nn.Module) -> bool:
-    """σN-Ens proper: a σ store whose gates are used (FiLM's store is ungated, its γ meaningless)."""
-    return isinstance(model, SigmaEnsemble) and model.sigma.gated
-
-
-def supports_sub_ensembles(model: nn.Module) -> bool:
-    return isinstance(model, SigmaEnsemble) or hasattr(model, "sub_ensemble") or model.num_members == 1
-
-
-def layer_importances(model: nn.Module) -> tuple[list[str], torch.Tensor] | None:
-    """Mean importance σ(γ) per member and σ layer, ``(M, L)``, with the layer names; None without σ gates."""
-    if not _has_sharing(model):
-        return None
-    with torch.no_grad():
-        imp = model.importances(regularized_only=False).float().cpu()
-        cols = [imp[:, s.gamma[0]: s.gamma[1]].mean(1) for s in model.sigma.slots]
-    return [s.name for s in model.sigma.slots], torch.stack(cols, dim=1)
-
-
-# -- one pass over a dataset ---------------------------------------------------------------------------------------
-Transform = Callable[[torch.Tensor, int], torch.Tensor]  # (normalised batch, batch index) -> batch
-
-
-@torch.no_grad()
-def score_pass(model: nn.Module, batches: Iterable[Any], num_classes: int, device: torch.device, desc: str,
-               transform: Transform | None = None, sync: bool = False) -> tuple[SampleMetrics, float]:
-    """Run ``model`` over ``batches`` of ``(x, y)``; returns the filled :class:`SampleMetrics` and the seconds spent
-    in the model's forward passes alone (data loading and corruption excluded)."""
-    model.eval()
-    metrics = SampleMetrics(num_classes, model.num_members, sync_on_compute=sync).to(device)
-    seconds = 0.0
-    not_main = dist.is_available() and dist.is_initialized() and dist.get_rank() != 0  # one bar: rank 0's
-    for i, (x, y) in enumerate(progress(batches, desc=desc, unit="batch", leave=False, disable=not_main)):
-        x, y = map_tensors(x, lambda t: t.to(device)), y.to(device)
-        if transform is not None:
-            x = transform(x, i)
-        _synchronize(device)
-        start = time.perf_counter()
-        logits = model(x)
-        _synchronize(device)
-        seconds += time.perf_counter() - start
-        metrics.update(logits.float(), y)
-    return metrics, seconds
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    return model.sub_ensemble(members)
 
 
 def _corruption(name: str, severity: int, mean: Sequence[float], std: Sequence[float], seed: int) -> Transform:
@@ -157,14 +70,14 @@ def _corruption(name: str, severity: int, mean: Sequence[float], std: Sequence[f
 
 
 # -- checks before any work ----------------------------------------------------------------------------------------
-def check_options(cfg: Config, model: nn.Module, options: EvalConfig) -> list[str]:
+def check_options(cfg: Config, model: EnsembleMethod, options: EvalConfig) -> list[str]:
     """Every problem with ``options`` for this model and data, in one ``ValueError``; returns the corruption names
     to run (``all`` expanded)."""
     problems = []
     m = model.num_members
     if options.members is not None and options.members > m:
         problems.append(f"--members {options.members}: the model has only M={m} members (choose 1..{m})")
-    elif options.members not in (None, m) and not supports_sub_ensembles(model):
+    elif options.members not in (None, m) and not model.supports_sub_ensembles:
         problems.append(f"--members {options.members}: model.method={method_of(cfg)!r} cannot run a sub-ensemble "
                         f"(no sub_ensemble(members)); score all {m} members")
     # corruption names and severities are already checked by EvalConfig
@@ -200,9 +113,9 @@ def _imagenet_c_problems(root: Path, names: list[str], severities: list[int]) ->
 
 
 # -- the evaluation ------------------------------------------------------------------------------------------------
-def run_eval(cfg: Config, model: nn.Module, ema: nn.Module | None = None, options: EvalConfig | None = None, *,
-             out_dir: Path, run_id: str | None = None, step: int = 0, checkpoint: Path | None = None,
-             env: DistEnv | None = None) -> dict[str, Any]:
+def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = None,
+             options: EvalConfig | None = None, *, out_dir: Path, run_id: str | None = None, step: int = 0,
+             checkpoint: Path | None = None, env: DistEnv | None = None) -> dict[str, Any]:
     """Evaluate ``model`` (and ``ema``) as ``options`` (default ``cfg.eval``) says; write ``eval.json``, ``eval.md``
     and plots into ``out_dir``; log them to MLflow run ``run_id`` when tracking is on. Returns the report.
 
@@ -233,7 +146,7 @@ def run_eval(cfg: Config, model: nn.Module, ema: nn.Module | None = None, option
         part: dict[str, Any] = {"sub_ensembles": []}
         scored = None
         # methods that cannot run k of their members, and runs that ask for the full ensemble only, score k = K
-        ks = range(1, k_max + 1) if options.sub_ensembles and supports_sub_ensembles(weights) else [k_max]
+        ks = range(1, k_max + 1) if options.sub_ensembles and weights.supports_sub_ensembles else [k_max]
         for k in ks:
             sub = sub_ensemble(weights, range(k))
             metrics, seconds = score_pass(sub, eval_set(), data.num_classes, device,
@@ -249,9 +162,9 @@ def run_eval(cfg: Config, model: nn.Module, ema: nn.Module | None = None, option
             part["shift"] = _shift(cfg, options, names, sub_ensemble(weights, range(k_max)), eval_set, data.num_classes,
                                    device, variant, batch, sync)
         if ood_batches is not None:
-            part["ood"] = _ood(sub_ensemble(weights, range(k_max)), scores, ood_batches, data.num_classes, device,
+            part["ood"] = score_ood(sub_ensemble(weights, range(k_max)), scores, ood_batches, data.num_classes, device,
                                variant, options.ood)
-        sharing = weights.sharing() if _has_sharing(weights) else None
+        sharing = weights.sharing()
         if sharing is not None:
             part["sharing"] = sharing
         report["weights"][variant] = part
@@ -326,31 +239,19 @@ def _imagenet_c_sets(cfg: Config, root: Path, names: list[str], severities: list
 
 def _ood_batches(cfg: Config, options: EvalConfig, batch: int) -> Callable[[], Iterable]:
     from sigmanens_dist.data.ood import SVHNOOD, DigitsOOD
-    from sigmanens_dist.data.registry import _Resized
+    from sigmanens_dist.data.registry import Resized
 
     if options.ood == "digits":
         dataset: Dataset = DigitsOOD()
         if cfg.data.img_size and cfg.data.img_size != 28:
-            dataset = _Resized(dataset, cfg.data.img_size)
+            dataset = Resized(dataset, cfg.data.img_size)
     else:
         dataset = SVHNOOD(options.ood_root, cfg.data.dataset)
     return lambda: DataLoader(dataset, batch_size=batch, num_workers=cfg.data.num_workers)
 
 
-def _ood(model: nn.Module, in_scores: dict[str, torch.Tensor], batches: Callable[[], Iterable], num_classes: int,
-         device: torch.device, variant: str, name: str) -> dict[str, Any]:
-    metrics, _ = score_pass(model, ((x, torch.zeros(len(x), dtype=torch.long)) for x, _ in batches()), num_classes,
-                            device, f"{variant} ood {name}")
-    out_scores = metrics.scores()
-    report: dict[str, Any] = {"set": name, "num_in": len(in_scores["msp"]), "num_out": len(out_scores["msp"])}
-    for score in OOD_SCORES:
-        report[score] = ood_detection(in_scores[score].cpu(), out_scores[score].cpu())
-    report["_scores"] = {s: (in_scores[s].cpu(), out_scores[s].cpu()) for s in OOD_SCORES}  # for the plots only
-    return report
-
-
 # -- outputs -------------------------------------------------------------------------------------------------------
-def _plots(out_dir: Path, variant: str, model: nn.Module, scores: dict[str, torch.Tensor], part: dict[str, Any]
+def _plots(out_dir: Path, variant: str, model: EnsembleMethod, scores: dict[str, torch.Tensor], part: dict[str, Any]
            ) -> list[Path]:
     from sigmanens_dist.evaluation import plots
     from sigmanens_dist.evaluation.metrics import reliability_diagrams_from_confidence
@@ -363,7 +264,7 @@ def _plots(out_dir: Path, variant: str, model: nn.Module, scores: dict[str, torc
     if "ood" in part:
         files.append(plots.ood_histograms(part["ood"].pop("_scores"), out_dir / f"ood_{variant}.png",
                                           part["ood"]["set"]))
-    importances = layer_importances(model)
+    importances = model.layer_importances()
     if importances is not None:
         files.append(plots.sharing_heatmap(*importances, out_dir / f"sharing_{variant}.png"))
     return files

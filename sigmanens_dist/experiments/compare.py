@@ -33,7 +33,8 @@ from matplotlib.figure import Figure
 from scipy import stats
 
 from sigmanens_dist.config import Config
-from sigmanens_dist.experiments.study import DEFINITION, METHODS, ROLE_TAG
+from sigmanens_dist.experiments.study import DEFINITION, ROLE_TAG
+from sigmanens_dist.methods import METHODS
 from sigmanens_dist.training.tracking import PARENT_TAG, ui_hint
 
 __all__ = ["CompareError", "Group", "RunRecord", "group_runs", "load_runs", "main", "paired_difference", "select_split",
@@ -75,7 +76,7 @@ class RunRecord:
     lam: float | None
     seed: int
     budget: int = 1  # train.max_steps multiplier of a study's --budgets (1: the recipe's steps)
-    variant: str = ""  # the method's own knobs away from their defaults, e.g. "α=3" (Method.knobs)
+    variant: str = ""  # the method's own knobs away from their defaults, e.g. "α=3" (EnsembleMethod.knobs)
     values: dict[str, float] = field(default_factory=dict)  # table columns
     split_values: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> score columns, as logged
     severity_ece: dict[int, float] = field(default_factory=dict)  # corruption severity -> ECE, if logged
@@ -128,7 +129,7 @@ def _uses(method: str, axis: str) -> bool:
     spec = METHODS.get(method)
     if spec is None:  # a method this version does not know: show every axis
         return True
-    return spec.members if axis == "members" else spec.regularised
+    return spec.member_axis if axis == "members" else spec.regularized
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -289,7 +290,8 @@ def _record(run: Any) -> RunRecord:
 
 
 def method_variant(method: str, params: dict[str, str]) -> str:
-    """The method's knobs (``Method.knobs``) that the run set away from the config's defaults, as ``α=3 γ=2``."""
+    """The method's knobs (``EnsembleMethod.knobs``) that the run set away from the config's defaults, as
+    ``α=3 γ=2``."""
     spec = METHODS.get(method)
     parts = []
     for key, short in (spec.knobs if spec else {}).items():

@@ -59,7 +59,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot = reliability_diagrams(curves, args.out / "reliability.png")
     print(f"reliability diagrams (validation split): {plot}")
     return status
-    return status
 
 
 if __name__ == "__main__":

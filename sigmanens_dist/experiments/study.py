@@ -28,11 +28,13 @@ from typing import Any
 
 import yaml
 
+from sigmanens_dist.atomic import write_text
 from sigmanens_dist.config import Config, ConfigError, RegConfig, load_config, recipe_path
+from sigmanens_dist.methods import METHODS  # re-exported: the table once lived here
 from sigmanens_dist.training.preemption import EXIT_PREEMPTED, MARKER
 from sigmanens_dist.training.tracking import PARENT_TAG, default_tracking_uri, ensure_experiment
 
-__all__ = ["KINDS", "LAMBDA_POLICIES", "METHODS", "Child", "Method", "StudyError", "build_definition", "child_state",
+__all__ = ["KINDS", "LAMBDA_POLICIES", "METHODS", "Child", "StudyError", "build_definition", "child_state",
            "main", "run_one"]
 
 log = logging.getLogger("sigmanens.study")
@@ -45,36 +47,6 @@ ROLE_TAG, STUDY_TAG, CHILD_TAG = "sigmanens.role", "sigmanens.study", "sigmanens
 class StudyError(ValueError):
     """A study that cannot start: every problem found, one line each."""
 
-
-@dataclass(frozen=True)
-class Method:
-    """How a method is selected in the trainer config, and which grid axes apply to it (the others collapse to one
-    point: a single model has no M, a method without the σ regulariser no τ or λ). ``knobs`` are its own config keys
-    (dotted key → short name): runs that set one away from its default are a variant of the method, which
-    ``sigmanens compare`` keeps apart (Packed-Ensembles at α = 2 and α = 3 are two rows, not one)."""
-
-    overrides: dict[str, Any]
-    members: bool
-    regularised: bool
-    knobs: dict[str, str] = field(default_factory=dict)
-
-
-# The one table of methods: a new method is one line here (and its `model.method` value in the config). A method is
-# offered when the config schema has every key its overrides set.
-METHODS: dict[str, Method] = {
-    "sigma": Method({"model.method": "sigma"}, members=True, regularised=True,
-                    knobs={"model.gamma_init_mean": "γ₀", "model.gamma_init_std": "γ₀ std",
-                           "optim.sigma_lr_scale": "σ lr×", "model.member_batches": "batches",
-                           "model.affine_init": "affine"}),
-    "single": Method({"model.method": "single"}, members=False, regularised=False),
-    "deep": Method({"model.method": "deep"}, members=True, regularised=False),
-    "batch": Method({"model.method": "batch"}, members=True, regularised=False,
-                    knobs={"model.fast_weight_init_std": "init std", "optim.fast_weight_lr_scale": "fast lr×"}),
-    "packed": Method({"model.method": "packed"}, members=True, regularised=False,
-                     knobs={"model.packed_alpha": "α", "model.packed_gamma": "γ"}),
-    "film": Method({"model.method": "film"}, members=True, regularised=False,  # σN-Ens without σ gate or L_div
-                   knobs={"model.film_init_std": "init std"}),
-}
 
 # What each kind sweeps by default; any axis can also be given explicitly (then it is part of the grid too).
 KINDS: dict[str, dict[str, list[Any]]] = {
@@ -108,17 +80,6 @@ class Child:
 # Defining a study
 
 
-def available_methods() -> list[str]:
-    """Methods whose config keys exist in this version's schema."""
-    return [name for name, m in METHODS.items() if all(_schema_has(key) for key in m.overrides)]
-
-
-def _schema_has(dotted: str) -> bool:
-    section, _, key = dotted.partition(".")
-    model = Config.model_fields.get(section)
-    return model is not None and key in model.annotation.model_fields  # type: ignore[union-attr]
-
-
 def build_definition(kind: str, config: Path | None, axes: dict[str, list[Any] | None], overrides: Sequence[str],
                      out: Path, *, nproc: int = 1, lambda_policy: str = "fixed",
                      max_backbone_batch: int | None = None) -> dict[str, Any]:
@@ -137,7 +98,7 @@ def build_definition(kind: str, config: Path | None, axes: dict[str, list[Any] |
     # Loaded as the first method given, so a knob of that method (model.packed_alpha=3 for a Packed-only study) is
     # valid here; each child is validated with its own method below.
     first = (axes.get("methods") or [None])[0]
-    selected = [f"{k}={v}" for k, v in METHODS[first].overrides.items()] if first in METHODS else []
+    selected = [f"model.method={first}"] if first in METHODS else []
     try:
         base = load_config(config, [*selected, *overrides])
     except ConfigError as err:
@@ -183,7 +144,7 @@ _OWNED = {"run_dir", "seed", "tracking.parent_run_id", "tracking.run_name", "che
 
 def _grid_axes(kind: str, axes: dict[str, list[Any] | None], base: Config, problems: list[str]) -> dict[str, list]:
     """Each axis: given values, else the kind's default sweep, else the base config's single value; checked."""
-    known = available_methods()
+    known = list(METHODS)
     defaults: dict[str, list[Any]] = {"methods": [base.model.method],
                                       "members": [base.model.num_members], "taus": [base.reg.tau],
                                       "lambdas": [base.reg.lam], "budgets": [1], "seeds": [0, 1, 2]}
@@ -204,10 +165,6 @@ def _grid_axes(kind: str, axes: dict[str, list[Any] | None], base: Config, probl
     for m in grid["methods"]:
         if m not in METHODS:
             problems.append(f"--methods: unknown method {m!r}; available: {', '.join(known)}")
-        elif m not in known:
-            missing = [k for k in METHODS[m].overrides if not _schema_has(k)]
-            problems.append(f"--methods: method {m!r} needs the config key {', '.join(missing)}, which this version "
-                            f"does not have; available: {', '.join(known)}")
     checks = {"members": (int, lambda v: v >= 1, "a whole number >= 1"), "seeds": (int, lambda v: v >= 0,
               "a whole number >= 0"), "taus": (float, lambda v: v > 0, "a number > 0"),
               "lambdas": (float, lambda v: v >= 0, "a number >= 0"),
@@ -219,12 +176,12 @@ def _grid_axes(kind: str, axes: dict[str, list[Any] | None], base: Config, probl
                 problems.append(f"--{axis}: {v!r} is not {what}")
         if all(isinstance(v, (int, float)) for v in grid[axis]):
             grid[axis] = [kind_of(v) for v in grid[axis]]
-    regularised = any(METHODS[m].regularised for m in grid["methods"] if m in METHODS)
-    if regularised and len(grid["taus"]) > 1 and 0 in grid["lambdas"]:
+    regularized = any(METHODS[m].regularized for m in grid["methods"] if m in METHODS)
+    if regularized and len(grid["taus"]) > 1 and 0 in grid["lambdas"]:
         problems.append(f"--taus {','.join(map(str, grid['taus']))} with λ = 0: L_div is off, so τ changes nothing "
                         "(every τ trains the same model); give --lambdas 0.01, the documented τ-sweep strength "
                         "(docs/quality.md)")
-    elif regularised and 0 in grid["lambdas"]:
+    elif regularized and 0 in grid["lambdas"]:
         log.warning("λ = 0 in the grid: at that point L_div is off and τ=%s has no effect (the unregularised "
                     "reference)", ",".join(map(str, grid["taus"])))
     if grid["budgets"] != [1] and base.train.max_steps is None:
@@ -240,17 +197,17 @@ def _children(grid: dict[str, list[Any]], base: Config, policy: str, max_backbon
     seen: set[str] = set()
     for method, m, tau, lam, budget, seed in itertools.product(*(grid[a] for a in AXES)):
         spec = METHODS[method]
-        point: dict[str, Any] = {"method": method, "members": m if spec.members else 1,
-                                 "tau": tau if spec.regularised else None,
-                                 "lambda": lam if spec.regularised else None, "budget": budget, "seed": seed}
+        point: dict[str, Any] = {"method": method, "members": m if spec.member_axis else 1,
+                                 "tau": tau if spec.regularized else None,
+                                 "lambda": lam if spec.regularized else None, "budget": budget, "seed": seed}
         name = _child_name(point)
         if name in seen:
             continue
         seen.add(name)
-        ov = {**spec.overrides, "seed": seed}
-        if spec.members:
+        ov: dict[str, Any] = {"model.method": method, "seed": seed}
+        if spec.member_axis:
             ov["model.num_members"] = m
-        if spec.regularised:
+        if spec.regularized:
             ov["reg.tau"] = tau
             ov["reg.lambda"] = lam / m if policy == "per-member" else lam
         if budget != 1:
@@ -277,7 +234,7 @@ def _micro_batching(base: Config, members: int, limit: int | None, name: str) ->
 
 def _child_name(point: dict[str, Any]) -> str:
     parts = [point["method"]]
-    if METHODS[point["method"]].members:
+    if METHODS[point["method"]].member_axis:
         parts.append(f"M{point['members']}")
     if point["tau"] is not None:
         parts.append(f"tau{point['tau']:g}")
@@ -345,11 +302,9 @@ def load_definition(path: Path) -> dict[str, Any]:
 
 
 def _save(path: Path, definition: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("# written by `sigmanens study`; a Slurm array runs element I with\n"
-                   f"#   sigmanens study run-one --definition {path} --index $SLURM_ARRAY_TASK_ID\n"
-                   + yaml.safe_dump(definition, sort_keys=False, width=120))
-    os.replace(tmp, path)
+    write_text(path, "# written by `sigmanens study`; a Slurm array runs element I with\n"
+               f"#   sigmanens study run-one --definition {path} --index $SLURM_ARRAY_TASK_ID\n"
+               + yaml.safe_dump(definition, sort_keys=False, width=120))
 
 
 def ensure_parent(definition: dict[str, Any], path: Path) -> str | None:

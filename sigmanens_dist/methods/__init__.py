@@ -11,14 +11,16 @@ packed    Packed-Ensembles: grouped layers, width α, γ sub-groups         ``me
 film      σN-Ens without σ gate and L_div (per-member norms only)         ``methods.film``
 ========  ==============================================================  ===================
 
-A method module is imported when its method is first built (``METHODS`` maps names to modules), so importing
-this package loads none of them.
+``METHODS`` is the one table of methods (name → class, in this order everywhere: study grids, compare tables).
+A method's traits are attributes of its class (``member_axis``, ``regularized``, ``knobs``, see
+:class:`EnsembleMethod`); its module builds it from a config (``build(cfg, make_backbone)``). The modules are plain
+torch, so the table imports them all.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -27,22 +29,30 @@ import torch
 from torch import nn
 
 from sigmanens_dist.methods.base import EnsembleMethod, Inputs, call_backbone, logits_of, map_tensors, member_chunks
+from sigmanens_dist.methods.batch import BatchEnsemble
+from sigmanens_dist.methods.deep import DeepEnsemble
+from sigmanens_dist.methods.film import FiLMEnsemble
+from sigmanens_dist.methods.packed import PackedEnsemble
+from sigmanens_dist.methods.sigma import SigmaEnsemble
+from sigmanens_dist.methods.single import SingleModel
 
-__all__ = ["METHOD_NAMES", "EnsembleMethod", "Inputs", "MemberStream", "build_method", "call_backbone",
+__all__ = ["METHODS", "METHOD_NAMES", "EnsembleMethod", "Inputs", "MemberStream", "build_method", "call_backbone",
            "logits_of", "map_tensors", "member_chunks", "member_major", "member_train_stream", "method_module"]
 
 log = logging.getLogger(__name__)
 
-# model.method -> module defining ``build(cfg, make_backbone) -> EnsembleMethod``: the one place methods are listed.
-METHODS: dict[str, str] = {name: f"sigmanens_dist.methods.{name}"
-                           for name in ("sigma", "single", "deep", "batch", "packed", "film")}
+# model.method -> its class: the one place methods are listed (config.py's model.method Literal must match it,
+# tests/test_methods.py checks; config sits below this floor and cannot import it).
+METHODS: dict[str, type[EnsembleMethod]] = {cls.name: cls for cls in (
+    SigmaEnsemble, SingleModel, DeepEnsemble, BatchEnsemble, PackedEnsemble, FiLMEnsemble)}
 METHOD_NAMES = tuple(METHODS)
 
 
 def method_module(name: str) -> Any:
+    """The module of method ``name``, whose ``build(cfg, make_backbone)`` makes it from a config."""
     if name not in METHODS:
         raise ValueError(f"unknown model.method {name!r}; choose one of {', '.join(METHOD_NAMES)}")
-    return importlib.import_module(METHODS[name])
+    return sys.modules[METHODS[name].__module__]
 
 
 def build_method(cfg: Any, make_backbone: Callable[[], nn.Module]) -> EnsembleMethod:

@@ -13,6 +13,7 @@ A method is an ``nn.Module`` that maps a batch to member logits ``(M, B, K)``. T
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -33,6 +34,13 @@ class EnsembleMethod(nn.Module):
     loss_reduction: ClassVar[Literal["mean", "sum"]] = "mean"
     # model.member_batches when the config leaves it unset.
     default_member_batches: ClassVar[Literal["shared", "independent"]] = "shared"
+    # What a study grid and `sigmanens compare` need to know (experiments/): whether M is one of the method's axes (a
+    # single model has none), whether τ and λ apply (the σ regulariser's L_div), and the method's own config keys
+    # (dotted key → short name): runs that set one away from its default are a variant of the method, which compare
+    # keeps apart (Packed-Ensembles at α = 2 and α = 3 are two rows, not one).
+    member_axis: ClassVar[bool] = True
+    regularized: ClassVar[bool] = False
+    knobs: ClassVar[Mapping[str, str]] = MappingProxyType({})
 
     @property
     def num_members(self) -> int:
@@ -71,6 +79,26 @@ class EnsembleMethod(nn.Module):
     def extra_metrics(self) -> dict[str, float]:
         """Method-specific numbers logged with every evaluation (σN-Ens: the measured sharing)."""
         return {}
+
+    def sub_ensemble(self, members: list[int]) -> EnsembleMethod:
+        """A model of only ``members`` (distinct indices, in that order) that really runs ``len(members)`` members,
+        for the k-member scores of ``sigmanens eval``; methods that can override this."""
+        raise TypeError(f"model.method={self.name!r} has no sub_ensemble(members); cannot run {len(members)} of its "
+                        f"{self.num_members} members")
+
+    @property
+    def supports_sub_ensembles(self) -> bool:
+        """Whether :meth:`sub_ensemble` is implemented (a one-member model is its own only sub-ensemble)."""
+        return type(self).sub_ensemble is not EnsembleMethod.sub_ensemble or self.num_members == 1
+
+    def sharing(self, threshold: float = 0.5) -> dict[str, float] | None:
+        """Measured sharing per layer (σN-Ens: members "on" per feature); None for methods without σ gates."""
+        return None
+
+    def layer_importances(self) -> tuple[list[str], torch.Tensor] | None:
+        """Per-member importance of each gated layer, ``(M, L)`` with the layer names (the sharing heatmap); None
+        for methods without σ gates."""
+        return None
 
     def check_index(self, index: int) -> None:
         if not 0 <= index < self.num_members:

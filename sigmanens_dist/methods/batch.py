@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -99,6 +100,7 @@ class BatchEnsemble(EnsembleMethod):
     """The backbone with its Linear/Conv2d layers replaced by :class:`BatchEnsembleLayer` s."""
 
     name = "batch"
+    knobs = MappingProxyType({"model.fast_weight_init_std": "init std", "optim.fast_weight_lr_scale": "fast lr×"})
 
     def __init__(self, backbone: nn.Module, num_members: int) -> None:
         super().__init__()

@@ -10,6 +10,7 @@ from one model and fed the same batches would never diverge, so member scales st
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -24,12 +25,11 @@ class FiLMEnsemble(SigmaEnsemble):
     """A :class:`SigmaEnsemble` without gate or regulariser."""
 
     name = "film"
+    regularized = False  # σN-Ens without σ gate or L_div
+    knobs = MappingProxyType({"model.film_init_std": "init std"})
 
     def aux_loss(self, reg: Any) -> torch.Tensor:
         return torch.zeros((), device=self.sigma.flat.device)
-
-    def extra_metrics(self) -> dict[str, float]:
-        return {}
 
 
 def convert_to_film_ensemble(model: nn.Module, num_members: int, init_std: float = 0.1,

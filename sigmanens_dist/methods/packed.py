@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -84,6 +85,7 @@ class PackedEnsemble(EnsembleMethod):
     """A packed ResNet: logits ``(B, M·K)`` regrouped to ``(M, B, K)``."""
 
     name = "packed"
+    knobs = MappingProxyType({"model.packed_alpha": "α", "model.packed_gamma": "γ"})
 
     def __init__(self, backbone: nn.Module, num_members: int, alpha: float, gamma: int) -> None:
         super().__init__()

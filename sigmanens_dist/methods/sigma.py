@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -32,6 +33,10 @@ class SigmaEnsemble(EnsembleMethod):
     # Each member its own batches: the best recipe measured in docs/quality.md (shared batches leave the members one
     # model, since identical members get identical gradients).
     default_member_batches = "independent"
+    regularized = True
+    knobs = MappingProxyType({"model.gamma_init_mean": "γ₀", "model.gamma_init_std": "γ₀ std",
+                              "optim.sigma_lr_scale": "σ lr×", "model.member_batches": "batches",
+                              "model.affine_init": "affine"})
 
     def __init__(self, backbone: nn.Module, sigma: SigmaStore, summary: ConversionSummary | None = None) -> None:
         super().__init__()
@@ -115,19 +120,45 @@ class SigmaEnsemble(EnsembleMethod):
     def extra_metrics(self) -> dict[str, float]:
         """The measured sharing, and the histogram of the regularised importances σ(γ) over
         :data:`IMPORTANCE_BINS` equal bins of [0, 1] (fractions of member × feature entries): logged at every
-        evaluation, it is the trajectory that shows τ setting the sharing during training."""
+        evaluation, it is the trajectory that shows τ setting the sharing during training. None without gates (FiLM)."""
+        sharing = self.sharing()
+        if sharing is None:
+            return {}
         hist = torch.histc(self.importances(regularized_only=True).detach().float(), IMPORTANCE_BINS, 0.0, 1.0)
         hist = hist / hist.sum().clamp_min(1)
-        return {"sharing/members_on": self.sharing()["all"],
+        return {"sharing/members_on": sharing["all"],
                 **{f"sharing/hist/{i}": float(v) for i, v in enumerate(hist.tolist())}}
 
-    def sharing(self, threshold: float = 0.5) -> dict[str, float]:
+    def sharing(self, threshold: float = 0.5) -> dict[str, float] | None:
         """Measured sharing: mean number of members "on" (σ(γ) > threshold) per feature, per regularised layer,
-        plus ``"all"`` over every regularised feature."""
+        plus ``"all"`` over every regularised feature; None for an ungated store (FiLM: γ means nothing)."""
+        if not self.sigma.gated:
+            return None
         on = members_on(self.gamma(), threshold).float()
         out = {s.name: on[s.gamma[0]: s.gamma[1]].mean().item() for s in self.sigma.slots if s.regularized}
         out["all"] = on.mean().item() if on.numel() else float("nan")
         return out
+
+    def layer_importances(self) -> tuple[list[str], torch.Tensor] | None:
+        """Mean importance σ(γ) per member and σ layer, ``(M, L)``, with the layer names; None for an ungated store."""
+        if not self.sigma.gated:
+            return None
+        with torch.no_grad():
+            imp = self.importances(regularized_only=False).float().cpu()
+            cols = [imp[:, s.gamma[0]: s.gamma[1]].mean(1) for s in self.sigma.slots]
+        return [s.name for s in self.sigma.slots], torch.stack(cols, dim=1)
+
+    def sub_ensemble(self, members: list[int]) -> SigmaEnsemble:
+        """Only ``members``, a real ``len(members)``-member model of the same class (σN-Ens or FiLM): the store keeps
+        their rows, shared weights are copied unchanged and every σ layer is re-bound to the new store (its views,
+        its member count for the interleaved rows)."""
+        store = self.sigma.select_members(members)
+        backbone = copy.deepcopy(self.backbone, {id(self.sigma): store})
+        for slot in store.slots:
+            layer = backbone.get_submodule(slot.name)
+            layer.num_members = len(members)
+            layer.bind(store, slot)
+        return type(self)(backbone, store).train(self.training)
 
     def member(self, index: int) -> nn.Module:
         """Member ``index`` as a plain model of the source architecture (σ(γ) folded into ordinary norms)."""

@@ -18,6 +18,7 @@ class SingleModel(EnsembleMethod):
     """One network; ``model.num_members`` does not apply."""
 
     name = "single"
+    member_axis = False
 
     def __init__(self, backbone: nn.Module) -> None:
         super().__init__()

@@ -11,11 +11,9 @@ a metric, lower is better), made the same way.
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import re
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any
 
 import torch
 
+from sigmanens_dist.atomic import atomic_write, replace_folder, torch_save
 from sigmanens_dist.distributed.strategies.base import FOLDER_KEY
 from sigmanens_dist.errors import MissingPathError, UsageError
 
@@ -184,11 +183,10 @@ class CheckpointManager:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"step_{step:08d}.pt"
         improved = self._improves(metric)
-        _atomic_torch_save({**state, "best": self.best_metric}, path)
+        torch_save({**state, "best": self.best_metric}, path)
         if improved:
-            tmp = self.directory / ".best.pt.tmp"
-            shutil.copyfile(path, tmp)
-            os.replace(tmp, self.directory / "best.pt")
+            with path.open("rb") as src:
+                atomic_write(self.directory / "best.pt", lambda dst: shutil.copyfileobj(src, dst))
         self._rotate(step)
         return path
 
@@ -207,16 +205,15 @@ class CheckpointManager:
         barrier()
         write_shards(tmp)
         if is_main:
-            _atomic_torch_save({**state, "best": self.best_metric}, tmp / TRAINER_STATE)
+            torch_save({**state, "best": self.best_metric}, tmp / TRAINER_STATE)
         barrier()  # every rank's shards are on disk
         if is_main:
-            _fsync_tree(tmp)
-            _replace_folder(tmp, path)
+            replace_folder(tmp, path)
             if improved:
                 best_tmp = self.directory / ".best.tmp"
                 shutil.rmtree(best_tmp, ignore_errors=True)
                 shutil.copytree(path, best_tmp)
-                _replace_folder(best_tmp, self.directory / "best")
+                replace_folder(best_tmp, self.directory / "best")
             self._rotate(step)
         barrier()
         return path
@@ -315,45 +312,6 @@ def check_folder(path: Path, fmt: str) -> None:
 
 def _step_of(path: Path) -> int:
     return int(_STEP_FILE.match(path.name).group(1))
-
-
-def _fsync_tree(folder: Path) -> None:
-    """Flush every file of a freshly written folder, so the rename cannot publish data still in the page cache."""
-    for file in folder.rglob("*"):
-        if file.is_file():
-            with file.open("rb") as f:
-                os.fsync(f.fileno())
-
-
-def _replace_folder(src: Path, dst: Path) -> None:
-    """Put ``src`` at ``dst``; an existing ``dst`` (a re-written step, the old best) is moved aside first and
-    deleted only once ``src`` is in place."""
-    old = dst.with_name(f".{dst.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if dst.exists():
-        os.replace(dst, old)
-    os.replace(src, dst)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _atomic_torch_save(obj: Any, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a shared project directory needs the umask's mode
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def consolidated_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

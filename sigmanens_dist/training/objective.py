@@ -13,13 +13,14 @@ the shared weights. ``member_loss`` takes the reduction as a plain argument so a
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["REDUCTIONS", "fast_weight_lr", "loss_reduction", "member_loss", "sigma_lr"]
+__all__ = ["REDUCTIONS", "loss_reduction", "member_loss"]
 
 REDUCTIONS = ("mean", "sum")
 Reduction = Literal["mean", "sum"]
@@ -55,16 +56,11 @@ def loss_reduction(cfg: Any, model: nn.Module) -> Reduction:
     return cfg.train.member_loss or getattr(type(model), "loss_reduction", "mean")
 
 
-def sigma_lr(cfg: Any, model: nn.Module) -> float | None:
-    """Peak learning rate of the σ store (``optim.lr × optim.sigma_lr_scale``, ``num_members`` meaning M), or None
-    when it is the shared rate or the model has no σ store (it then stays in the common no-decay group)."""
-    scale = cfg.optim.sigma_lr_scale
-    scale = model.num_members if scale == "num_members" else scale
-    return None if scale == 1 else cfg.optim.lr * scale
+def __getattr__(name: str) -> Any:
+    if name in ("sigma_lr", "fast_weight_lr"):  # moved to training/optim.py with the rest of the optimiser's set-up
+        warnings.warn(f"sigmanens_dist.training.objective.{name} moved to sigmanens_dist.training.optim.{name}",
+                      DeprecationWarning, stacklevel=2)
+        from sigmanens_dist.training import optim
 
-
-def fast_weight_lr(cfg: Any) -> float | None:
-    """Peak learning rate of BatchEnsemble's fast weights (``optim.lr × optim.fast_weight_lr_scale``), or None when
-    it is the shared rate (the group layout of earlier runs, which therefore still resume)."""
-    scale = cfg.optim.fast_weight_lr_scale
-    return None if scale == 1 else cfg.optim.lr * scale
+        return getattr(optim, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 from pathlib import Path
 from types import FrameType
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sigmanens_dist.atomic import write_text
 from sigmanens_dist.distributed.env import DistEnv
 
 __all__ = ["EXIT_PREEMPTED", "MARKER", "PreemptionCheck", "PreemptionFlag", "clear_marker", "write_marker"]
@@ -95,12 +95,8 @@ class PreemptionCheck:
 
 def write_marker(run_dir: Path, step: int, signum: int | None) -> Path:
     """Atomically write the marker that says "a complete preemption checkpoint of ``step`` exists"."""
-    path = Path(run_dir) / MARKER
-    tmp = path.with_name(f".{MARKER}.tmp")
     name = signal.Signals(signum).name if signum is not None else "unknown"
-    tmp.write_text(json.dumps({"step": step, "signal": name}))
-    os.replace(tmp, path)
-    return path
+    return write_text(Path(run_dir) / MARKER, json.dumps({"step": step, "signal": name}))
 
 
 def clear_marker(run_dir: Path) -> None:

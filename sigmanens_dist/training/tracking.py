@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sigmanens_dist.atomic import write_text
+
 __all__ = ["EXPERIMENT_KIND", "PARENT_TAG", "RUN_ID_FILE", "ParentRunNotFound", "Tracker", "artifact_root_for",
            "default_tracking_uri", "ensure_experiment", "set_status", "ui_hint"]
 
@@ -156,9 +158,7 @@ class Tracker:
         if self._local.is_file():
             keep = [line for line in self._local.read_text().splitlines(keepends=True)
                     if line.strip() and json.loads(line)["step"] <= step]
-            tmp = self._local.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(keep))
-            os.replace(tmp, self._local)
+            write_text(self._local, "".join(keep))
         self.log_metrics({"resumed_from_step": float(step)}, step)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:

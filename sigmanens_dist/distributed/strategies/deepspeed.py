@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from sigmanens_dist.atomic import replace_folder
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.distributed.strategies.base import FOLDER_KEY, OptimizerFactory, Strategy
 from sigmanens_dist.errors import UsageError
@@ -220,7 +221,7 @@ class DeepSpeedStrategy(Strategy):
             ds_to_universal(Namespace(input_folder=str(folder / TAG), output_folder=str(tmp / TAG),
                                       num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False,
                                       strict=True, inject_missing_state=True))
-            os.replace(tmp, target)
+            replace_folder(tmp, target)
         if torch.distributed.is_initialized():
             torch.distributed.barrier()
         return target

@@ -19,7 +19,9 @@ per-member rows can be updated in place by ``F.batch_norm``.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -148,6 +150,29 @@ class SigmaStore(nn.Module):
         return buf[offset : offset + n].view(self.num_members, -1), buf[offset + n : offset + 2 * n].view(
             self.num_members, -1
         )
+
+    def select_members(self, members: Sequence[int]) -> SigmaStore:
+        """A new store of only ``members``' rows, in that order: their σ parameters and running statistics (re-packed
+        as ``(k, C)`` blocks), gating and pass mode carried over. Layers bound to this store must be re-bound to the
+        new one (:meth:`SigmaEnsemble.sub_ensemble` does)."""
+        k, flat = len(members), self.flat
+        slots, num_stats = [], 0
+        for slot in self.slots:
+            offset = None
+            if slot.stats is not None:
+                offset, num_stats = num_stats, num_stats + 2 * k * slot.num_features
+            slots.append(dataclasses.replace(slot, stats=offset))
+        store = SigmaStore(k, slots, flat.shape[1], num_stats).to(device=flat.device, dtype=flat.dtype)
+        store.gated, store.per_pass = self.gated, self.per_pass
+        rows = torch.tensor(list(members), device=flat.device)
+        with torch.no_grad():
+            store.flat.copy_(flat.index_select(0, rows))
+            for before, after in zip(self.slots, slots, strict=True):
+                if before.stats is not None:
+                    for src, dst in zip(self.stats(before.stats, before.num_features),
+                                        store.stats(after.stats, after.num_features), strict=True):
+                        dst.copy_(src.index_select(0, rows))
+        return store
 
     # -- checkpoint compatibility ---------------------------------------------------------------------------
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
