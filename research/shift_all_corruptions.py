@@ -1,7 +1,8 @@
 """Calibration under shift over every corruption, for the long-budget runs (issue 18, README "Long budget").
 
-    python research/shift_all_corruptions.py                       # runs/repro_long, 2,000 test images, severities 3, 5
-    python research/shift_all_corruptions.py --root runs/repro_long --test-subset 2000 --out results/repro_long/shift_all
+    python research/shift_all_corruptions.py                    # runs/repro_long, 2,000 test images, severities 3, 5
+    python research/shift_all_corruptions.py --root runs/repro_long --test-subset 2000 \
+        --out results/repro_long/shift_all
 
 The long budget scores shift on two corruptions (Gaussian noise and contrast, the recipe's ``eval.corruptions``), and
 contrast alone fails every model (accuracy ~0.2 at severity 3 on Fashion-MNIST), so "ECE under shift" there is
