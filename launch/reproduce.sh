@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's reproduction of the paper's claims at CPU scale (README "Reproduction"; docs/studies.md): six
+# The reproduction of the paper's claims at CPU scale (docs/results.md "Reproduction"; docs/studies.md): six
 # studies on configs/fmnist_small.yaml, 3 paired seeds each, in two lanes of one process each, tracked by one local
 # MLflow server, then `sigmanens compare` at equal epochs and at equal training compute.
 #   bash launch/reproduce.sh [OUT] [small|long]   # OUT defaults to runs/repro[_long]; run it again to continue
@@ -31,7 +31,7 @@ trap stop_tracking EXIT
 # then BatchEnsemble and the FiLM ablation at M = 2 and 8. (M = 1 of every method is one network: the single model.)
 NOSHIFT="eval.corruptions=[]"
 # σN-Ens as v0.1 shipped it (λ = 0, τ = 0.25, γ ~ N(3, 0.1)): what these studies measured, and the "v0.1 default"
-# rows of the long budget; the recipe's own defaults are now λ = 0.01, τ = 0.5, γ ~ N(2, 0.1) (README "Long budget").
+# rows of the long budget; the recipe's own defaults are now λ = 0.01, τ = 0.5, γ ~ N(2, 0.1) (docs/results.md "Long budget").
 V01=(model.gamma_init_mean=3 reg.lambda=0 reg.tau=0.25)
 small_lane1() {
   study methods methods --methods sigma,single,deep,batch,packed,film --members 4 "${V01[@]}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 21 at the long budget (README "Long budget"): the baselines as their authors train them, beside the runs of
+# Issue 21 at the long budget (docs/results.md "Long budget"): the baselines as their authors train them, beside the runs of
 # `launch/reproduce.sh OUT long` (same OUT, same MLflow store, so `sigmanens compare` pairs them by seed with the
 # single model). Resumable: run it again and finished children are skipped, interrupted ones resume.
 #   bash research/long_baselines.sh [OUT]        # OUT defaults to runs/repro_long; one process, niced

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 27 at the long budget (README "Converting a trained network"): the true conversion against the perturbed
+# Issue 27 at the long budget (docs/results.md "Converting a trained network"): the true conversion against the perturbed
 # start, 5 paired seeds. Seed s: the single model (6,250 steps, the long budget), then from it, 625 steps (10 %) at
 # lr 0.005: the source continued (the reference), and σN-Ens M=4 at the fine-tune recipe (τ = 0.5, λ = 0.01,
 # γ ~ N(1.5, 1)) started two ways: model.affine_init=divide (every member equals the source at step 0) and

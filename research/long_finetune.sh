@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 18 at the long budget (README "Long budget"): the fine-tuned conversion on 5 paired seeds, and with the σ
+# Issue 18 at the long budget (docs/results.md "Long budget"): the fine-tuned conversion on 5 paired seeds, and with the σ
 # store at the from-scratch rate. Beside `launch/reproduce.sh OUT long` (same OUT and MLflow store); resumable.
 #   bash research/long_finetune.sh [OUT]         # OUT defaults to runs/repro_long; one process, niced
 # Seeds 3 and 4 get their source (the single model, 6,250 steps) and the fine-tunes reproduce.sh runs on seeds 0-2:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 18 at the long budget (README "Long budget"): σN-Ens with every member on the same batch
+# Issue 18 at the long budget (docs/results.md "Long budget"): σN-Ens with every member on the same batch
 # (model.member_batches=shared, the paper's batched pass) instead of its own, at τ = 0.5 (the default) and τ = 0.25.
 # Under independent batches the shared backbone sees M× the distinct images of a single model per step, and the
 # single model trained 4× longer is worse calibrated under shift than at 1×; this asks whether σN-Ens's calibration

@@ -1,4 +1,4 @@
-"""Calibration under shift over every corruption, for the long-budget runs (issue 18, README "Long budget").
+"""Calibration under shift over every corruption, for the long-budget runs (issue 18, docs/results.md "Long budget").
 
     python research/shift_all_corruptions.py                    # runs/repro_long, 2,000 test images, severities 3, 5
     python research/shift_all_corruptions.py --root runs/repro_long --test-subset 2000 \
