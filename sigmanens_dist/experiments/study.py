@@ -57,22 +57,23 @@ class Method:
     members: bool
     regularised: bool
     knobs: dict[str, str] = field(default_factory=dict)
+    display: str = ""  # the name people know it by (README, `sigmanens compare`'s terminal summary)
 
 
 # The one table of methods: a new method is one line here (and its `model.method` value in the config). A method is
 # offered when the config schema has every key its overrides set.
 METHODS: dict[str, Method] = {
-    "sigma": Method({"model.method": "sigma"}, members=True, regularised=True,
+    "sigma": Method({"model.method": "sigma"}, members=True, regularised=True, display="σN-Ens",
                     knobs={"model.gamma_init_mean": "γ₀", "model.gamma_init_std": "γ₀ std",
                            "optim.sigma_lr_scale": "σ lr×", "model.member_batches": "batches",
                            "model.affine_init": "affine"}),
-    "single": Method({"model.method": "single"}, members=False, regularised=False),
-    "deep": Method({"model.method": "deep"}, members=True, regularised=False),
-    "batch": Method({"model.method": "batch"}, members=True, regularised=False,
+    "single": Method({"model.method": "single"}, members=False, regularised=False, display="single model"),
+    "deep": Method({"model.method": "deep"}, members=True, regularised=False, display="Deep Ensemble"),
+    "batch": Method({"model.method": "batch"}, members=True, regularised=False, display="BatchEnsemble",
                     knobs={"model.fast_weight_init_std": "init std", "optim.fast_weight_lr_scale": "fast lr×"}),
-    "packed": Method({"model.method": "packed"}, members=True, regularised=False,
+    "packed": Method({"model.method": "packed"}, members=True, regularised=False, display="Packed-Ensembles",
                      knobs={"model.packed_alpha": "α", "model.packed_gamma": "γ"}),
-    "film": Method({"model.method": "film"}, members=True, regularised=False,  # σN-Ens without σ gate or L_div
+    "film": Method({"model.method": "film"}, members=True, regularised=False, display="FiLM ablation",  # no σ, no L_div
                    knobs={"model.film_init_std": "init std"}),
 }
 
