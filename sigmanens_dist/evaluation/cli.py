@@ -87,7 +87,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from sigmanens_dist.config import EvalConfig
     from sigmanens_dist.evaluation.load import load_for_eval
-    from sigmanens_dist.evaluation.run import check_options, markdown, run_eval
+    from sigmanens_dist.evaluation.run import check_options, run_eval
     from sigmanens_dist.training.checkpoint import resolve_checkpoint
 
     # Everything that can be checked without the checkpoint first, then the checkpoint, then the rest: all before
@@ -120,8 +120,11 @@ def _run(args: argparse.Namespace) -> int:
     report = run_eval(cfg, model, ema, options, out_dir=out, run_id=loaded.run_id, step=loaded.step,
                       checkpoint=checkpoint.resolve(), env=env)
     if env is None or env.is_main:
-        print(markdown(report))
-        print(f"wrote {out / 'eval.json'} and {out / 'eval.md'}")
+        from sigmanens_dist.evaluation.summary import summary, written  # eval.md keeps every table
+
+        print(summary(report))
+        print()
+        print(written(out))
     return 0
 
 

@@ -1,5 +1,6 @@
-"""What ``sigmanens compare`` prints (issue 29 item 3): a table a person reads in a terminal of 100 columns, while the
-files keep every column. The store is built with MLflow's client, as the trainer and ``sigmanens eval`` log it."""
+"""What ``sigmanens compare`` and ``sigmanens eval`` print (issue 29 item 3): tables a person reads in a terminal of
+100 columns, while the files keep every column. The compare store is built with MLflow's client, as the trainer and
+``sigmanens eval`` log it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
+from sigmanens_dist.data.corruption_table import CORRUPTIONS
+from sigmanens_dist.evaluation.summary import summary
 from sigmanens_dist.experiments import terminal
 from sigmanens_dist.experiments.compare import build_report
 from sigmanens_dist.experiments.compare import main as compare_main
@@ -124,3 +127,30 @@ def test_one_seed_is_said_once_and_not_in_every_cell() -> None:
     text = terminal.render(build_report(records, None), [])
     assert text.count("one seed") == 1 and "(1 seed)" not in text and "95% CI" not in text
     assert "+0.0300" in text and "+0.0400" in text
+
+
+def test_eval_summary_of_16_members_and_every_corruption_fits_100_columns() -> None:
+    """eval.md's shift table (acc / NLL / ECE per severity and corruption) is 150+ columns: the terminal shows the
+    mean over corruptions per severity, and every other table as in the file."""
+    members = 16
+    scores = {"acc": 0.9, "nll": 0.3, "ece": 0.02, "aece": 0.03, "brier": 0.15, "aurc": 0.01}
+    metrics = {"num_samples": 10000.0, "disagreement": 0.05, "mutual_information": 0.01, "entropy": 0.4, **scores}
+    metrics |= {f"{p}{k}": v for p in [*(f"member{i}/" for i in range(members)), "member_mean/"]
+                for k, v in scores.items()}
+    shift = {name: {str(s): {"acc": 0.5, "nll": 1.5, "ece": 0.1} for s in range(1, 6)} for name in (*CORRUPTIONS,
+                                                                                                     "mean")}
+    ood = {"set": "svhn", "num_out": 26032, "num_in": 10000,
+           **{s: {"auroc": 0.9, "aupr_in": 0.8, "aupr_out": 0.95, "fpr95": 0.3} for s in ("msp", "entropy",
+                                                                                          "mutual_information")}}
+    part = {"metrics": metrics, "sub_ensembles": [{"k": k, **scores, "ms_per_image": 0.123} for k in range(1, 17)],
+            "shift": shift, "ood": ood, "sharing": {"all": 3.2}}
+    report = {"checkpoint": "/scratch/a/rather/long/path/to/runs/cifar100_wrn-123456/checkpoints/best.pt",
+              "step": 39000, "method": "sigma", "dataset": "cifar100", "split": "test", "members": members,
+              "num_members": members, "notes": ["a note " * 30], "weights": {"raw": part, "ema": part}}
+    text = summary(report)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= terminal.WIDTH, "\n".join(x for x in lines if len(x) > 100)
+    assert "σN-Ens, 16 of 16 members, cifar100 test split" in " ".join(lines)
+    assert sum(line.startswith("member ") for line in lines) == 2 * members  # raw and EMA
+    assert f"mean over {len(CORRUPTIONS)} corruption(s)" in text and "jpeg_compression" not in text
+    assert "0.9000" in text and "26032 OOD vs 10000 in-distribution" in text
