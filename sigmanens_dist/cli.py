@@ -20,14 +20,14 @@ from pathlib import Path
 
 
 def _params(argv: Sequence[str]) -> int:
-    import timm
-
-    from sigmanens_dist import convert_to_sigma_ensemble
-
     ap = argparse.ArgumentParser(prog="sigmanens params", description="parameters of σN-Ens(M) vs the single model")
     ap.add_argument("model", help="timm model name")
     ap.add_argument("--members", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     args = ap.parse_args(argv)
+    import timm  # after parsing: `sigmanens params --help` answers without torch
+
+    from sigmanens_dist import convert_to_sigma_ensemble
+
     src = timm.create_model(args.model)
     n = sum(p.numel() for p in src.parameters())
     print(f"{args.model}: {n:,} parameters")
@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return export_main(rest)
     if cmd == "train":
-        from sigmanens_dist.train import main as train_main
+        from sigmanens_dist.train_cli import main as train_main
 
         return train_main(rest)
     from sigmanens_dist.experiments.demo import main as demo_main
@@ -93,7 +93,6 @@ def _data_convert(argv: Sequence[str]) -> int:
     """``sigmanens data convert``: the options are checked as a training run's config (the same validation and
     missing-path errors), then :func:`sigmanens_dist.data.convert.convert` writes the format."""
     from sigmanens_dist.config import load_config
-    from sigmanens_dist.data.convert import convert, fraction_or_count
     from sigmanens_dist.data.datasets import convertible
     from sigmanens_dist.errors import EXIT_USAGE, UsageError
 
@@ -110,11 +109,13 @@ def _data_convert(argv: Sequence[str]) -> int:
     ap.add_argument("--num-workers", type=int, default=2)
     ap.add_argument("--train-subset", type=int, help="only the first N training samples")
     ap.add_argument("--test-subset", type=int, help="only the first N test samples")
-    ap.add_argument("--val-split", type=fraction_or_count, default=0.1,
+    ap.add_argument("--val-split", type=_fraction_or_count, default=0.1,
                     help="validation carved from the training pool: a fraction in (0, 1), a count, or 0 for none "
                          "(runs then validate on test: data.val_from_test=true); default 0.1, as data.val_split")
     ap.add_argument("--split-seed", type=int, default=0, help="seed of the carved split (data.split_seed); default 0")
     a = ap.parse_args(argv)
+    from sigmanens_dist.data.convert import convert  # after parsing: `--help` answers without torch
+
     try:
         cfg = load_config(None, _convert_overrides(a.dataset, a.root, a.train_subset, a.test_subset, a.val_split,
                                                    a.split_seed))
@@ -128,6 +129,12 @@ def _data_convert(argv: Sequence[str]) -> int:
              else "data.val_split=0 data.val_from_test=true")
     print(f"wrote {a.format} data to {out}; train with data.format={a.format} data.root={out} {split}")
     return 0
+
+
+def _fraction_or_count(text: str) -> float | int:
+    from sigmanens_dist.data.convert import fraction_or_count
+
+    return fraction_or_count(text)
 
 
 def _convert_overrides(dataset: str, root: Path | None, train_subset: int | None, test_subset: int | None,

@@ -99,11 +99,15 @@ class ModelConfig(_Section):
     @classmethod
     def _timm_knows_it(cls, name: str, info: ValidationInfo) -> str:
         """A misspelt model name should fail here, with a suggestion, not after the data has loaded."""
-        import timm
+        from sigmanens_dist.timm_names import registered_without_import
 
         if info.data.get("source", "hf") == "hf":  # absent: source itself is invalid and already reported
             return name
-        if name.startswith(("hf-hub:", "hf_hub:", "local-dir:")) or timm.is_model(name):
+        if name.startswith(("hf-hub:", "hf_hub:", "local-dir:")) or registered_without_import(name):
+            return name  # known without importing timm (and so torch): `--check` answers at once
+        import timm
+
+        if timm.is_model(name):
             return name
         raise ValueError(f"timm has no model {name!r}{_did_you_mean(name, timm.list_models())}")
 

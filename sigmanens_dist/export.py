@@ -13,11 +13,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from sigmanens_dist.errors import EXIT_USAGE, UsageError
-from sigmanens_dist.training.checkpoint import consolidated_state_dict, resolve_checkpoint
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["load_model", "main"]
 
@@ -26,6 +27,7 @@ def load_model(path: Path) -> torch.nn.Module:
     """The trained model of a checkpoint, rebuilt from its config and loaded, on CPU."""
     from sigmanens_dist.config import Config
     from sigmanens_dist.models import build_model
+    from sigmanens_dist.training.checkpoint import consolidated_state_dict
 
     weights, state = consolidated_state_dict(path)
     if "model_args" not in state:
@@ -45,6 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("out", type=Path, help="where to write the state dict (torch.save)")
     ap.add_argument("--member", type=int, help="write only member K as a plain model of the source architecture")
     args = ap.parse_args(argv)
+    import torch  # after parsing: `sigmanens export --help` answers without it
+
+    from sigmanens_dist.training.checkpoint import consolidated_state_dict, resolve_checkpoint
+
     try:
         checkpoint, which = resolve_checkpoint(args.checkpoint, "checkpoint")
         print(f"exporting {which}")

@@ -11,7 +11,6 @@ Exit status 0 when done, ``EXIT_PREEMPTED`` (75) after a signal-triggered checkp
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
@@ -19,7 +18,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,15 +27,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from sigmanens_dist.config import Config, flatten, load_config, save_config
+from sigmanens_dist.config import Config, flatten, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.distributed.env import DistEnv, all_gather_object, init_distributed
 from sigmanens_dist.distributed.strategies import build_strategy, strategy_options
-from sigmanens_dist.errors import EXIT_USAGE, RunExistsError, UsageError
+from sigmanens_dist.errors import RunExistsError, UsageError
 from sigmanens_dist.evaluation.metrics import EnsembleMetrics, reliability_diagram
 from sigmanens_dist.methods import map_tensors, member_major, member_train_stream
 from sigmanens_dist.models import build_model
 from sigmanens_dist.progress import progress
+from sigmanens_dist.train_cli import USAGE_MARKER, main
 from sigmanens_dist.training.checkpoint import CheckpointManager, capture_rng, resolve_checkpoint, restore_rng
 from sigmanens_dist.training.ema import build_ema
 from sigmanens_dist.training.objective import loss_reduction, member_loss
@@ -51,7 +51,7 @@ from sigmanens_dist.training.preemption import (
 from sigmanens_dist.training.resume import BatchLayout, check_same_run
 from sigmanens_dist.training.tracking import Tracker, git_commit
 
-__all__ = ["USAGE_MARKER", "Position", "Trainer", "main", "run"]
+__all__ = ["USAGE_MARKER", "Position", "Trainer", "fit", "main", "run"]
 
 log = logging.getLogger("sigmanens")
 
@@ -445,58 +445,26 @@ def _setup_logging(env: DistEnv) -> None:
                         format=f"[%(asctime)s rank{env.rank}] %(levelname)s %(message)s", datefmt="%H:%M:%S")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The entry point. A :class:`UsageError` (a bad config, a missing path, a checkpoint of another run) is one
-    message from rank 0 and exit status 2, recorded in ``<run_dir>/usage_error.txt`` so batch scripts do not retry
-    it; any other exception is a bug and keeps its traceback."""
-    parser = argparse.ArgumentParser(prog="python -m sigmanens_dist.train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, help="YAML recipe (default: built-in defaults)")
-    parser.add_argument("--resume", help="'auto', 'none' or a checkpoint path (overrides checkpoint.resume)")
-    parser.add_argument("--check", action="store_true",
-                        help="validate the recipe and overrides, print the run directory and exit (0, or 2 with the "
-                             "problems): what the Slurm scripts run before anything is queued")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.num_members=8 reg.tau=0.25")
-    args = parser.parse_intermixed_args(argv)  # flags and overrides in any order
-    overrides = list(args.overrides) + ([f"checkpoint.resume={args.resume}"] if args.resume else [])
-    cfg = None
+def fit(cfg: Config) -> int:
+    """Build the trainer for a checked config and train (``train_cli.main``, which reports a :class:`UsageError`)."""
     try:
-        cfg = load_config(args.config, overrides)
-        if args.check:
-            print(f"config ok: run_dir={cfg.run_dir}")
-            return 0
-        try:
-            trainer = Trainer(cfg)
-        except SETUP_REFUSALS as err:  # the project's convention for bad input; SIGMANENS_TRACEBACK=1 shows where
-            if os.environ.get("SIGMANENS_TRACEBACK") or isinstance(err, UsageError):
-                raise
-            raise UsageError(str(err)) from err
-        return trainer.fit()
-    except UsageError as err:
-        if os.environ.get("SIGMANENS_TRACEBACK"):
+        trainer = Trainer(cfg)
+    except SETUP_REFUSALS as err:  # the project's convention for bad input; SIGMANENS_TRACEBACK=1 shows where
+        if os.environ.get("SIGMANENS_TRACEBACK") or isinstance(err, UsageError):
             raise
-        return _usage_error(err, cfg)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        raise UsageError(str(err)) from err
+    return trainer.fit()
 
 
-USAGE_MARKER = "usage_error.txt"
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 # What set-up raises for bad input (a value, a path, a dataset too small…): the project's errors of these types name
 # the problem and its fix, so before the first step they are reported like a UsageError. A bug raises other types,
 # and any error keeps its traceback with SIGMANENS_TRACEBACK=1.
 SETUP_REFUSALS = (ValueError, FileNotFoundError, FileExistsError)
-
-
-def _usage_error(err: UsageError, cfg: Config | None) -> int:
-    """Rank 0 (every rank raised the same error) prints the message alone and records it for the batch script."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        if cfg is not None and Path(cfg.run_dir).is_dir():
-            (Path(cfg.run_dir) / USAGE_MARKER).write_text(f"{err}\n")
-    else:  # torchrun stops every worker once one exits: give rank 0 the time to say why
-        time.sleep(3)
-    return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -24,40 +24,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from sigmanens_dist.data.corruption_table import _PARAMS, CORRUPTIONS, SEVERITIES, UNAVAILABLE, unknown
+
 __all__ = ["CORRUPTIONS", "SEVERITIES", "UNAVAILABLE", "corrupt", "unknown"]
-
-SEVERITIES = (1, 2, 3, 4, 5)
-
-_PARAMS: dict[str, tuple[Any, ...]] = {
-    "gaussian_noise": (0.04, 0.06, 0.08, 0.09, 0.10),  # noise std
-    "shot_noise": (500, 250, 100, 75, 50),  # photons at full intensity (fewer: noisier)
-    "impulse_noise": (0.01, 0.02, 0.03, 0.05, 0.07),  # fraction of values replaced by salt or pepper
-    "gaussian_blur": (0.4, 0.6, 0.7, 0.8, 1.0),  # blur sigma, pixels
-    "contrast": (0.75, 0.5, 0.4, 0.3, 0.15),  # factor on the distance from the per-channel mean
-    "brightness": (0.05, 0.1, 0.15, 0.2, 0.3),  # added to HSV value
-    "jpeg_compression": (80, 65, 58, 50, 40),  # JPEG quality
-    "pixelate": (0.95, 0.9, 0.85, 0.75, 0.65),  # down-scale factor before box up-scaling
-    "speckle_noise": (0.06, 0.1, 0.12, 0.16, 0.2),  # std of the multiplicative noise
-    "defocus_blur": ((0.3, 0.4), (0.4, 0.5), (0.5, 0.6), (1, 0.2), (1.5, 0.1)),  # disk radius, its anti-alias sigma
-    "glass_blur": ((0.05, 1, 1), (0.25, 1, 1), (0.4, 1, 1), (0.25, 1, 2), (0.4, 1, 2)),  # sigma, max shift, sweeps
-    "motion_blur": ((6, 1), (6, 1.5), (6, 2), (8, 2), (9, 2.5)),  # kernel radius, sigma (pixels)
-    "zoom_blur": tuple(tuple(1 + 0.01 * i for i in range(n)) for n in (6, 11, 16, 21, 26)),  # zoom factors averaged
-    "snow": ((0.1, 0.2, 1, 0.6, 8, 3, 0.95), (0.1, 0.2, 1, 0.5, 10, 4, 0.9), (0.15, 0.3, 1.75, 0.55, 10, 4, 0.9),
-             (0.25, 0.3, 2.25, 0.6, 12, 6, 0.85), (0.3, 0.3, 1.25, 0.65, 14, 12, 0.8)),
-    "fog": ((0.2, 3), (0.5, 3), (0.75, 2.5), (1, 2), (1.5, 1.75)),  # fog strength, fractal roughness decay
-    "elastic_transform": ((0, 0, 0.08), (0.05, 0.2, 0.07), (0.08, 0.06, 0.06), (0.1, 0.04, 0.05),
-                          (0.1, 0.03, 0.03)),  # displacement, its smoothing, affine jitter (× image size)
-}
-CORRUPTIONS = tuple(_PARAMS)
-UNAVAILABLE = {"frost": "it blends in the frost photographs that the reference implementation ships beside its "
-                        "script, which are not available here"}
-
-
-def unknown(names: list[str]) -> str:
-    """The error for corruption names that are not in :data:`CORRUPTIONS` (and why, for one known but missing)."""
-    why = "".join(f" ({n}: {UNAVAILABLE[n]})" for n in names if n in UNAVAILABLE)
-    return (f"unknown corruption(s) {', '.join(map(repr, names)) or '(none)'}{why}; allowed: all, "
-            + ", ".join(CORRUPTIONS))
 
 
 def corrupt(x: torch.Tensor, name: str, severity: int, seed: int = 0) -> torch.Tensor:

@@ -20,9 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
-from sigmanens_dist.data.corruptions import CORRUPTIONS, SEVERITIES, unknown
+from sigmanens_dist.data.corruption_table import CORRUPTIONS, SEVERITIES, unknown
 
 __all__ = ["main", "parse_corruptions", "parse_severities"]
 
@@ -73,8 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, help="default: the run's train.batch_size")
     ap.add_argument("--out", type=Path, help="output folder (default: eval_<checkpoint name>/ beside it)")
     ap.add_argument("--no-mlflow", action="store_true", help="do not log to the run's MLflow run")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                    help="one process only; under torchrun each rank uses its own (cuda:LOCAL_RANK or cpu)")
+    ap.add_argument("--device", help="default: cuda if available, else cpu; one process only (under torchrun each "
+                                      "rank uses its own: cuda:LOCAL_RANK or cpu)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(levelname)s %(message)s", datefmt="%H:%M:%S")
     try:
@@ -85,9 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import torch  # here, not at the top: `sigmanens eval --help` answers without it
+
     from sigmanens_dist.config import EvalConfig
     from sigmanens_dist.evaluation.load import load_for_eval
-    from sigmanens_dist.evaluation.run import check_options, markdown, run_eval
+    from sigmanens_dist.evaluation.run import check_options, run_eval
     from sigmanens_dist.training.checkpoint import resolve_checkpoint
 
     # Everything that can be checked without the checkpoint first, then the checkpoint, then the rest: all before
@@ -112,15 +112,19 @@ def _run(args: argparse.Namespace) -> int:
         from sigmanens_dist.distributed.env import init_distributed
 
         env = init_distributed()
-    device = env.device if env is not None else torch.device(args.device)
+    device = env.device if env is not None else torch.device(
+        args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = loaded.model.to(device)
     ema = loaded.ema.to(device) if loaded.ema is not None else None
     out = args.out or checkpoint.parent / f"eval_{checkpoint.stem}"
     report = run_eval(cfg, model, ema, options, out_dir=out, run_id=loaded.run_id, step=loaded.step,
                       checkpoint=checkpoint.resolve(), env=env)
     if env is None or env.is_main:
-        print(markdown(report))
-        print(f"wrote {out / 'eval.json'} and {out / 'eval.md'}")
+        from sigmanens_dist.evaluation.summary import summary, written  # eval.md keeps every table
+
+        print(summary(report))
+        print()
+        print(written(out))
     return 0
 
 

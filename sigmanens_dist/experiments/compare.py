@@ -33,12 +33,11 @@ from matplotlib.figure import Figure
 from scipy import stats
 
 from sigmanens_dist.config import Config
-from sigmanens_dist.experiments.study import DEFINITION, ROLE_TAG
-from sigmanens_dist.methods import METHODS
-from sigmanens_dist.training.tracking import PARENT_TAG, ui_hint
+from sigmanens_dist.experiments.study import DEFINITION, ROLE_TAG, method_table
+from sigmanens_dist.training.tracking import PARENT_TAG
 
-__all__ = ["CompareError", "Group", "RunRecord", "group_runs", "load_runs", "main", "paired_difference", "select_split",
-           "write_report"]
+__all__ = ["CompareError", "Group", "RunRecord", "build_report", "group_runs", "load_runs", "main",
+           "paired_difference", "select_split", "write_report"]
 
 # table column -> the MLflow metric it is read from, per split: the loop's final validation, or the test-set
 # evaluation of the trained (raw, not EMA) weights
@@ -126,7 +125,7 @@ class Group:
 
 
 def _uses(method: str, axis: str) -> bool:
-    spec = METHODS.get(method)
+    spec = method_table().get(method)
     if spec is None:  # a method this version does not know: show every axis
         return True
     return spec.member_axis if axis == "members" else spec.regularized
@@ -292,7 +291,7 @@ def _record(run: Any) -> RunRecord:
 def method_variant(method: str, params: dict[str, str]) -> str:
     """The method's knobs (``EnsembleMethod.knobs``) that the run set away from the config's defaults, as
     ``α=3 γ=2``."""
-    spec = METHODS.get(method)
+    spec = method_table().get(method)
     parts = []
     for key, short in (spec.knobs if spec else {}).items():
         text, default = params.get(key), _config_default(key)
@@ -350,7 +349,7 @@ def group_runs(records: list[RunRecord]) -> list[Group]:
     for r in records:
         g = groups.setdefault(r.key, Group(r.method, r.members, r.tau, r.lam, r.budget, {}, r.variant))
         g.runs[r.seed] = r
-    order = {m: i for i, m in enumerate(METHODS)}
+    order = {m: i for i, m in enumerate(method_table())}
 
     def sort_key(g: Group) -> tuple[Any, ...]:
         return (order.get(g.method, len(order)), g.method, g.variant, g.budget, g.members,
@@ -399,13 +398,12 @@ COLUMNS = [("params", "params", "{:,.0f}"), ("train_compute", "train compute (im
            ("sharing", "sharing (members on)", "{:.3f}")]
 
 
-def write_report(records: list[RunRecord], notes: list[str], out: Path, reference: str | None, *,
-                 pair: str = "epochs", split: str = "auto") -> list[Path]:
-    """``table.md``, ``table.csv``, ``runs.csv`` and the plots in ``out``; returns the files written."""
+def build_report(records: list[RunRecord], reference: str | None, *, pair: str = "epochs", split: str = "auto"
+                 ) -> _Report:
+    """The grouped runs, their columns and the reference they pair with: what the files and the terminal show."""
     if pair not in PAIRINGS:
         raise CompareError(f"--pair {pair!r}: choose one of {', '.join(PAIRINGS)}")
     split = select_split(records, split)
-    out.mkdir(parents=True, exist_ok=True)
     groups = group_runs(records)
     methods = [g.method for g in groups]
     if reference is None:
@@ -416,7 +414,15 @@ def write_report(records: list[RunRecord], notes: list[str], out: Path, referenc
     columns = [c for c in COLUMNS if any(c[0] in r.values for r in records)]
     # with one method every group would pair with itself: no difference columns
     diffs = [c for c in DIFFS if any(c in r.values for r in records)] if len(set(methods)) > 1 else []
-    report = _Report(groups, columns, diffs, reference, pair, split)
+    return _Report(groups, columns, diffs, reference, pair, split)
+
+
+def write_report(records: list[RunRecord], notes: list[str], out: Path, reference: str | None, *,
+                 pair: str = "epochs", split: str = "auto") -> list[Path]:
+    """``table.md``, ``table.csv``, ``runs.csv`` and the plots in ``out``; returns the files written."""
+    report = build_report(records, reference, pair=pair, split=split)
+    groups = report.groups
+    out.mkdir(parents=True, exist_ok=True)
     files = [_markdown(report, notes, out / "table.md"), _csv(report, out / "table.csv"),
              _runs_csv(records, out / "runs.csv")]
     files += [p for p in (_plot_members(groups, out / "metric_vs_members.png"),
@@ -448,6 +454,10 @@ class _Report:
     @property
     def budgets(self) -> bool:  # a step-budget column only where budgets vary
         return any(g.budget != 1 for g in self.groups)
+
+    @property
+    def selection_on_test(self) -> bool:  # enough configurations on test scores that choosing among them tunes
+        return self.split == "test" and len(self.groups) > 2
 
     def reference_of(self, group: Group) -> Group | None:
         ref = reference_for(group, self.groups, self.reference, self.pair)
@@ -484,7 +494,7 @@ def _markdown(report: _Report, notes: list[str], path: Path) -> Path:
     where = ("the test set (the trained weights' `eval/test/raw/*`)" if report.split == "test" else
              "the validation split (the loop's final `val/*`)")
     text = "\n".join(lines) + f"\n\nScores on {where}; mean ± std over seeds. "
-    if report.split == "test" and len(report.groups) > 2:
+    if report.selection_on_test:
         text += (f"**Selection on the test set:** this table compares {len(report.groups)} configurations; a choice "
                  "among them read off it is tuned on the test set: choose with `--split val`, then read this table "
                  "once for the configurations chosen. ")
@@ -742,15 +752,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CompareError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print((out / "table.md").read_text())
-    print("wrote " + ", ".join(str(p) for p in files))
+    from sigmanens_dist.experiments import terminal  # the table for a person; the files keep every column
+
+    print(terminal.render(build_report(records, args.reference, pair=args.pair, split=args.split), notes))
+    print()
+    print(terminal.written(out, files))
     if parent is not None:
         try:
             _client(args.uri).log_artifacts(parent, str(out), "compare")
             print(f"logged to the parent run {parent} under compare/")
         except Exception as err:  # the report is on disk; a store that refuses artifacts only loses the copy
             print(f"warning: could not log the report to the parent run {parent}: {err}", file=sys.stderr)
-    print(ui_hint(args.uri, _client(args.uri).get_run(records[0].run_id).info.experiment_id))
+    print(terminal.ui_lines(args.uri, _client(args.uri).get_run(records[0].run_id).info.experiment_id))
     return 0
 
 

@@ -16,10 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
 from sigmanens_dist.config import load_config
-from sigmanens_dist.evaluation.metrics import reliability_diagrams
 from sigmanens_dist.experiments.compare import main as compare_main
 from sigmanens_dist.experiments.study import DEFINITION, load_definition
 from sigmanens_dist.experiments.study import main as study_main
@@ -35,6 +32,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--config", default=RECIPE, help="a recipe path or packaged name (default fmnist_small)")
     ap.add_argument("overrides", nargs="*", help="extra dotted overrides applied to both runs")
     args = ap.parse_args(argv)
+    import torch  # after parsing: `sigmanens demo --help` answers without it
+
+    from sigmanens_dist.evaluation.metrics import reliability_diagrams
 
     batch = load_config(args.config, args.overrides, check_data=False).train.batch_size
     if args.nproc < 1 or batch % args.nproc:

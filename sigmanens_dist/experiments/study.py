@@ -24,24 +24,40 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 
 from sigmanens_dist.atomic import write_text
-from sigmanens_dist.config import Config, ConfigError, RegConfig, load_config, recipe_path
-from sigmanens_dist.methods import METHODS  # re-exported: the table once lived here
+from sigmanens_dist.config import Config, ConfigError, ModelConfig, RegConfig, load_config, recipe_path
 from sigmanens_dist.training.preemption import EXIT_PREEMPTED, MARKER
 from sigmanens_dist.training.tracking import PARENT_TAG, default_tracking_uri, ensure_experiment
 
-__all__ = ["KINDS", "LAMBDA_POLICIES", "METHODS", "Child", "StudyError", "build_definition", "child_state",
-           "main", "run_one"]
+__all__ = ["KINDS", "LAMBDA_POLICIES", "METHOD_NAMES", "Child", "StudyError", "build_definition", "child_state",
+           "main", "method_table", "run_one"]
 
 log = logging.getLogger("sigmanens.study")
 
 DEFINITION = "study.yaml"
 BASE_CONFIG = "base_config.yaml"
 ROLE_TAG, STUDY_TAG, CHILD_TAG = "sigmanens.role", "sigmanens.study", "sigmanens.child"
+
+
+METHOD_NAMES = get_args(ModelConfig.model_fields["method"].annotation)  # the config's, without torch
+
+
+def method_table() -> dict[str, Any]:
+    """The method table (methods/): imported on first use, since it imports torch, which `sigmanens study --help`
+    does not need (tests/test_cli_startup.py)."""
+    from sigmanens_dist.methods import METHODS
+
+    return METHODS
+
+
+def __getattr__(name: str) -> Any:
+    if name == "METHODS":  # re-exported: the table once lived here
+        return method_table()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class StudyError(ValueError):
@@ -98,7 +114,7 @@ def build_definition(kind: str, config: Path | None, axes: dict[str, list[Any] |
     # Loaded as the first method given, so a knob of that method (model.packed_alpha=3 for a Packed-only study) is
     # valid here; each child is validated with its own method below.
     first = (axes.get("methods") or [None])[0]
-    selected = [f"model.method={first}"] if first in METHODS else []
+    selected = [f"model.method={first}"] if first in method_table() else []
     try:
         base = load_config(config, [*selected, *overrides])
     except ConfigError as err:
@@ -144,7 +160,7 @@ _OWNED = {"run_dir", "seed", "tracking.parent_run_id", "tracking.run_name", "che
 
 def _grid_axes(kind: str, axes: dict[str, list[Any] | None], base: Config, problems: list[str]) -> dict[str, list]:
     """Each axis: given values, else the kind's default sweep, else the base config's single value; checked."""
-    known = list(METHODS)
+    known = list(method_table())
     defaults: dict[str, list[Any]] = {"methods": [base.model.method],
                                       "members": [base.model.num_members], "taus": [base.reg.tau],
                                       "lambdas": [base.reg.lam], "budgets": [1], "seeds": [0, 1, 2]}
@@ -163,7 +179,7 @@ def _grid_axes(kind: str, axes: dict[str, list[Any] | None], base: Config, probl
             problems.append(f"--{axis}: a value is given twice ({', '.join(map(str, values))})")
         grid[axis] = values
     for m in grid["methods"]:
-        if m not in METHODS:
+        if m not in method_table():
             problems.append(f"--methods: unknown method {m!r}; available: {', '.join(known)}")
     checks = {"members": (int, lambda v: v >= 1, "a whole number >= 1"), "seeds": (int, lambda v: v >= 0,
               "a whole number >= 0"), "taus": (float, lambda v: v > 0, "a number > 0"),
@@ -176,7 +192,7 @@ def _grid_axes(kind: str, axes: dict[str, list[Any] | None], base: Config, probl
                 problems.append(f"--{axis}: {v!r} is not {what}")
         if all(isinstance(v, (int, float)) for v in grid[axis]):
             grid[axis] = [kind_of(v) for v in grid[axis]]
-    regularized = any(METHODS[m].regularized for m in grid["methods"] if m in METHODS)
+    regularized = any(method_table()[m].regularized for m in grid["methods"] if m in method_table())
     if regularized and len(grid["taus"]) > 1 and 0 in grid["lambdas"]:
         problems.append(f"--taus {','.join(map(str, grid['taus']))} with λ = 0: L_div is off, so τ changes nothing "
                         "(every τ trains the same model); give --lambdas 0.01, the documented τ-sweep strength "
@@ -196,7 +212,7 @@ def _children(grid: dict[str, list[Any]], base: Config, policy: str, max_backbon
     children: list[Child] = []
     seen: set[str] = set()
     for method, m, tau, lam, budget, seed in itertools.product(*(grid[a] for a in AXES)):
-        spec = METHODS[method]
+        spec = method_table()[method]
         point: dict[str, Any] = {"method": method, "members": m if spec.member_axis else 1,
                                  "tau": tau if spec.regularized else None,
                                  "lambda": lam if spec.regularized else None, "budget": budget, "seed": seed}
@@ -234,7 +250,7 @@ def _micro_batching(base: Config, members: int, limit: int | None, name: str) ->
 
 def _child_name(point: dict[str, Any]) -> str:
     parts = [point["method"]]
-    if METHODS[point["method"]].member_axis:
+    if method_table()[point["method"]].member_axis:
         parts.append(f"M{point['members']}")
     if point["tau"] is not None:
         parts.append(f"tau{point['tau']:g}")
@@ -565,7 +581,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--members", type=_list(int), help="M values, e.g. 1,2,4,8,16")
     ap.add_argument("--taus", type=_list(float), help="τ values, e.g. 0.1,0.25,0.5,1")
     ap.add_argument("--lambdas", type=_list(float), help="λ values (nominal; see --lambda-policy)")
-    ap.add_argument("--methods", type=_list(str), help=f"methods, of {', '.join(METHODS)} (those this version has)")
+    ap.add_argument("--methods", type=_list(str), help=f"methods, of {', '.join(METHOD_NAMES)}")
     ap.add_argument("--budgets", type=_list(int),
                     help="training-step multipliers (train.max_steps × b), e.g. 1,2,4,8: a single model at b=M has "
                          "the training compute of an M-member ensemble at b=1 (default 1)")

@@ -41,6 +41,7 @@ class EnsembleMethod(nn.Module):
     member_axis: ClassVar[bool] = True
     regularized: ClassVar[bool] = False
     knobs: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    display: ClassVar[str] = ""  # the name people know it by (README, the terminal summaries of compare and eval)
 
     @property
     def num_members(self) -> int:

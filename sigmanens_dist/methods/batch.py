@@ -100,6 +100,7 @@ class BatchEnsemble(EnsembleMethod):
     """The backbone with its Linear/Conv2d layers replaced by :class:`BatchEnsembleLayer` s."""
 
     name = "batch"
+    display = "BatchEnsemble"
     knobs = MappingProxyType({"model.fast_weight_init_std": "init std", "optim.fast_weight_lr_scale": "fast lr×"})
 
     def __init__(self, backbone: nn.Module, num_members: int) -> None:

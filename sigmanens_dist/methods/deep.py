@@ -26,6 +26,7 @@ class DeepEnsemble(EnsembleMethod):
     """``members[k]`` is a complete backbone; nothing is shared."""
 
     name = "deep"
+    display = "Deep Ensemble"
     loss_reduction = "sum"
     default_member_batches = "independent"
 

@@ -25,6 +25,7 @@ class FiLMEnsemble(SigmaEnsemble):
     """A :class:`SigmaEnsemble` without gate or regulariser."""
 
     name = "film"
+    display = "FiLM ablation"
     regularized = False  # σN-Ens without σ gate or L_div
     knobs = MappingProxyType({"model.film_init_std": "init std"})
 

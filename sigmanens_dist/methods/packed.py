@@ -85,6 +85,7 @@ class PackedEnsemble(EnsembleMethod):
     """A packed ResNet: logits ``(B, M·K)`` regrouped to ``(M, B, K)``."""
 
     name = "packed"
+    display = "Packed-Ensembles"
     knobs = MappingProxyType({"model.packed_alpha": "α", "model.packed_gamma": "γ"})
 
     def __init__(self, backbone: nn.Module, num_members: int, alpha: float, gamma: int) -> None:

@@ -30,6 +30,7 @@ class SigmaEnsemble(EnsembleMethod):
     """
 
     name = "sigma"
+    display = "σN-Ens"
     # Each member its own batches: the best recipe measured in docs/quality.md (shared batches leave the members one
     # model, since identical members get identical gradients).
     default_member_batches = "independent"

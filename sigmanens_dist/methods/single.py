@@ -18,6 +18,7 @@ class SingleModel(EnsembleMethod):
     """One network; ``model.num_members`` does not apply."""
 
     name = "single"
+    display = "single model"
     member_axis = False
 
     def __init__(self, backbone: nn.Module) -> None:

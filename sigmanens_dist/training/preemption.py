@@ -14,13 +14,14 @@ import logging
 import signal
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:  # torch only where a run polls: `sigmanens study` reads EXIT_PREEMPTED and MARKER from here
+    import torch
+
+    from sigmanens_dist.distributed.env import DistEnv
 
 from sigmanens_dist.atomic import write_text
-from sigmanens_dist.distributed.env import DistEnv
 
 __all__ = ["EXIT_PREEMPTED", "MARKER", "PreemptionCheck", "PreemptionFlag", "clear_marker", "write_marker"]
 
@@ -67,12 +68,18 @@ class PreemptionCheck:
     knows which signal arrived, wherever it arrived (``signum``)."""
 
     def __init__(self, flag: PreemptionFlag, env: DistEnv) -> None:
+        import torch
+        import torch.distributed as dist
+
         self.flag, self.env = flag, env
         self.signum: int | None = None
         self._pending: tuple[Any, torch.Tensor] | None = None
         self._device = env.device if env.distributed and dist.get_backend() == "nccl" else torch.device("cpu")
 
     def poll(self) -> bool:
+        import torch
+        import torch.distributed as dist
+
         if not self.env.distributed:
             self.signum = self.flag.signum
             return self.flag.raised

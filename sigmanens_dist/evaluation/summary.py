@@ -1,0 +1,88 @@
+"""What ``sigmanens eval`` prints: the report for a person at a terminal of 100 columns. ``eval.md`` and
+``eval.json`` keep everything (:func:`sigmanens_dist.evaluation.run.markdown` writes the Markdown); here the shift
+scores are the mean over the corruptions per severity, the rest is as in the file, in tables that fit."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.table import Table
+
+from sigmanens_dist.experiments.terminal import WIDTH, _console, _near, display_name
+
+__all__ = ["summary", "written"]
+
+KEYS = ("acc", "nll", "ece", "aece", "brier", "aurc")  # evaluation.run.SUB_KEYS: the per-model scores
+LABELS = {"acc": "acc ↑", "nll": "NLL ↓", "ece": "ECE ↓", "aece": "aECE ↓", "brier": "Brier ↓", "aurc": "AURC ↓"}
+OOD = ("msp", "entropy", "mutual_information")  # evaluation.run.OOD_SCORES
+
+
+def _fmt(value: Any) -> str:
+    return "nan" if value != value else f"{value:.4f}"  # NaN is the one value unequal to itself
+
+
+def _table(first: str, columns: list[str]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+    table.add_column(first)
+    for column in columns:
+        table.add_column(column, justify="right", no_wrap=True)
+    return table
+
+
+def _wrap(text: str, indent: str = "") -> list[str]:
+    return textwrap.wrap(text, WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+
+
+def summary(report: dict[str, Any]) -> str:
+    """The report within 100 columns: per weights (raw, EMA) the ensemble, its members and their mean, diversity,
+    the sub-ensembles, the mean scores under shift per severity and the OOD scores."""
+    console, buf = _console(WIDTH)
+    where = _near(Path(report["checkpoint"])) if report["checkpoint"] else "end of training"
+    head = _wrap(f"Evaluation of {where} (step {report['step']}): {display_name(report['method'])}, "
+                 f"{report['members']} of {report['num_members']} members, {report['dataset']} "
+                 f"{report['split']} split.")
+    head += [line for note in report["notes"] for line in _wrap(f"Note: {note}", "  ")]
+    for variant, part in report["weights"].items():
+        m = part["metrics"]
+        console.print(f"\n{variant} weights, {int(m['num_samples'])} samples", style="bold", highlight=False)
+        table = _table("", [LABELS[k] for k in KEYS])
+        rows = [("ensemble", "")] + [(f"member {i}", f"member{i}/") for i in range(report["members"])]
+        rows += [("mean of members", "member_mean/")] if report["members"] > 1 else []
+        for label, prefix in rows:
+            table.add_row(label, *(_fmt(m[prefix + k]) for k in KEYS))
+        console.print(table)
+        diversity = (f"disagreement {_fmt(m['disagreement'])}, mutual information {_fmt(m['mutual_information'])}, "
+                     f"predictive entropy {_fmt(m['entropy'])}"
+                     + (f", members on per feature {_fmt(part['sharing']['all'])}" if "sharing" in part else ""))
+        console.print("\n".join(_wrap(diversity, "  ")), highlight=False)
+        if part["sub_ensembles"]:
+            table = _table("k members", [*(LABELS[k] for k in KEYS), "ms / image"])
+            for row in part["sub_ensembles"]:
+                table.add_row(str(row["k"]), *(_fmt(row[k]) for k in KEYS), f"{row['ms_per_image']:.3f}")
+            console.print("\nSub-ensembles (the first k members)", style="bold", highlight=False)
+            console.print(table)
+        if "shift" in part:
+            corruptions = [name for name in part["shift"] if name != "mean"]
+            table = _table("severity", ["acc ↑", "NLL ↓", "ECE ↓"])
+            for severity, values in part["shift"]["mean"].items():
+                table.add_row(f"s{severity}", *(_fmt(values[k]) for k in ("acc", "nll", "ece")))
+            console.print(f"\nUnder shift: mean over {len(corruptions)} corruption(s), per corruption in eval.md",
+                          style="bold", highlight=False)
+            console.print(table)
+        if "ood" in part:
+            ood = part["ood"]
+            table = _table("score", ["AUROC ↑", "AUPR-in ↑", "AUPR-out ↑", "FPR@95TPR ↓"])
+            for score in OOD:
+                r = ood[score]
+                table.add_row(score, *(_fmt(r[k]) for k in ("auroc", "aupr_in", "aupr_out", "fpr95")))
+            console.print(f"\nOOD: {ood['set']} ({ood['num_out']} OOD vs {ood['num_in']} in-distribution, OOD "
+                          "positive)", style="bold", highlight=False)
+            console.print(table)
+    return "\n".join(line.rstrip() for line in [*head, *buf.getvalue().rstrip().splitlines()])
+
+
+def written(out: Path) -> str:
+    return "\n".join(_wrap(f"Full report in {_near(out)}/: eval.json, eval.md and the plots", "  "))
