@@ -183,8 +183,10 @@ def test_readme_is_a_newcomers_page() -> None:
 
 def test_one_imagenet_path() -> None:
     """One ImageNet folder has one name: the recipes, the scripts and the docs all say /data/imagenet_ffcv (the
-    ImageFolder it is converted from: /data/imagenet)."""
+    ImageFolder it is converted from: /data/imagenet). The changelog may name the old ones."""
     named = set()
     for path in [*REPO.glob("configs/*.yaml"), *REPO.glob("slurm/*.sh"), *PAGES]:
+        if path.name == "CHANGELOG.md":
+            continue
         named |= set(re.findall(r"(/\w+/imagenet\w*)(?![\w-])", path.read_text()))
     assert named == {"/data/imagenet", "/data/imagenet_ffcv"}, named
