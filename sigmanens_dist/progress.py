@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
+import textwrap
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tqdm import tqdm
 
-__all__ = ["LineProgress", "progress"]
+__all__ = ["WIDTH", "LineProgress", "progress", "shell_command", "wrap"]
+
+WIDTH = 100  # what the project prints fits a 100-column terminal (tests/test_terminal_output.py)
 
 log = logging.getLogger("sigmanens")
 
@@ -92,3 +96,20 @@ def _duration(seconds: float) -> str:
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def wrap(text: str, indent: str = "  ") -> str:
+    """A message folded at :data:`WIDTH` columns, continuation lines indented."""
+    return textwrap.fill(text, WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+
+
+def shell_command(words: list[str], prompt: str = "$ ") -> str:
+    """A command as a person reads it and a shell takes it back: quoted, folded at :data:`WIDTH` columns with
+    backslash continuations (a word longer than a line keeps a line of its own)."""
+    lines, line = [], prompt
+    for word in map(shlex.quote, words):
+        if len(line) + len(word) + 2 > WIDTH and line.strip() not in ("", prompt.strip()):
+            lines.append(line.rstrip() + " \\")
+            line = "    "
+        line += word + " "
+    return "\n".join([*lines, line.rstrip()])

@@ -108,6 +108,11 @@ def test_mini_study_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
     printed = capsys.readouterr().out
     assert f"{NAMES[2]}: finished, skipped" in printed
     assert printed.count(": starting") == 3
+    # within 100 columns, commands folded so that they stay pasteable: only a single word longer than a line (this
+    # test's deep temporary paths) may pass the edge, on a line of its own
+    wide = [line for line in printed.splitlines() if len(line) > 100 and len(line.strip(" \\").split()) > 1]
+    assert not wide, wide
+    assert "\\\n    " in printed  # each child's command folded with shell continuations
     children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'")
     assert sorted(r.info.run_name for r in children) == NAMES
     child = next(r for r in children if r.info.run_name == NAMES[3])

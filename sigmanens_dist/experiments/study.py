@@ -30,6 +30,7 @@ import yaml
 
 from sigmanens_dist.atomic import write_text
 from sigmanens_dist.config import Config, ConfigError, ModelConfig, RegConfig, load_config, recipe_path
+from sigmanens_dist.progress import shell_command, wrap
 from sigmanens_dist.training.preemption import EXIT_PREEMPTED, MARKER
 from sigmanens_dist.training.tracking import PARENT_TAG, default_tracking_uri, ensure_experiment
 
@@ -448,8 +449,8 @@ def _run_child(definition: dict[str, Any], child: dict[str, Any], def_path: Path
         print(f"[{child['index'] + 1}/{total}] {child['name']}: finished, skipped", flush=True)
         return 0
     cmd = _command(definition, child, def_path)
-    print(f"[{child['index'] + 1}/{total}] {child['name']}: {'resuming' if state == 'resume' else 'starting'}\n$ "
-          + " ".join(cmd), flush=True)
+    print(f"[{child['index'] + 1}/{total}] {child['name']}: {'resuming' if state == 'resume' else 'starting'}\n"
+          + shell_command(cmd), flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     proc = subprocess.Popen(cmd, env=env)
     received: list[int] = []
@@ -517,7 +518,8 @@ def run_study(definition: dict[str, Any], def_path: Path) -> int:
         return 1
     tracking = definition["tracking"]
     print(f"study {definition['name']}: all {len(definition['children'])} children finished"
-          + (f"; compare them with\n  sigmanens compare --parent {tracking['parent_run_id']} --uri {tracking['uri']}"
+          + ("; compare them with\n" + shell_command(["sigmanens", "compare", "--parent", tracking["parent_run_id"],
+                                                      "--uri", tracking["uri"]], prompt="  ")
              if tracking["parent_run_id"] else ""))
     return 0
 
@@ -606,8 +608,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StudyError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"study {definition['name']}: {len(definition['children'])} children, definition {path}\n"
-          f"λ policy: {definition['lambda_policy_text']}; global batch {definition['global_batch']} at every M",
+    print(wrap(f"study {definition['name']}: {len(definition['children'])} children, definition {path}") + "\n"
+          + wrap(f"λ policy: {definition['lambda_policy_text']}; global batch {definition['global_batch']} at every M"),
           flush=True)
     if args.prepare:
         ensure_parent(definition, path)

@@ -46,7 +46,7 @@ class ConversionSummary:
         more = f" … (+{len(self.shared) - 6})" if len(self.shared) > 6 else ""
         return (f"{len(self.converted)} norm layers converted, {len(self.shared)} left shared"
                 f"{': ' + shared + more if self.shared else ''}; parameters {self.params:,} = "
-                f"{self.param_ratio:.4f}x the source model's {self.source_params:,}")
+                f"{self.param_ratio:.4f}x the source's {self.source_params:,}")
 
 
 AFFINE_INITS = ("divide", "plain")

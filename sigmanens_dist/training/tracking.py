@@ -134,6 +134,8 @@ class Tracker:
             run_tags = {**tags, PARENT_TAG: parent} if parent else dict(tags)
             # a new run gets its tags (the parent among them) as it is created: a store busy with other writers
             # (sqlite under a Slurm array) can fail a later call, which must not leave a child without its parent
+            for chatty in ("mlflow.system_metrics", "mlflow.store.db.utils"):  # four lines a run that say nothing
+                logging.getLogger(chatty).setLevel(logging.WARNING)
             run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name, log_system_metrics=True,
                                    tags=None if run_id else run_tags)
             if run_id is None:
