@@ -33,7 +33,8 @@ from sigmanens_dist.data.member_streams import member_major, member_train_stream
 from sigmanens_dist.distributed.env import DistEnv, all_gather_object, init_distributed
 from sigmanens_dist.distributed.strategies import build_strategy, strategy_options
 from sigmanens_dist.errors import RunExistsError, UsageError
-from sigmanens_dist.evaluation.metrics import EnsembleMetrics, reliability_diagram
+from sigmanens_dist.evaluation.metrics import EnsembleMetrics
+from sigmanens_dist.evaluation.plots import reliability_diagram
 from sigmanens_dist.methods import map_tensors
 from sigmanens_dist.models import build_model
 from sigmanens_dist.progress import progress

@@ -254,7 +254,7 @@ def _ood_batches(cfg: Config, options: EvalConfig, batch: int) -> Callable[[], I
 def _plots(out_dir: Path, variant: str, model: EnsembleMethod, scores: dict[str, torch.Tensor], part: dict[str, Any]
            ) -> list[Path]:
     from sigmanens_dist.evaluation import plots
-    from sigmanens_dist.evaluation.metrics import reliability_diagrams_from_confidence
+    from sigmanens_dist.evaluation.plots import reliability_diagrams_from_confidence
 
     files = [reliability_diagrams_from_confidence({f"ensemble ({variant} weights)": (scores["confidence"].cpu(),
                                                                                      scores["correct"].cpu())},
