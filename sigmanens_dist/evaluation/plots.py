@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 from torch import Tensor
 
 from sigmanens_dist.evaluation.metrics import calibration_error
@@ -20,9 +19,17 @@ __all__ = ["ood_histograms", "reliability_diagram", "reliability_diagrams", "rel
 _LABELS = {"msp": "−max softmax", "entropy": "predictive entropy", "mutual_information": "mutual information"}
 
 
+def _figure(**kwargs: Any) -> Any:
+    """A matplotlib Figure, matplotlib imported on first use: the training loop imports this module, and a run that
+    draws nothing before its end should not pay for matplotlib at start-up."""
+    from matplotlib.figure import Figure
+
+    return Figure(**kwargs)
+
+
 def severity_curves(shift: dict[str, dict[str, dict[str, float]]], path: Path, title: str = "") -> Path:
     """Accuracy and ECE against corruption severity, one thin line per corruption and a thick mean."""
-    fig = Figure(figsize=(9, 3.8), layout="constrained")
+    fig = _figure(figsize=(9, 3.8), layout="constrained")
     for col, key in enumerate(("acc", "ece")):
         ax = fig.add_subplot(1, 2, col + 1)
         for name, by_sev in shift.items():
@@ -39,7 +46,7 @@ def severity_curves(shift: dict[str, dict[str, dict[str, float]]], path: Path, t
 
 def ood_histograms(scores: dict[str, tuple[torch.Tensor, torch.Tensor]], path: Path, ood_name: str) -> Path:
     """Each OOD score's histogram for in-distribution and OOD samples (shared bins per score)."""
-    fig = Figure(figsize=(4.2 * len(scores), 3.6), layout="constrained")
+    fig = _figure(figsize=(4.2 * len(scores), 3.6), layout="constrained")
     for col, (score, (inside, outside)) in enumerate(scores.items()):
         ax = fig.add_subplot(1, len(scores), col + 1)
         values = torch.cat([inside, outside]).double().numpy()
@@ -54,7 +61,7 @@ def ood_histograms(scores: dict[str, tuple[torch.Tensor, torch.Tensor]], path: P
 def sharing_heatmap(layers: list[str], importances: torch.Tensor, path: Path) -> Path:
     """Mean importance σ(γ) per member (rows) and σ layer (columns): who owns which layers' features."""
     m, n = importances.shape
-    fig = Figure(figsize=(min(2 + 0.18 * n, 24), 1.5 + 0.35 * m), layout="constrained")
+    fig = _figure(figsize=(min(2 + 0.18 * n, 24), 1.5 + 0.35 * m), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     image = ax.imshow(importances.numpy(), aspect="auto", vmin=0, vmax=1, cmap="viridis", interpolation="nearest")
     ax.set(xlabel="σ layer", ylabel="member", yticks=range(m))
@@ -100,7 +107,7 @@ def reliability_diagrams_from_confidence(curves: dict[str, tuple[Tensor, Tensor]
     path = Path(path)
     edges = np.linspace(0.0, 1.0, n_bins + 1)
     width = 1.0 / n_bins
-    fig = Figure(figsize=(4.2 * len(curves), 5.4), layout="constrained")
+    fig = _figure(figsize=(4.2 * len(curves), 5.4), layout="constrained")
     grid = fig.add_gridspec(2, len(curves), height_ratios=(3, 1))
     for col, (name, (conf, correct)) in enumerate(curves.items()):
         acc, mean_conf, count, ece = _bins(conf, correct, n_bins)
