@@ -18,7 +18,7 @@ __all__ = ["CheckpointConfig", "Config", "DataConfig", "EvalConfig", "ModelConfi
 
 
 class RegConfig(_Section):
-    """The diversity regulariser: ``loss = task + lam * diversity(tau)``."""
+    """The diversity regularizer: ``loss = task + lam * diversity(tau)``."""
 
     tau: float = Field(0.5, gt=0, allow_inf_nan=False)
     # 0.01 with τ = 0.5: the best measured recipe at the long budget (README "Long budget", docs/quality.md); 0 turns
@@ -26,7 +26,7 @@ class RegConfig(_Section):
     lam: float = Field(0.01, ge=0, allow_inf_nan=False, alias="lambda")
     # L_div as the sum over members and features (none), / M (members) or / (M·F) (mean); see regularizer.py
     normalize: Literal["none", "members", "mean"] = "none"
-    regularize: list[str] | None = None  # fnmatch patterns of σ layers the regulariser sees; None: all
+    regularize: list[str] | None = None  # fnmatch patterns of σ layers the regularizer sees; None: all
 
     @model_validator(mode="before")
     @classmethod

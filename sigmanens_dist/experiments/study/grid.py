@@ -174,7 +174,7 @@ def _grid_axes(kind: str, axes: dict[str, list[Any] | None], base: Config, probl
                         "(every τ trains the same model); give --lambdas 0.01, the documented τ-sweep strength "
                         "(docs/quality.md)")
     elif regularized and 0 in grid["lambdas"]:
-        log.warning("λ = 0 in the grid: at that point L_div is off and τ=%s has no effect (the unregularised "
+        log.warning("λ = 0 in the grid: at that point L_div is off and τ=%s has no effect (the unregularized "
                     "reference)", ",".join(map(str, grid["taus"])))
     if grid["budgets"] != [1] and base.train.max_steps is None:
         problems.append(f"--budgets {','.join(map(str, grid['budgets']))}: multiplies train.max_steps, which the base "
