@@ -29,11 +29,13 @@ from torch import nn
 
 from sigmanens_dist.config import Config, flatten, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
+from sigmanens_dist.data.member_streams import member_major, member_train_stream
 from sigmanens_dist.distributed.env import DistEnv, all_gather_object, init_distributed
 from sigmanens_dist.distributed.strategies import build_strategy, strategy_options
 from sigmanens_dist.errors import RunExistsError, UsageError
-from sigmanens_dist.evaluation.metrics import EnsembleMetrics, reliability_diagram
-from sigmanens_dist.methods import map_tensors, member_major, member_train_stream
+from sigmanens_dist.evaluation.metrics import EnsembleMetrics
+from sigmanens_dist.evaluation.plots import reliability_diagram
+from sigmanens_dist.methods import map_tensors
 from sigmanens_dist.models import build_model
 from sigmanens_dist.progress import progress
 from sigmanens_dist.train_cli import USAGE_MARKER, main

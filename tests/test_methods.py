@@ -341,8 +341,8 @@ def test_deprecated_ensemble_flag_maps_to_method() -> None:
 # -- independent member batches ------------------------------------------------------------------------------------
 def test_member_stream_gives_member_k_the_single_run_of_seed_k_and_replays_from_any_batch() -> None:
     from sigmanens_dist.data.loaders import build_data
+    from sigmanens_dist.data.member_streams import member_major, member_train_stream
     from sigmanens_dist.distributed.env import DistEnv
-    from sigmanens_dist.methods import member_major, member_train_stream
 
     cfg = load_config(None, ["model.method=deep", "model.num_members=2", "seed=3", "data.dataset=synthetic",
                              "data.img_size=8", "data.train_subset=72", "data.val_split=8", "data.num_workers=0",
@@ -366,7 +366,7 @@ def test_member_stream_gives_member_k_the_single_run_of_seed_k_and_replays_from_
 
 
 def test_member_stream_evens_out_batches_that_lost_skipped_samples() -> None:
-    from sigmanens_dist.methods import MemberStream
+    from sigmanens_dist.data.member_streams import MemberStream
 
     class Stream:
         def __init__(self, sizes: list[int], offset: int) -> None:

@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from sigmanens_dist.evaluation.metrics import EnsembleMetrics, reliability_diagram, reliability_diagrams
+from sigmanens_dist.evaluation.metrics import EnsembleMetrics
+from sigmanens_dist.evaluation.plots import reliability_diagram, reliability_diagrams
 
 # Two members, three classes, two samples; logits = log-probabilities, so member softmaxes are exactly these.
 MEMBER_PROBS = torch.tensor([

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from sigmanens_dist import convert_to_sigma_ensemble, diversity_loss
 from sigmanens_dist.config import load_config
-from sigmanens_dist.methods import member_major
+from sigmanens_dist.data.member_streams import member_major
 from sigmanens_dist.models import build_model
 from sigmanens_dist.train import run
 from sigmanens_dist.training.objective import loss_reduction, member_loss

@@ -30,8 +30,8 @@ from tqdm import tqdm
 
 from sigmanens_dist.atomic import atomic_path
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler
+from sigmanens_dist.data.sources import read_source, unwrap_source
 from sigmanens_dist.data.sst2 import TextDataset
-from sigmanens_dist.data.webdataset_io import read_source, unwrap_source
 
 __all__ = ["FFCVLoader", "FFCVTextLoader", "check_beton", "write_beton", "write_text_beton"]
 

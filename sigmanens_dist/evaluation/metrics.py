@@ -10,11 +10,9 @@ gives the same numbers.
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from typing import Any
 
-import numpy as np
 import torch
-from matplotlib.figure import Figure
 from torch import Tensor, nn
 from torchmetrics import Metric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError
@@ -27,8 +25,7 @@ from torchmetrics.functional.classification import (
 from torchmetrics.utilities import dim_zero_cat
 
 __all__ = ["EnsembleMetrics", "SampleMetrics", "adaptive_calibration_error", "aurc", "calibration_error",
-           "ensemble_log_probs", "entropy", "mutual_information", "ood_detection", "predictive_entropy",
-           "reliability_diagram", "reliability_diagrams", "reliability_diagrams_from_confidence"]
+           "ensemble_log_probs", "entropy", "mutual_information", "ood_detection", "predictive_entropy"]
 
 
 # -- per-sample quantities ---------------------------------------------------------------------------------------
@@ -202,88 +199,6 @@ class EnsembleMetrics(nn.Module):
             raise ValueError(f"target values must lie in 0..{k - 1}, got min {lo}, max {hi}")
 
 
-def reliability_diagram(probs: Tensor, target: Tensor, path: Path | str, title: str = "", n_bins: int = 15) -> Path:
-    """One model's reliability diagram; see :func:`reliability_diagrams`."""
-    return reliability_diagrams({title: (probs, target)}, path, n_bins=n_bins)
-
-
-def reliability_diagrams(curves: dict[str, tuple[Tensor, Tensor]], path: Path | str, n_bins: int = 15) -> Path:
-    """Side-by-side reliability diagrams (one column per model) saved as a PNG at ``path``; returns ``path``.
-
-    ``curves`` maps a model's name to its predictive probabilities ``(N, K)`` and targets ``(N,)``. Each column
-    shows accuracy per confidence bin against the diagonal, the gap to the bin's mean confidence, and below it how
-    many samples fall in each bin. The ECE in each title is torchmetrics' (l1, ``n_bins`` equal-width bins).
-    """
-    if not curves:
-        raise ValueError("curves is empty; give at least one {name: (probs, target)}")
-    return reliability_diagrams_from_confidence({name: _top1(name, p, t) for name, (p, t) in curves.items()}, path,
-                                                n_bins)
-
-
-def reliability_diagrams_from_confidence(curves: dict[str, tuple[Tensor, Tensor]], path: Path | str,
-                                         n_bins: int = 15) -> Path:
-    """:func:`reliability_diagrams` from each model's top-1 confidence ``(N,)`` and correctness ``(N,)`` (what
-    :meth:`SampleMetrics.scores` keeps, so evaluation need not hold ``(N, K)`` probabilities)."""
-    if not curves:
-        raise ValueError("curves is empty; give at least one {name: (confidence, correct)}")
-    if n_bins < 1:
-        raise ValueError(f"n_bins={n_bins} must be at least 1")
-    path = Path(path)
-    edges = np.linspace(0.0, 1.0, n_bins + 1)
-    width = 1.0 / n_bins
-    fig = Figure(figsize=(4.2 * len(curves), 5.4), layout="constrained")
-    grid = fig.add_gridspec(2, len(curves), height_ratios=(3, 1))
-    for col, (name, (conf, correct)) in enumerate(curves.items()):
-        acc, mean_conf, count, ece = _bins(conf, correct, n_bins)
-        top = fig.add_subplot(grid[0, col])
-        bottom = fig.add_subplot(grid[1, col], sharex=top)
-        filled = count > 0
-        top.bar(edges[:-1], acc, width=width, align="edge", color="tab:blue", edgecolor="black", linewidth=0.6,
-                label="accuracy")
-        top.bar(edges[:-1][filled], (mean_conf - acc)[filled], bottom=acc[filled], width=width, align="edge",
-                color="tab:red", alpha=0.3, edgecolor="tab:red", hatch="//", linewidth=0.6, label="gap to confidence")
-        top.plot([0, 1], [0, 1], linestyle="--", color="gray", label="perfect calibration")
-        top.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy", title=f"{name}\nECE = {100 * ece:.2f}%".lstrip())
-        top.tick_params(labelbottom=False)
-        top.legend(loc="upper left", fontsize="small")
-        bottom.bar(edges[:-1], count, width=width, align="edge", color="tab:gray", edgecolor="black", linewidth=0.6)
-        bottom.set(xlabel="confidence (max probability)", ylabel="samples")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
-
-
-def _top1(name: str, probs: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
-    """Checked top-1 confidence and correctness of ``probs`` ``(N, K)`` against ``target`` ``(N,)``."""
-    if probs.ndim != 2 or target.ndim != 1 or probs.shape[0] != target.shape[0] or probs.shape[0] == 0:
-        raise ValueError(f"{name!r}: expected probs (N, K) and target (N,) with N ≥ 1, got {tuple(probs.shape)} "
-                         f"and {tuple(target.shape)}")
-    probs, target = probs.detach().float().cpu(), target.detach().long().cpu()
-    if probs.min() < 0 or probs.max() > 1:
-        raise ValueError(f"{name!r}: probs must be probabilities in [0, 1] (softmax the logits first), got values "
-                         f"in [{float(probs.min()):.3g}, {float(probs.max()):.3g}]")
-    num_classes = probs.shape[1]
-    if target.min() < 0 or target.max() >= num_classes:
-        raise ValueError(f"{name!r}: target values must lie in 0..{num_classes - 1}, got min {int(target.min())}, "
-                         f"max {int(target.max())}")
-    conf, pred = probs.max(1)
-    return conf, (pred == target).float()
-
-
-def _bins(conf: Tensor, correct: Tensor, n_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """Per-bin accuracy, mean confidence and count (bins as torchmetrics draws them), and the ECE."""
-    conf, correct = conf.detach().double().cpu(), correct.detach().double().cpu()
-    ece = calibration_error(conf, correct, n_bins)
-    # Same edges and right-closed bucketing as torchmetrics; a confidence of exactly 1 joins the last bin.
-    index = (torch.bucketize(conf, torch.linspace(0, 1, n_bins + 1, dtype=torch.float64), right=True) - 1).clamp(
-        max=n_bins - 1)
-    count = torch.bincount(index, minlength=n_bins).double()
-    safe = count.clamp(min=1)
-    acc = torch.bincount(index, weights=correct, minlength=n_bins) / safe
-    mean_conf = torch.bincount(index, weights=conf, minlength=n_bins) / safe
-    return acc.numpy(), mean_conf.numpy(), count.numpy(), ece
-
-
 class SampleMetrics(Metric):
     """Everything ``sigmanens eval`` reports for one pass, from a few numbers kept per sample.
 
@@ -355,3 +270,20 @@ class SampleMetrics(Metric):
             conf, correct = self._cat("conf")[:, 0], self._cat("correct")[:, 0]
             return {"msp": -conf, "entropy": self._cat("entropy"),
                     "mutual_information": self._cat("mutual_information"), "confidence": conf, "correct": correct}
+
+
+# Moved to sigmanens_dist.evaluation.plots (the evaluation's one place for pictures); importable from here, with a
+# DeprecationWarning, for one release.
+_MOVED = {"reliability_diagram", "reliability_diagrams", "reliability_diagrams_from_confidence"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        import warnings
+
+        from sigmanens_dist.evaluation import plots
+
+        warnings.warn(f"sigmanens_dist.evaluation.metrics.{name} moved to sigmanens_dist.evaluation.plots.{name}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(plots, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

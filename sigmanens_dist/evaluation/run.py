@@ -9,15 +9,13 @@ For each set of weights (raw, and EMA when the run kept one) :func:`run_eval` ru
   ImageNet-C folder;
 * OOD detection against an OOD set (OOD positive) for the max-softmax, entropy and mutual-information scores;
 
-then writes ``eval.json``, ``eval.md`` and PNG plots into ``out_dir`` and logs them to the run's MLflow run.
+then writes ``eval.json``, ``eval.md`` and PNG plots into ``out_dir`` and logs them to the run's MLflow run (those
+outputs: :mod:`sigmanens_dist.evaluation.report`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,8 @@ from sigmanens_dist.data.corruptions import CORRUPTIONS, corrupt
 from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.evaluation.load import method_of
-from sigmanens_dist.evaluation.ood import OOD_SCORES, score_ood
+from sigmanens_dist.evaluation.ood import score_ood
+from sigmanens_dist.evaluation.report import SHIFT_KEYS, SUB_KEYS, _log_mlflow, _plots, _write, flat_metrics, markdown
 from sigmanens_dist.evaluation.scoring import Transform, score_pass
 from sigmanens_dist.methods.base import EnsembleMethod
 
@@ -40,8 +39,6 @@ __all__ = ["OOD_SETS", "check_options", "flat_metrics", "markdown", "run_eval", 
 log = logging.getLogger("sigmanens")
 
 OOD_SETS = {"digits": ("fashion_mnist",), "svhn": ("cifar10", "cifar100")}  # OOD set → datasets it is OOD for
-SHIFT_KEYS = ("acc", "nll", "ece")
-SUB_KEYS = ("acc", "nll", "ece", "aece", "brier", "aurc")
 IMAGENET_C_DATASETS = ("imagenet", "imagefolder")
 
 
@@ -248,121 +245,3 @@ def _ood_batches(cfg: Config, options: EvalConfig, batch: int) -> Callable[[], I
     else:
         dataset = SVHNOOD(options.ood_root, cfg.data.dataset)
     return lambda: DataLoader(dataset, batch_size=batch, num_workers=cfg.data.num_workers)
-
-
-# -- outputs -------------------------------------------------------------------------------------------------------
-def _plots(out_dir: Path, variant: str, model: EnsembleMethod, scores: dict[str, torch.Tensor], part: dict[str, Any]
-           ) -> list[Path]:
-    from sigmanens_dist.evaluation import plots
-    from sigmanens_dist.evaluation.metrics import reliability_diagrams_from_confidence
-
-    files = [reliability_diagrams_from_confidence({f"ensemble ({variant} weights)": (scores["confidence"].cpu(),
-                                                                                     scores["correct"].cpu())},
-                                                  out_dir / f"reliability_{variant}.png")]
-    if "shift" in part:
-        files.append(plots.severity_curves(part["shift"], out_dir / f"shift_{variant}.png", variant))
-    if "ood" in part:
-        files.append(plots.ood_histograms(part["ood"].pop("_scores"), out_dir / f"ood_{variant}.png",
-                                          part["ood"]["set"]))
-    importances = model.layer_importances()
-    if importances is not None:
-        files.append(plots.sharing_heatmap(*importances, out_dir / f"sharing_{variant}.png"))
-    return files
-
-
-def _write(out_dir: Path, report: dict[str, Any]) -> list[Path]:
-    json_path, md_path = out_dir / "eval.json", out_dir / "eval.md"
-    for part in report["weights"].values():
-        part.get("ood", {}).pop("_scores", None)
-    json_path.write_text(json.dumps(report, indent=2))
-    md_path.write_text(markdown(report))
-    return [json_path, md_path]
-
-
-def _fmt(value: float) -> str:
-    return "nan" if isinstance(value, float) and math.isnan(value) else f"{value:.4f}"
-
-
-def markdown(report: dict[str, Any]) -> str:
-    """The report as Markdown tables (what ``eval.md`` holds)."""
-    lines = [f"# Evaluation: {report['checkpoint'] or 'end of training'} (step {report['step']})", "",
-             f"method {report['method']}, {report['dataset']} {report['split']} split, "
-             f"{report['members']} of {report['num_members']} members", ""]
-    lines += [f"> {note}" for note in report["notes"]] + ([""] if report["notes"] else [])
-    keys = ("acc", "nll", "ece", "aece", "brier", "aurc")
-    for variant, part in report["weights"].items():
-        m = part["metrics"]
-        lines += [f"## {variant} weights ({int(m['num_samples'])} samples)", "",
-                  "| | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
-        rows = [("ensemble", "")] + [(f"member {i}", f"member{i}/") for i in range(report["members"])]
-        rows += [("mean of members", "member_mean/")] if report["members"] > 1 else []
-        for label, prefix in rows:
-            lines.append(f"| {label} | " + " | ".join(_fmt(m[prefix + k]) for k in keys) + " |")
-        lines += ["", f"disagreement {_fmt(m['disagreement'])}, mutual information {_fmt(m['mutual_information'])}, "
-                      f"predictive entropy {_fmt(m['entropy'])}"
-                  + (f", members on per feature {_fmt(part['sharing']['all'])}" if "sharing" in part else ""), ""]
-        lines += ["### Sub-ensembles", "", "| k | " + " | ".join(SUB_KEYS) + " | ms/image |",
-                  "|---:|" + "---:|" * (len(SUB_KEYS) + 1)]
-        for row in part["sub_ensembles"]:
-            lines.append(f"| {row['k']} | " + " | ".join(_fmt(row[k]) for k in SUB_KEYS)
-                         + f" | {row['ms_per_image']:.3f} |")
-        if "shift" in part:
-            lines += ["", "### Shift (acc / NLL / ECE)", "", "| corruption | " + " | ".join(
-                f"s{s}" for s in part["shift"]["mean"]) + " |", "|---|" + "---|" * len(part["shift"]["mean"])]
-            for name, by_sev in part["shift"].items():
-                lines.append(f"| {name} | " + " | ".join(
-                    " / ".join(_fmt(v[k]) for k in SHIFT_KEYS) for v in by_sev.values()) + " |")
-        if "ood" in part:
-            ood = part["ood"]
-            lines += ["", f"### OOD: {ood['set']} ({ood['num_out']} OOD vs {ood['num_in']} in-distribution, OOD "
-                          "positive)", "", "| score | AUROC | AUPR-in | AUPR-out | FPR@95TPR |",
-                      "|---|---:|---:|---:|---:|"]
-            for score in OOD_SCORES:
-                r = ood[score]
-                lines.append(f"| {score} | {_fmt(r['auroc'])} | {_fmt(r['aupr_in'])} | {_fmt(r['aupr_out'])} | "
-                             f"{_fmt(r['fpr95'])} |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def flat_metrics(report: dict[str, Any]) -> dict[str, float]:
-    """The report's numbers under MLflow-safe keys, ``eval/<split>/<variant>/…``."""
-    out: dict[str, float] = {}
-    for variant, part in report["weights"].items():
-        base = f"eval/{report['split']}/{variant}"
-        out |= {f"{base}/{k}": v for k, v in part["metrics"].items()}
-        for row in part["sub_ensembles"]:
-            out |= {f"{base}/k{row['k']}/{k}": row[k] for k in (*SUB_KEYS, "ms_per_image")}
-        for name, by_sev in part.get("shift", {}).items():
-            for severity, values in by_sev.items():
-                out |= {f"{base}/shift/{name}/s{severity}/{k}": v for k, v in values.items()}
-        if "ood" in part:
-            for score in OOD_SCORES:
-                out |= {f"{base}/ood_{part['ood']['set']}/{score}/{k}": v for k, v in part["ood"][score].items()}
-        if "sharing" in part:
-            out[f"{base}/sharing/members_on"] = part["sharing"]["all"]
-    return {k: float(v) for k, v in out.items()}
-
-
-def _log_mlflow(cfg: Config, run_id: str, report: dict[str, Any], files: list[Path], step: int,
-                checkpoint: Path | None) -> None:
-    """Metrics and files into the training run's MLflow run; a failure is a warning (the files are on disk)."""
-    from sigmanens_dist.training.tracking import default_tracking_uri
-
-    run_dir = checkpoint.parent.parent if checkpoint is not None else Path(cfg.run_dir)
-    uri = default_tracking_uri(run_dir, cfg.tracking.uri)
-    try:
-        from mlflow.entities import Metric
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(tracking_uri=uri)
-        now = int(time.time() * 1000)
-        metrics = [Metric(k, v, now, step) for k, v in flat_metrics(report).items()]
-        for i in range(0, len(metrics), 500):
-            client.log_batch(run_id, metrics=metrics[i: i + 500])
-        folder = "eval" if checkpoint is None else f"eval/{checkpoint.stem}"
-        for path in files:
-            client.log_artifact(run_id, str(path), artifact_path=folder)
-    except Exception as err:  # the evaluation is done and written; tracking must not undo that
-        log.warning("could not log the evaluation to MLflow run %s at %s (%s: %s); the files are in %s", run_id, uri,
-                    type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "", files[0].parent)

@@ -1,5 +1,5 @@
 """What ``sigmanens eval`` prints: the report for a person at a terminal of 100 columns. ``eval.md`` and
-``eval.json`` keep everything (:func:`sigmanens_dist.evaluation.run.markdown` writes the Markdown); here the shift
+``eval.json`` keep everything (:func:`sigmanens_dist.evaluation.report.markdown` writes the Markdown); here the shift
 scores are the mean over the corruptions per severity, the rest is as in the file, in tables that fit."""
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch  # after parsing: `sigmanens demo --help` answers without it
 
-    from sigmanens_dist.evaluation.metrics import reliability_diagrams
+    from sigmanens_dist.evaluation.plots import reliability_diagrams
 
     batch = load_config(args.config, args.overrides, check_data=False).train.batch_size
     if args.nproc < 1 or batch % args.nproc:

@@ -35,7 +35,7 @@ class EnsembleMethod(nn.Module):
     # model.member_batches when the config leaves it unset.
     default_member_batches: ClassVar[Literal["shared", "independent"]] = "shared"
     # What a study grid and `sigmanens compare` need to know (experiments/): whether M is one of the method's axes (a
-    # single model has none), whether τ and λ apply (the σ regulariser's L_div), and the method's own config keys
+    # single model has none), whether τ and λ apply (the σ regularizer's L_div), and the method's own config keys
     # (dotted key → short name): runs that set one away from its default are a variant of the method, which compare
     # keeps apart (Packed-Ensembles at α = 2 and α = 3 are two rows, not one).
     member_axis: ClassVar[bool] = True

@@ -1,5 +1,5 @@
 """FiLM-style ablation of σN-Ens: per-member norm layers (own statistics, own affine, as in FiLM's feature-wise
-affine modulation) with NO σ gate and NO diversity regulariser. It isolates what σ(γ) and ``L_div`` add.
+affine modulation) with NO σ gate and NO diversity regularizer. It isolates what σ(γ) and ``L_div`` add.
 
 It reuses the σ layers: the store is switched to ungated (``SigmaStore.gated = False``), so layers apply
 ``w_m ⊙ norm_m(x) + b_m``; γ columns stay in the flat parameter but are unused (zero gradient). Members converted
@@ -22,7 +22,7 @@ __all__ = ["FiLMEnsemble", "build", "convert_to_film_ensemble"]
 
 
 class FiLMEnsemble(SigmaEnsemble):
-    """A :class:`SigmaEnsemble` without gate or regulariser."""
+    """A :class:`SigmaEnsemble` without gate or regularizer."""
 
     name = "film"
     display = "FiLM ablation"

@@ -105,21 +105,21 @@ class SigmaEnsemble(EnsembleMethod):
         return self.sigma.gamma(regularized_only)
 
     def importances(self, regularized_only: bool = False) -> torch.Tensor:
-        """``σ(γ)`` of every converted layer (or only the regularised ones), ``(M, F)``."""
+        """``σ(γ)`` of every converted layer (or only the regularized ones), ``(M, F)``."""
         return torch.sigmoid(self.gamma(regularized_only))
 
     def diversity_loss(self, tau: float, normalize: str = "none") -> torch.Tensor:
-        """``L_div`` over all regularised layers in one op (multiply by λ yourself); ``normalize`` as in
+        """``L_div`` over all regularized layers in one op (multiply by λ yourself); ``normalize`` as in
         :func:`sigmanens_dist.sigma.regularizer.diversity_loss`."""
         return diversity_loss(self.gamma(), tau, normalize)
 
     def aux_loss(self, reg: Any) -> torch.Tensor:
-        """``reg.lam · L_div(reg.tau)``, normalised as ``reg.normalize`` says: the regulariser the training loss
+        """``reg.lam · L_div(reg.tau)``, normalised as ``reg.normalize`` says: the regularizer the training loss
         adds."""
         return reg.lam * self.diversity_loss(reg.tau, reg.normalize)
 
     def extra_metrics(self) -> dict[str, float]:
-        """The measured sharing, and the histogram of the regularised importances σ(γ) over
+        """The measured sharing, and the histogram of the regularized importances σ(γ) over
         :data:`IMPORTANCE_BINS` equal bins of [0, 1] (fractions of member × feature entries): logged at every
         evaluation, it is the trajectory that shows τ setting the sharing during training. None without gates (FiLM)."""
         sharing = self.sharing()
@@ -131,8 +131,8 @@ class SigmaEnsemble(EnsembleMethod):
                 **{f"sharing/hist/{i}": float(v) for i, v in enumerate(hist.tolist())}}
 
     def sharing(self, threshold: float = 0.5) -> dict[str, float] | None:
-        """Measured sharing: mean number of members "on" (σ(γ) > threshold) per feature, per regularised layer,
-        plus ``"all"`` over every regularised feature; None for an ungated store (FiLM: γ means nothing)."""
+        """Measured sharing: mean number of members "on" (σ(γ) > threshold) per feature, per regularized layer,
+        plus ``"all"`` over every regularized feature; None for an ungated store (FiLM: γ means nothing)."""
         if not self.sigma.gated:
             return None
         on = members_on(self.gamma(), threshold).float()

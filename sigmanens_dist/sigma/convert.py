@@ -153,7 +153,7 @@ def _match(names: list[str], patterns: Sequence[str], what: str) -> list[str]:
 
 def _layout(layers: list[tuple[str, SigmaNorm, nn.Module]], reg: set[str], m: int
             ) -> tuple[list[LayerSlot], int, int]:
-    """Columns: γ of regularised layers first (one contiguous ``(M, F)`` block), then other γ, then affines."""
+    """Columns: γ of regularized layers first (one contiguous ``(M, F)`` block), then other γ, then affines."""
     gamma_cols: dict[str, tuple[int, int]] = {}
     col = 0
     for want in (True, False):

@@ -1,4 +1,4 @@
-"""The σN-Ens diversity regulariser and the sharing it produces.
+"""The σN-Ens diversity regularizer and the sharing it produces.
 
 ``L_div(γ) = Σ_i Σ_m log softmax(σ(γ_{·,i}) / τ)_m`` over the ``(M, F)`` importance logits, to be **minimised**
 (λ is applied by the caller). Writing ``s = σ(γ_{·,i}) ∈ [0,1]^M``, one feature contributes
@@ -11,7 +11,7 @@ fixed init the number of members on grows with τ (see ``tests/test_regularizer.
 
 ``normalize`` sets what λ means. ``none`` (the sum above): the pull on each γ_{m,i} is O(1/τ) whatever M and F are,
 while a task loss *averaged* over members pulls each member's γ with 1/M of a single model's gradient, so at fixed λ
-the regulariser's weight against the task grows with M. ``members`` divides by M, which restores that balance for
+the regularizer's weight against the task grows with M. ``members`` divides by M, which restores that balance for
 ``train.member_loss=mean`` (with ``member_loss=sum`` use ``none``). ``mean`` divides by M·F: the value is then
 O(log M) for any network, but the pull on each γ shrinks as 1/F, so λ must grow with the number of features.
 """

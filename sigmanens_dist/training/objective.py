@@ -8,7 +8,7 @@ the shared weights. ``member_loss`` takes the reduction as a plain argument so a
 …) can ask for the one it needs.
 
 ``member_loss`` takes ``(B,)`` labels every member shares or ``(M·B,)`` member-major ones
-(``model.member_batches=independent``, see :class:`sigmanens_dist.methods.MemberStream`).
+(``model.member_batches=independent``, see :class:`sigmanens_dist.data.member_streams.MemberStream`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ __all__ = ["build_optimizer", "fast_weight_lr", "param_groups", "sigma_lr", "war
 def param_groups(model: nn.Module, weight_decay: float, sigma_lr: float | None = None,
                  fast_lr: float | None = None) -> list[dict[str, Any]]:
     """Weight decay on shared weights only: none on the σ store (by type: decaying γ would pull every importance to
-    σ(0)=½ and fight the regulariser), on plain norm layers, on biases, or on what a module names in its
+    σ(0)=½ and fight the regularizer), on plain norm layers, on biases, or on what a module names in its
     ``no_weight_decay()`` (timm ViT's ``pos_embed`` and ``cls_token``, as timm's optimizer factory does).
 
     ``sigma_lr`` (the peak rate × ``optim.sigma_lr_scale``) puts the σ store in a group of its own with that rate:

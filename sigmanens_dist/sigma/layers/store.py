@@ -1,13 +1,13 @@
 """The flat store: every σNorm parameter of every member in one ``nn.Parameter``.
 
 Why one tensor: the whole ensemble state (importances γ, member affines) then travels as a single gradient
-through DDP buckets, FSDP shards and ZeRO partitions, and the diversity regulariser is one op over one view.
+through DDP buckets, FSDP shards and ZeRO partitions, and the diversity regularizer is one op over one view.
 
 Layout of the parameter, shape ``(M, D)``, one row per member::
 
-    row m = [ γ of regularised layers | γ of other layers | weight, bias of layer 0 | weight, bias of layer 1 | … ]
+    row m = [ γ of regularized layers | γ of other layers | weight, bias of layer 0 | weight, bias of layer 1 | … ]
 
-so ``flat[:, :G_reg]`` is the ``(M, F)`` matrix the regulariser needs and ``flat[m]`` is member m's whole state.
+so ``flat[:, :G_reg]`` is the ``(M, F)`` matrix the regularizer needs and ``flat[m]`` is member m's whole state.
 During a forward pass of the ensemble (:meth:`SigmaStore.begin_pass`) every layer's gated affine ``σ(γ)·w, σ(γ)·b``
 comes from one gather, one sigmoid and one multiply over the whole store, split into per-layer contiguous ``(M·C,)``
 pieces (member-major: entry ``m·C + c``): a few kernels per pass instead of a few per layer, which is what a GPU pays

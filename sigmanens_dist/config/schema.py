@@ -1,0 +1,353 @@
+"""The run configuration's schema: typed sections checked by pydantic (``model``, ``train``, ``data``, …), their
+defaults and the checks between fields. Unknown keys are errors everywhere: a misspelt key must never silently train
+with the default instead."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from sigmanens_dist.config.model_section import ModelConfig, _cross_field, _Section
+from sigmanens_dist.data.datasets import DatasetName, resolve_root
+
+__all__ = ["CheckpointConfig", "Config", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig", "RegConfig",
+           "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig"]
+
+
+class RegConfig(_Section):
+    """The diversity regularizer: ``loss = task + lam * diversity(tau)``."""
+
+    tau: float = Field(0.5, gt=0, allow_inf_nan=False)
+    # 0.01 with τ = 0.5: the best measured recipe at the long budget (README "Long budget", docs/quality.md); 0 turns
+    # L_div off (τ then does nothing); with normalize=members use λ·M of an unnormalised λ
+    lam: float = Field(0.01, ge=0, allow_inf_nan=False, alias="lambda")
+    # L_div as the sum over members and features (none), / M (members) or / (M·F) (mean); see regularizer.py
+    normalize: Literal["none", "members", "mean"] = "none"
+    regularize: list[str] | None = None  # fnmatch patterns of σ layers the regularizer sees; None: all
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_spelling(cls, data: Any) -> Any:
+        """Without this, giving both would report the name as an 'unknown key', which misleads."""
+        if isinstance(data, dict) and "lam" in data and "lambda" in data:
+            raise _cross_field("lambda", "given twice, as reg.lam and as reg.lambda; keep one", data["lambda"])
+        return data
+
+
+class OptimConfig(_Section):
+    """The optimiser; ``lr`` is the peak rate after warm-up, for the global batch the recipe states."""
+
+    name: Literal["sgd", "adamw"] = "sgd"
+    lr: float = Field(0.1, gt=0, allow_inf_nan=False)
+    momentum: float = Field(0.9, ge=0, lt=1)  # SGD only
+    nesterov: bool = False  # SGD only
+    weight_decay: float = Field(5e-4, ge=0, allow_inf_nan=False)
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW only
+    # lr multiplier of the σ store (γ, member affines); num_members: M, which undoes the 1/M of a member-mean loss
+    sigma_lr_scale: float | Literal["num_members"] = "num_members"
+    # lr multiplier of BatchEnsemble's fast weights r, s (uncertainty-baselines: 0.5 for ResNet-32x4, 1 for WRN-28-10)
+    fast_weight_lr_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
+
+    @field_validator("sigma_lr_scale")
+    @classmethod
+    def _positive_scale(cls, scale: float | str) -> float | str:
+        if isinstance(scale, float) and not (math.isfinite(scale) and scale > 0):
+            raise ValueError("must be a finite number > 0 or 'num_members'")
+        return scale
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_unit_interval(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in betas):
+            raise ValueError("both betas must be in [0, 1)")
+        return betas
+
+    @model_validator(mode="after")
+    def _nesterov_needs_momentum(self) -> OptimConfig:
+        """torch.optim.SGD rejects this only when the optimiser is built, after the model and data are up."""
+        if self.name == "sgd" and self.nesterov and self.momentum == 0:
+            raise _cross_field("nesterov", "Nesterov SGD needs optim.momentum > 0", self.nesterov)
+        return self
+
+
+class ScheduleConfig(_Section):
+    """Learning-rate schedule over optimiser steps: linear warm-up, then cosine to ``min_lr_ratio * lr`` or flat."""
+
+    name: Literal["cosine", "constant"] = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+
+
+class TrainConfig(_Section):
+    """The step loop. Exactly one of ``epochs`` / ``max_steps`` gives the budget; ``batch_size`` is per rank."""
+
+    epochs: int | None = Field(1, ge=1)
+    max_steps: int | None = Field(None, ge=1)
+    batch_size: int = Field(128, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    # reduction of the member task losses over members (objective.py); None: the method's (sum for deep, else mean)
+    member_loss: Literal["mean", "sum"] | None = None
+    clip_grad: float | None = Field(None, gt=0, allow_inf_nan=False)
+    amp: Literal["none", "bf16", "fp16"] = "none"
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    ema_decay: float | None = Field(None, gt=0, lt=1)
+    eval_every_steps: int | None = Field(None, ge=1)  # None: at each epoch end (and at the end)
+    log_every_steps: int = Field(10, ge=1)
+    mixup_alpha: float = Field(0.0, ge=0, allow_inf_nan=False)
+    cutmix_alpha: float = Field(0.0, ge=0, allow_inf_nan=False)
+    randaugment: str | None = None  # a timm auto-augment string, e.g. "rand-m9-mstd0.5-inc1"
+    # torch.compile the model (not the DDP/FSDP wrapper); state-dict keys stay the same, so checkpoints are too
+    compile: bool = False
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"  # aot_eager: tracing without codegen
+    # recompute each block's activations in backward (timm set_grad_checkpointing, Hugging Face
+    # gradient_checkpointing_enable): activation memory of one block instead of all, for about one more forward
+    grad_checkpointing: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _given_max_steps_replaces_default_epochs(cls, data: Any) -> Any:
+        """A recipe that states ``max_steps`` need not also write ``epochs: null`` to drop the default budget."""
+        if isinstance(data, dict) and data.get("max_steps") is not None and "epochs" not in data:
+            data = {**data, "epochs": None}
+        return data
+
+    @model_validator(mode="after")
+    def _exactly_one_budget(self) -> TrainConfig:
+        if self.epochs is not None and self.max_steps is not None:
+            raise _cross_field("max_steps", f"set only one of train.epochs (here {self.epochs}) and train.max_steps; "
+                                            "set the other to null", self.max_steps)
+        if self.epochs is None and self.max_steps is None:
+            raise _cross_field("epochs", "set one of train.epochs and train.max_steps", None)
+        return self
+
+
+class DataConfig(_Section):
+    """Which dataset, in which on-disk format, from where; nothing is ever downloaded."""
+
+    dataset: DatasetName = "fashion_mnist"  # sigmanens_dist/data/datasets.py names them all
+    format: Literal["raw", "ffcv", "webdataset"] = "raw"  # raw: the dataset's native on-disk format
+    root: Path | None = None  # None: /usr/share/datasets/fashion-mnist for fashion_mnist; required otherwise
+    num_workers: int = Field(2, ge=0)
+    img_size: int | None = Field(None, ge=1)  # None: the dataset's native size
+    train_subset: int | None = Field(None, ge=1)  # only the first N train samples
+    val_subset: int | None = Field(None, ge=1)  # only the first N samples of the validation split
+    test_subset: int | None = Field(None, ge=1)  # only the first N samples of the test set (what `eval` scores)
+    # The validation split, carved from the training set (after train_subset) by a permutation drawn from the run's
+    # seed: a fraction in (0, 1) or a count ≥ 1. It is what the loop evaluates and what picks best.pt. 0 uses the
+    # test set as validation instead, and only with val_from_test: true (a warning is logged).
+    val_split: float | int = 0.1
+    val_from_test: bool = False
+    # The split is drawn from this seed, not from `seed`: runs of different seeds (and a Deep Ensemble's members,
+    # which read seed+k's data order) then validate on the same samples, as paired comparisons need.
+    split_seed: int = Field(0, ge=0)
+    max_length: int = Field(64, ge=8)  # text: tokens per sample, padded or truncated to it
+    # text: a local Hugging Face tokenizer folder (a pretrained backbone's own); None: <root>/tokenizer/, which a raw
+    # run trains (WordPiece, on the training sentences) when absent and `sigmanens data convert` writes
+    tokenizer: Path | None = None
+    # an unreadable sample or out-of-range label: stop naming it, or skip it and count it (logged data/bad_samples)
+    on_bad_sample: Literal["error", "skip"] = "error"
+
+    @field_validator("val_split", mode="before")
+    @classmethod
+    def _fraction_or_count(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError("must be a fraction in (0, 1), a count ≥ 1, or 0")
+        if isinstance(value, float) and value.is_integer() and value >= 1:
+            raise ValueError("a fraction must be < 1; write a count as an integer (e.g. 5000)")
+        if value < 0 or (isinstance(value, float) and not value < 1):
+            raise ValueError("must be a fraction in (0, 1), a count ≥ 1, or 0")
+        return value
+
+    @model_validator(mode="after")
+    def _honest_validation(self) -> DataConfig:
+        """The test set doubles as validation only when asked for (converted data: ``data.loaders`` checks the split
+        against the one recorded at conversion)."""
+        if self.val_split == 0 and not self.val_from_test:
+            raise _cross_field("val_split", "0 means validating on the test set; say so with "
+                                            "data.val_from_test=true, or carve a split (e.g. 0.1)", self.val_split)
+        if self.val_split != 0 and self.val_from_test:
+            raise _cross_field("val_from_test", f"true needs data.val_split=0 (got {self.val_split}): the "
+                                                "validation set is either carved or the test set", True)
+        return self
+
+    @model_validator(mode="after")
+    def _converted_data_is_what_was_written(self) -> DataConfig:
+        """Converted readers stream whole files: a subset asked for here would be silently ignored."""
+        for key in ("train_subset", "val_subset", "test_subset"):
+            if self.format != "raw" and getattr(self, key) is not None:
+                flag = {"val_subset": "--val-split"}.get(key, f"--{key.replace('_', '-')}")
+                raise _cross_field(key, f"applies to data.format=raw only: data.format={self.format} reads what "
+                                        f"`sigmanens data convert {flag} …` wrote; set it to null",
+                                   getattr(self, key))
+        return self
+
+    @model_validator(mode="after")
+    def _ffcv_cannot_skip(self) -> DataConfig:
+        if self.format == "ffcv" and self.on_bad_sample == "skip":
+            raise _cross_field("on_bad_sample", "FFCV decodes whole batches in compiled code and cannot skip one "
+                                                "sample; check the .beton when writing it, or use raw/webdataset",
+                               self.on_bad_sample)
+        return self
+
+
+class StrategyConfig(_Section):
+    """How the model is spread over ranks."""
+
+    name: Literal["ddp", "fsdp", "deepspeed"] = "ddp"
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl with CUDA, else gloo
+    # fsdp only: reshard each block's parameters after its forward (less memory, one more all-gather in backward)
+    fsdp_reshard_after_forward: bool | None = None  # None: true
+    fsdp_replicate: int | None = Field(None, ge=1)  # fsdp only: HSDP, replicas × shards mesh (None: 1, plain FSDP)
+    zero_stage: Literal[1, 2, 3] | None = None  # deepspeed only (None: 2)
+    deepspeed_config: Path | None = None  # deepspeed only: a JSON merged over the config built from this one
+
+    @model_validator(mode="after")
+    def _options_apply(self) -> StrategyConfig:
+        owners = {"fsdp_reshard_after_forward": "fsdp", "fsdp_replicate": "fsdp", "zero_stage": "deepspeed",
+                  "deepspeed_config": "deepspeed"}
+        for key, owner in owners.items():
+            if getattr(self, key) is not None and self.name != owner:
+                raise _cross_field(key, f"strategy.{key} applies to strategy.name={owner} only, not "
+                                        f"strategy.name={self.name}", getattr(self, key))
+        if self.name == "deepspeed":
+            import importlib.util
+
+            if importlib.util.find_spec("deepspeed") is None:
+                raise _cross_field("name", "DeepSpeed is not installed: pip install 'sigmanens-dist[deepspeed]'",
+                                   self.name)
+            if self.deepspeed_config is not None and not self.deepspeed_config.is_file():
+                raise _cross_field("deepspeed_config", "no such file", str(self.deepspeed_config))
+        return self
+
+
+class CheckpointConfig(_Section):
+    """When to checkpoint, how many to keep, and where to resume from."""
+
+    every_steps: int | None = Field(None, ge=1)  # None: at each epoch end
+    keep_last: int = Field(2, ge=1)
+    resume: str = Field("none", min_length=1)  # "none", "auto" (latest in run_dir) or a checkpoint path
+
+
+class TrackingConfig(_Section):
+    """MLflow; ``uri`` None means ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<run_dir parent>/mlflow.db``."""
+
+    enabled: bool = True
+    uri: str | None = None
+    experiment: str = Field("sigmanens", min_length=1)
+    run_name: str | None = None  # None: the run directory's name
+    # Nest this run under another (a study's parent run, `sigmanens study`); it is logged in the parent's experiment
+    parent_run_id: str | None = Field(None, min_length=1)
+
+
+class EvalConfig(_Section):
+    """``sigmanens eval`` run at the end of training (``at_end``), with these options (see docs/eval.md)."""
+
+    at_end: bool = False
+    split: Literal["test", "val"] = "test"
+    corruptions: list[str] = Field(default_factory=list)  # names from data.corruptions.CORRUPTIONS, or ["all"]
+    severities: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5])
+    ood: str | None = None  # an OOD set name (eval.ood_sets), e.g. digits for Fashion-MNIST, svhn for CIFAR
+    ood_root: Path | None = None  # where the OOD set's files are (svhn)
+    members: int | None = Field(None, ge=1)  # score the first K members (default: all)
+    sub_ensembles: bool = True  # also score k = 1..K-1 (one more pass of the eval set each; the M-scaling table)
+    imagenet_c: Path | None = None  # a pre-generated ImageNet-C folder: <dir>/<corruption>/<severity>/<class>/<img>
+    batch_size: int | None = Field(None, ge=1)  # None: train.batch_size
+
+    @field_validator("corruptions")
+    @classmethod
+    def _known_corruptions(cls, names: list[str]) -> list[str]:
+        if not names:
+            return names
+        from sigmanens_dist.data.corruptions import CORRUPTIONS, unknown  # only when asked for: it imports torch
+
+        bad = [n for n in names if n not in (*CORRUPTIONS, "all")]
+        if bad:
+            raise ValueError(unknown(bad))
+        return names
+
+    @field_validator("severities")
+    @classmethod
+    def _known_severities(cls, values: list[int]) -> list[int]:
+        bad = [v for v in values if v not in (1, 2, 3, 4, 5)]
+        if bad or not values:
+            raise ValueError(f"severities must be a non-empty list of 1..5, got {values}")
+        return values
+
+
+class Config(_Section):
+    """A whole run. Build it with :func:`load_config`, which also checks that the data is where the config says."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    reg: RegConfig = Field(default_factory=RegConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    strategy: StrategyConfig = Field(default_factory=StrategyConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    run_dir: Path = Path("runs/default")
+    seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _sharded_limits(self) -> Config:
+        """What the sharded strategies do not do (yet), refused before anything starts."""
+        if self.strategy.name == "deepspeed" and self.strategy.zero_stage == 3 and self.train.ema_decay is not None:
+            raise _cross_field("train.ema_decay", "EMA is not supported with ZeRO-3 (its parameters exist only "
+                                                  "while gathered); use strategy.zero_stage 1 or 2, strategy.name="
+                                                  "fsdp (a sharded EMA), or set it to null", self.train.ema_decay)
+        if self.strategy.name != "ddp" and self.train.amp == "fp16":
+            raise _cross_field("train.amp", f"fp16 loss scaling is not supported with strategy.name="
+                                            f"{self.strategy.name}; use bf16", self.train.amp)
+        return self
+
+    @model_validator(mode="after")
+    def _fast_weights_need_batch(self) -> Config:
+        if self.model.method != "batch" and self.optim.fast_weight_lr_scale != 1:
+            raise _cross_field("optim.fast_weight_lr_scale", "applies to model.method=batch only (its fast weights),"
+                                                             f" not {self.model.method!r}",
+                               self.optim.fast_weight_lr_scale)
+        return self
+
+    @model_validator(mode="after")
+    def _eval_members_exist(self) -> Config:
+        """Checked here so that eval.at_end cannot fail only after the whole training run."""
+        if self.eval.members is not None and self.eval.members > self.model.num_members:
+            raise _cross_field("eval.members", f"the model has only model.num_members={self.model.num_members} "
+                                               "members", self.eval.members)
+        return self
+
+    @model_validator(mode="after")
+    def _text_needs_text_model(self) -> Config:
+        """A text batch is a dict of token ids: image augmentations or a timm model would fail on it mid-start."""
+        text = self.data.dataset == "sst2"
+        if text != (self.model.source == "hf"):
+            raise _cross_field("model.source", f"data.dataset={self.data.dataset!r} needs model.source="
+                                               f"{'hf' if text else 'timm'}", self.model.source)
+        for key in ("mixup_alpha", "cutmix_alpha", "randaugment"):
+            if text and getattr(self.train, key):
+                raise _cross_field(f"train.{key}", "an image augmentation; set it to 0/null for text data",
+                                   getattr(self.train, key))
+        return self
+
+    def without_source_weights(self) -> Config:
+        """This config with the backbone built untrained (no ``model.pretrained`` read, no ``model.init_from``):
+        for a model whose weights come next from a checkpoint, or from rank 0 when wrapping broadcasts them.
+        Everything else, ``affine_init`` as resolved included, stays as it is."""
+        return self.model_copy(update={"model": self.model.model_copy(update={"pretrained": False,
+                                                                              "init_from": None})})
+
+    def data_root(self) -> Path | None:
+        """``data.root``, or the Debian package's folder for Fashion-MNIST; None for synthetic data or if unset."""
+        return resolve_root(self.data.dataset, self.data.root)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Loading
+
+# Set by an override, one of these pairs replaces the other even when the recipe sets it: `train.max_steps=50` on an
+# epochs recipe means "50 steps instead", not a both-set error.

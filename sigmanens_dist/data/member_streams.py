@@ -1,0 +1,85 @@
+"""Member-major train streams: when members read their own batches (``model.member_batches=independent``), M train
+streams, one per member, are read in lockstep and concatenated member-major, ``(M·B, …)``.
+
+Only the trainer uses them; the model is passed duck-typed (``num_members`` and its class's
+``default_member_batches``), since data/ sits below methods/.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from sigmanens_dist.data.loaders import MapStyleStream, build_data
+
+__all__ = ["MemberStream", "member_major", "member_train_stream"]
+
+log = logging.getLogger(__name__)
+
+
+def member_major(cfg: Any, model: Any) -> bool:
+    """Whether training batches are member-major (each member its own samples): ``model.member_batches``, or the
+    method's default when unset."""
+    choice = cfg.model.member_batches or type(model).default_member_batches
+    return choice == "independent" and model.num_members > 1
+
+
+def _head(x: Any, n: int) -> Any:
+    """The first ``n`` rows of an input tensor, or of every tensor of a tokenizer-style mapping."""
+    if isinstance(x, torch.Tensor):
+        return x[:n]
+    return type(x)({k: v[:n] if isinstance(v, torch.Tensor) else v for k, v in x.items()})
+
+
+class MemberStream:
+    """M train streams, one per member, read in lockstep and concatenated member-major: batch ``(M·B, …)``.
+
+    Member k's stream is the one a single run with ``seed = cfg.seed + k`` reads, so every member keeps its own
+    data order (and augmentation draws); all have the same length, and ``iter_epoch(epoch, start)`` replays like
+    the underlying streams do, so exact resume holds."""
+
+    def __init__(self, streams: list[Any]) -> None:
+        lengths = {len(s) for s in streams}
+        if len(lengths) != 1:
+            raise ValueError(f"member streams differ in length: {sorted(lengths)}")
+        self.streams = streams
+
+    def __len__(self) -> int:
+        return len(self.streams[0])
+
+    def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Any]:
+        for batches in zip(*(s.iter_epoch(epoch, start_batch) for s in self.streams), strict=True):
+            xs, ys = zip(*batches, strict=True)
+            size = min(len(y) for y in ys)
+            if size != max(len(y) for y in ys):
+                # data.on_bad_sample=skip dropped samples from some members' batches: a member-major batch needs
+                # equal member chunks, so every member gives up its last rows down to the shortest batch.
+                log.warning("member batches of %s samples after skipping bad ones: each member keeps %d",
+                            sorted(len(y) for y in ys), size)
+                xs = [_head(x, size) for x in xs]
+                ys = [y[:size] for y in ys]
+            if isinstance(xs[0], torch.Tensor):
+                x = torch.cat(xs)
+            else:
+                x = type(xs[0])({k: torch.cat([xi[k] for xi in xs]) for k in xs[0]})
+            yield x, torch.cat(ys)
+
+
+def member_train_stream(cfg: Any, env: Any, data: Any, model: Any) -> Any:
+    """``data`` with a member-major train stream when members get their own batches (``member_major``), else
+    ``data`` unchanged. Member 0 reuses ``data.train``; member k reads the stream of seed ``cfg.seed + k`` (a raw
+    dataset is shared by all members; a converted format gets one loader per member)."""
+    if not member_major(cfg, model):
+        return data
+
+    def stream(seed: int) -> Any:
+        if isinstance(data.train, MapStyleStream):
+            return MapStyleStream(data.train.dataset, cfg.train.batch_size, env, seed, data.train.num_workers)
+        return build_data(cfg.data, cfg.train.batch_size, seed, env, cfg.train.randaugment).train
+
+    streams = [data.train] + [stream(cfg.seed + k) for k in range(1, model.num_members)]
+    return replace(data, train=MemberStream(streams))

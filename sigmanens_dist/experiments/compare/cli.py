@@ -1,0 +1,67 @@
+"""``sigmanens compare``: one table and one set of plots from the runs in an MLflow store (sqlite or a server).
+
+    sigmanens compare --parent RUN_ID --uri sqlite:///runs/study-m-scaling/mlflow.db [--out DIR] [--reference single]
+    sigmanens compare --experiment sigmanens --uri http://127.0.0.1:5000
+
+Runs are grouped by grid point (method, M, τ, λ, step budget) and summarised over seeds as mean ± std; the
+difference to the reference method is paired by seed, with a 95% t interval, at equal epochs (the reference at the
+same budget) or at equal training compute (``--pair compute``: the reference whose images × members through the
+backbone are the same). Everything is read from what the trainer logs to MLflow: the params (the flattened config),
+the test-set evaluation (``eval/test/raw/*``, from ``eval.at_end`` or ``sigmanens eval``) or the final ``val/*``
+metrics, and the ``final/*`` extras. The table (Markdown and CSV, plus a CSV of every run) and the plots are logged
+back to the study's parent run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from sigmanens_dist.experiments.compare.records import PAIRINGS, SPLITS, CompareError, _client, load_runs
+from sigmanens_dist.experiments.compare.report import build_report, write_report
+
+__all__ = ["main"]
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="sigmanens compare", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--experiment", help="every run of this MLflow experiment (study parents excluded)")
+    which.add_argument("--parent", help="the child runs of this study parent run")
+    ap.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                    help="tracking URI, sqlite:///path/mlflow.db or http://host:port (default $MLFLOW_TRACKING_URI)")
+    ap.add_argument("--out", type=Path, help="where the table and plots go (default runs/compare-<parent|experiment>)")
+    ap.add_argument("--reference", help="the method differences are paired against (default single, else sigma)")
+    ap.add_argument("--pair", choices=list(PAIRINGS), default="epochs",
+                    help="; ".join(f"{k}: {v}" for k, v in PAIRINGS.items()))
+    ap.add_argument("--split", choices=list(SPLITS), default="auto",
+                    help="scores from the test-set evaluation or the validation split (auto: test when every run "
+                         "has it)")
+    args = ap.parse_args(argv)
+    if not args.uri:
+        print("error: give --uri (e.g. sqlite:///runs/study-m-scaling/mlflow.db) or set MLFLOW_TRACKING_URI",
+              file=sys.stderr)
+        return 2
+    out = args.out or Path("runs") / f"compare-{args.parent or args.experiment}"
+    try:
+        records, notes, parent = load_runs(args.uri, parent=args.parent, experiment=args.experiment)
+        files = write_report(records, notes, out, args.reference, pair=args.pair, split=args.split)
+    except CompareError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    from sigmanens_dist.experiments import terminal  # the table for a person; the files keep every column
+
+    print(terminal.render(build_report(records, args.reference, pair=args.pair, split=args.split), notes))
+    print()
+    print(terminal.written(out, files))
+    if parent is not None:
+        try:
+            _client(args.uri).log_artifacts(parent, str(out), "compare")
+            print(f"logged to the parent run {parent} under compare/")
+        except Exception as err:  # the report is on disk; a store that refuses artifacts only loses the copy
+            print(f"warning: could not log the report to the parent run {parent}: {err}", file=sys.stderr)
+    print(terminal.ui_lines(args.uri, _client(args.uri).get_run(records[0].run_id).info.experiment_id))
+    return 0
