@@ -7,6 +7,7 @@ and one at the end: ``train: 1200/6250 step (19%) 11.7 step/s ETA 7m12s | task=0
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import shlex
@@ -14,11 +15,12 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-__all__ = ["WIDTH", "LineProgress", "progress", "shell_command", "wrap"]
+__all__ = ["WIDTH", "LineProgress", "near", "progress", "shell_command", "text_console", "wrap"]
 
 WIDTH = 100  # what the project prints fits a 100-column terminal (tests/test_terminal_output.py)
 
@@ -113,3 +115,20 @@ def shell_command(words: list[str], prompt: str = "$ ") -> str:
             line = "    "
         line += word + " "
     return "\n".join([*lines, line.rstrip()])
+
+
+def text_console(width: int = WIDTH) -> tuple[Any, io.StringIO]:
+    """A rich console that renders plain text into a buffer at ``width`` columns (no colour, no wrapping of its own)."""
+    from rich.console import Console
+
+    buf = io.StringIO()
+    return Console(file=buf, width=width, color_system=None, force_terminal=False, soft_wrap=False,
+                   highlight=False, emoji=False), buf
+
+
+def near(path: Path) -> str:
+    """``path`` relative to the working directory when it is below it (shorter to read, same to type), else as is."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

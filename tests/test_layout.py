@@ -24,9 +24,7 @@ FLOORS = [
     ("cli",),
 ]
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
-# Known, to be fixed where the terminal output is owned: eval's summary borrows compare's terminal helpers (WIDTH,
-# _console, _near, display_name); they belong a floor down, beside progress.py.
-KNOWN_UPWARD = {"sigmanens_dist.evaluation.summary -> sigmanens_dist.experiments.terminal"}
+KNOWN_UPWARD: set[str] = set()  # none left: an entry here is a debt, named
 
 
 def _modules() -> dict[str, Path]:

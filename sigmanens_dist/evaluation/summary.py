@@ -11,7 +11,8 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
-from sigmanens_dist.experiments.terminal import WIDTH, _console, _near, display_name
+from sigmanens_dist.methods import display_name
+from sigmanens_dist.progress import WIDTH, near, text_console
 
 __all__ = ["summary", "written"]
 
@@ -39,8 +40,8 @@ def _wrap(text: str, indent: str = "") -> list[str]:
 def summary(report: dict[str, Any]) -> str:
     """The report within 100 columns: per weights (raw, EMA) the ensemble, its members and their mean, diversity,
     the sub-ensembles, the mean scores under shift per severity and the OOD scores."""
-    console, buf = _console(WIDTH)
-    where = _near(Path(report["checkpoint"])) if report["checkpoint"] else "end of training"
+    console, buf = text_console(WIDTH)
+    where = near(Path(report["checkpoint"])) if report["checkpoint"] else "end of training"
     head = _wrap(f"Evaluation of {where} (step {report['step']}): {display_name(report['method'])}, "
                  f"{report['members']} of {report['num_members']} members, {report['dataset']} "
                  f"{report['split']} split.")
@@ -85,4 +86,4 @@ def summary(report: dict[str, Any]) -> str:
 
 
 def written(out: Path) -> str:
-    return "\n".join(_wrap(f"Full report in {_near(out)}/: eval.json, eval.md and the plots", "  "))
+    return "\n".join(_wrap(f"Full report in {near(out)}/: eval.json, eval.md and the plots", "  "))

@@ -9,7 +9,6 @@ once, in the heading; methods go by the names people know (each method class's `
 
 from __future__ import annotations
 
-import io
 import math
 import shutil
 import sys
@@ -18,17 +17,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
-from sigmanens_dist.experiments.study import method_table
+from sigmanens_dist.progress import WIDTH, near, text_console
 
 if TYPE_CHECKING:
     from sigmanens_dist.experiments.compare import Group, _Report
 
 __all__ = ["FEW", "WIDTH", "display_name", "human", "render", "ui_lines", "written"]
 
-WIDTH = 100  # the widest line printed
 FEW = 4  # up to this many configurations: metrics as rows, configurations as columns
 
 # (heading, [(column of the report, label)]): the rows of the few-configurations layout, in order. A direction says
@@ -50,9 +47,10 @@ PAIRED_AT = {"epochs": "at equal epochs", "compute": "at equal training compute"
 
 
 def display_name(method: str) -> str:
-    """``sigma`` → ``σN-Ens``: the method table's display name, or the key for a method this version does not know."""
-    spec = method_table().get(method)
-    return spec.display if spec is not None and spec.display else method
+    """:func:`sigmanens_dist.methods.display_name`, imported on first use (methods import torch; --help does not)."""
+    from sigmanens_dist.methods import display_name as name
+
+    return name(method)
 
 
 def human(x: float) -> str:
@@ -134,12 +132,6 @@ def _heading(report: _Report) -> list[str]:
     return textwrap.wrap(text, WIDTH)
 
 
-def _console(width: int) -> tuple[Console, io.StringIO]:
-    buf = io.StringIO()
-    return Console(file=buf, width=width, color_system=None, force_terminal=False, soft_wrap=False,
-                   highlight=False, emoji=False), buf
-
-
 def _few(report: _Report) -> Table:
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold", expand=False)
     table.add_column("", no_wrap=True)
@@ -180,7 +172,7 @@ def _many(report: _Report) -> Table:
 def render(report: _Report, notes: list[str]) -> str:
     """The comparison as printed: heading, table, incomplete children, the warning on selecting by test scores."""
     width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns) if sys.stdout.isatty() else WIDTH
-    console, buf = _console(width)
+    console, buf = text_console(width)
     few = len(report.groups) <= FEW
     lines = _heading(report)
     if not few:
@@ -199,19 +191,11 @@ def render(report: _Report, notes: list[str]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _near(path: Path) -> str:
-    """``path`` relative to the working directory when it is below it (shorter to read, same to type), else as is."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
 def written(out: Path, files: list[Path]) -> str:
     """Where the files are: the folder, then the names in it."""
     tables = [p.name for p in files if p.suffix in (".md", ".csv")]
     plots = [p.name for p in files if p.suffix == ".png"]
-    text = f"Full table (every column) and plots in {_near(out)}/: " + ", ".join(tables)
+    text = f"Full table (every column) and plots in {near(out)}/: " + ", ".join(tables)
     text += f"; plots: {', '.join(plots)}" if plots else ""
     return textwrap.fill(text, WIDTH, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
 
@@ -222,7 +206,7 @@ def ui_lines(uri: str, experiment_id: str) -> str:
     from sigmanens_dist.training.tracking import ui_hint
 
     if uri.startswith("sqlite:///"):
-        uri = "sqlite:///" + _near(Path(uri.removeprefix("sqlite:///")))
+        uri = "sqlite:///" + near(Path(uri.removeprefix("sqlite:///")))
     first, *rest = ui_hint(uri, experiment_id).split("  ")
     if rest and ": " in first:  # "MLflow UI: mlflow ui …": the command on a line of its own
         title, command = first.split(": ", 1)

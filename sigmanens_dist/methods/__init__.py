@@ -34,8 +34,19 @@ from sigmanens_dist.methods.packed import PackedEnsemble
 from sigmanens_dist.methods.sigma import SigmaEnsemble
 from sigmanens_dist.methods.single import SingleModel
 
-__all__ = ["METHODS", "METHOD_NAMES", "EnsembleMethod", "Inputs", "build_method", "call_backbone",
-           "logits_of", "map_tensors", "member_chunks", "method_module"]
+__all__ = [
+    "METHODS",
+    "METHOD_NAMES",
+    "EnsembleMethod",
+    "Inputs",
+    "build_method",
+    "call_backbone",
+    "display_name",
+    "logits_of",
+    "map_tensors",
+    "member_chunks",
+    "method_module",
+]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +55,12 @@ log = logging.getLogger(__name__)
 METHODS: dict[str, type[EnsembleMethod]] = {cls.name: cls for cls in (
     SigmaEnsemble, SingleModel, DeepEnsemble, BatchEnsemble, PackedEnsemble, FiLMEnsemble)}
 METHOD_NAMES = tuple(METHODS)
+
+
+def display_name(method: str) -> str:
+    """``sigma`` → ``σN-Ens``: the name people know a method by, or the key for a method this version does not know."""
+    cls = METHODS.get(method)
+    return cls.display if cls is not None and cls.display else method
 
 
 def method_module(name: str) -> Any:
