@@ -22,13 +22,13 @@ from rich.console import Console
 from rich.table import Table
 
 from sigmanens_dist.experiments.study import method_table
+from sigmanens_dist.progress import WIDTH, wrap
 
 if TYPE_CHECKING:
     from sigmanens_dist.experiments.compare import Group, _Report
 
 __all__ = ["FEW", "WIDTH", "display_name", "human", "render", "ui_lines", "written"]
 
-WIDTH = 100  # the widest line printed
 FEW = 4  # up to this many configurations: metrics as rows, configurations as columns
 
 # (heading, [(column of the report, label)]): the rows of the few-configurations layout, in order. A direction says
@@ -98,16 +98,12 @@ def _value(report: _Report, g: Group, column: str, *, std: bool = True) -> str:
 def _diff(report: _Report, g: Group, column: str) -> str:
     """``+0.0200 ± 0.0100``: the paired difference and the half width of its 95% t interval (one seed: no interval);
     ``—`` for the reference itself, blank where nothing pairs."""
-    from sigmanens_dist.experiments.compare import paired_difference
-
     if g.method == report.reference and report.reference_of(g) is None:
         return "—"
-    ref = report.reference_of(g)
-    if ref is None:
+    diff = report.difference(g, column)
+    if diff is None:
         return ""
-    mean, lo, hi, n = paired_difference(g, ref, column)
-    if n == 0:
-        return ""
+    mean, lo, hi, n = diff
     return f"{mean:+.4f}" + (f" ± {(hi - lo) / 2:.4f}" if n > 1 and not math.isnan(hi - lo) else "")
 
 
@@ -213,7 +209,7 @@ def written(out: Path, files: list[Path]) -> str:
     plots = [p.name for p in files if p.suffix == ".png"]
     text = f"Full table (every column) and plots in {_near(out)}/: " + ", ".join(tables)
     text += f"; plots: {', '.join(plots)}" if plots else ""
-    return textwrap.fill(text, WIDTH, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+    return wrap(text)
 
 
 def ui_lines(uri: str, experiment_id: str) -> str:
