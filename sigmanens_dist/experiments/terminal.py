@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from rich import box
 from rich.table import Table
 
-from sigmanens_dist.progress import WIDTH, near, text_console
+from sigmanens_dist.progress import WIDTH, near, text_console, wrap
 
 if TYPE_CHECKING:
     from sigmanens_dist.experiments.compare import Group, _Report
@@ -96,16 +96,12 @@ def _value(report: _Report, g: Group, column: str, *, std: bool = True) -> str:
 def _diff(report: _Report, g: Group, column: str) -> str:
     """``+0.0200 ± 0.0100``: the paired difference and the half width of its 95% t interval (one seed: no interval);
     ``—`` for the reference itself, blank where nothing pairs."""
-    from sigmanens_dist.experiments.compare import paired_difference
-
     if g.method == report.reference and report.reference_of(g) is None:
         return "—"
-    ref = report.reference_of(g)
-    if ref is None:
+    diff = report.difference(g, column)
+    if diff is None:
         return ""
-    mean, lo, hi, n = paired_difference(g, ref, column)
-    if n == 0:
-        return ""
+    mean, lo, hi, n = diff
     return f"{mean:+.4f}" + (f" ± {(hi - lo) / 2:.4f}" if n > 1 and not math.isnan(hi - lo) else "")
 
 
@@ -197,7 +193,7 @@ def written(out: Path, files: list[Path]) -> str:
     plots = [p.name for p in files if p.suffix == ".png"]
     text = f"Full table (every column) and plots in {near(out)}/: " + ", ".join(tables)
     text += f"; plots: {', '.join(plots)}" if plots else ""
-    return textwrap.fill(text, WIDTH, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+    return wrap(text)
 
 
 def ui_lines(uri: str, experiment_id: str) -> str:

@@ -102,14 +102,21 @@ class _Report:
         ref = reference_for(group, self.groups, self.reference, self.pair)
         return None if ref is group else ref
 
+    def difference(self, group: Group, column: str) -> tuple[float, float, float, int] | None:
+        """The paired difference against the group's reference (mean, 95% interval, pairs), or None where nothing
+        pairs: what the file's table and the terminal summary both print, each in its own format."""
+        ref = self.reference_of(group)
+        if ref is None:
+            return None
+        diff = paired_difference(group, ref, column)
+        return diff if diff[3] else None
+
 
 def _diff_cell(report: _Report, group: Group, column: str) -> str:
-    ref = report.reference_of(group)
-    if ref is None:
+    diff = report.difference(group, column)
+    if diff is None:
         return ""
-    mean, lo, hi, n = paired_difference(group, ref, column)
-    if n == 0:
-        return ""
+    mean, lo, hi, n = diff
     return f"{mean:+.4f}" + (f" [{lo:+.4f}, {hi:+.4f}]" if n > 1 else " (1 seed)")
 
 
