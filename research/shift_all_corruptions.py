@@ -53,7 +53,7 @@ def score(run: Path, test_subset: int) -> Path:
     if (out / "eval.json").is_file():
         return out / "eval.json"
     cmd = ["nice", "-n", os.environ.get("SIGMANENS_REPRO_NICE", "19"), sys.executable, "-m",
-           "sigmanens_dist.evaluation.cli", "--checkpoint", str(run), "--data", f"test_subset={test_subset}",
+           "sigmanens_dist.cli", "eval", "--checkpoint", str(run), "--data", f"test_subset={test_subset}",
            "--corruptions", "all", "--severities", ",".join(SEVERITIES), "--no-sub-ensembles", "--no-mlflow",
            "--out", str(out)]
     begin = time.time()

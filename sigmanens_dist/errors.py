@@ -8,9 +8,11 @@ subclasses keep the built-in types callers already catch.
 
 from __future__ import annotations
 
-__all__ = ["EXIT_USAGE", "MissingPathError", "RunExistsError", "UsageError"]
+__all__ = ["EXIT_USAGE", "USAGE_MARKER", "MissingPathError", "RunExistsError", "UsageError"]
 
 EXIT_USAGE = 2  # argparse's status for a bad command line: the same contract for a bad config
+# in a run directory, the refusal of the last attempt: batch scripts (slurm/common.sh) read it and do not requeue
+USAGE_MARKER = "usage_error.txt"
 
 
 class UsageError(ValueError):

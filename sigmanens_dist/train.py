@@ -32,13 +32,12 @@ from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.data.member_streams import member_major, member_train_stream
 from sigmanens_dist.distributed.env import DistEnv, all_gather_object, init_distributed
 from sigmanens_dist.distributed.strategies import build_strategy, strategy_options
-from sigmanens_dist.errors import RunExistsError, UsageError
+from sigmanens_dist.errors import USAGE_MARKER, RunExistsError, UsageError
 from sigmanens_dist.evaluation.metrics import EnsembleMetrics
 from sigmanens_dist.evaluation.plots import reliability_diagram
 from sigmanens_dist.methods import map_tensors
 from sigmanens_dist.models import build_model
 from sigmanens_dist.progress import progress
-from sigmanens_dist.train_cli import USAGE_MARKER, main
 from sigmanens_dist.training.checkpoint import CheckpointManager, capture_rng, resolve_checkpoint, restore_rng
 from sigmanens_dist.training.ema import build_ema
 from sigmanens_dist.training.objective import loss_reduction, member_loss
@@ -53,7 +52,7 @@ from sigmanens_dist.training.preemption import (
 from sigmanens_dist.training.resume import BatchLayout, check_same_run
 from sigmanens_dist.training.tracking import Tracker, git_commit
 
-__all__ = ["USAGE_MARKER", "Position", "Trainer", "fit", "main", "run"]
+__all__ = ["USAGE_MARKER", "Position", "Trainer", "fit", "run"]
 
 log = logging.getLogger("sigmanens")
 
@@ -448,7 +447,8 @@ def _setup_logging(env: DistEnv) -> None:
 
 
 def fit(cfg: Config) -> int:
-    """Build the trainer for a checked config and train (``train_cli.main``, which reports a :class:`UsageError`)."""
+    """Build the trainer for a checked config and train (:func:`sigmanens_dist.cli.train.main` reports a
+    :class:`UsageError`)."""
     try:
         trainer = Trainer(cfg)
     except SETUP_REFUSALS as err:  # the project's convention for bad input; SIGMANENS_TRACEBACK=1 shows where
@@ -469,5 +469,17 @@ def shutdown() -> None:
 SETUP_REFUSALS = (ValueError, FileNotFoundError, FileExistsError)
 
 
-if __name__ == "__main__":
+def __getattr__(name: str) -> object:
+    if name == "main":  # the command's parser moved to sigmanens_dist.cli.train (0.3); this name stays one release
+        from sigmanens_dist.cli.train import main
+
+        warnings.warn("sigmanens_dist.train.main moved to sigmanens_dist.cli.train.main", DeprecationWarning,
+                      stacklevel=2)
+        return main
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if __name__ == "__main__":  # torchrun -m sigmanens_dist.train; the parser is sigmanens_dist.cli.train's
+    from sigmanens_dist.cli.train import main
+
     sys.exit(main())

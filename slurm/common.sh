@@ -103,7 +103,7 @@ _sm_root() { echo "${SIGMANENS_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}"; }
 # The trainer's own validation of the recipe $1 with the overrides after it: nothing on success, its problems (one
 # line each) on stderr and status 2 otherwise. Cheap: no data, model or process group is built.
 _sm_validate() {
-  "${SIGMANENS_PYTHON:-python}" -m sigmanens_dist.train_cli --check --config "$@" >/dev/null  # imports no torch
+  "${SIGMANENS_PYTHON:-python}" -m sigmanens_dist.cli train --check --config "$@" >/dev/null  # imports no torch
 }
 
 # Submit mode of a batch script run with bash instead of sbatch: `bash SCRIPT [sbatch options --] [overrides]`

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import io
 import re
+import runpy
 import shlex
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,15 +124,14 @@ def test_commands_in_code_blocks_parse(page: Path, words: list[str], monkeypatch
     from sigmanens_dist.config import load_config
 
     words = ["1" if w.startswith("$") else w for w in words]  # $SLURM_ARRAY_TASK_ID: a value at run time
-    if words[0] == "sigmanens":
-        main, argv = importlib.import_module("sigmanens_dist.cli").main, words[1:]
-    else:
-        main, argv = importlib.import_module(words[0]).main, words[1:]
+    module = "sigmanens_dist.cli" if words[0] == "sigmanens" else words[0]  # the console script runs cli's main
+    monkeypatch.setattr(sys, "argv", [module, *words[1:]])
     _parse_only(monkeypatch)
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            status = main(argv)
+        try:  # as `python -m module` runs it: its __main__ block (or a package's __main__.py)
+            runpy.run_module(module, run_name="__main__")
+            status = 0
         except _Parsed as parsed:
             ns = parsed.namespace
             overrides = [o for o in getattr(ns, "overrides", None) or [] if "=" in o and "<" not in o]

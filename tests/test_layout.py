@@ -1,10 +1,19 @@
 """The package's layout (docs/architecture.md "Layout"): each floor imports only the floors below it, and nothing
-under evaluation/ or experiments/ reaches into σN-Ens internals except through the methods interface."""
+under evaluation/ or experiments/ reaches into σN-Ens internals except through the methods interface.
+
+Entry points are not dependencies: a ``__main__.py``, an ``if __name__ == "__main__":`` block (``python -m
+sigmanens_dist.train`` runs the parser in cli/) and a module ``__getattr__`` that serves a moved name for one release
+may import from any floor; so may the modules kept one release under an old path (:data:`DEPRECATED_ALIASES`).
+"""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import sys
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "sigmanens_dist"
 
@@ -25,6 +34,10 @@ FLOORS = [
 ]
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
 KNOWN_UPWARD: set[str] = set()  # none left: an entry here is a debt, named
+# old module paths kept for one release: each warns on import and re-exports its new home under cli/
+DEPRECATED_ALIASES = {"sigmanens_dist.train_cli": "sigmanens_dist.cli.train",
+                      "sigmanens_dist.evaluation.cli": "sigmanens_dist.cli.eval",
+                      "sigmanens_dist.experiments.demo": "sigmanens_dist.cli.demo"}
 
 
 def _modules() -> dict[str, Path]:
@@ -38,7 +51,8 @@ def _modules() -> dict[str, Path]:
 def _imports(name: str, path: Path, *, top_level_only: bool) -> set[str]:
     """The sigmanens_dist modules ``name`` imports (every import, or only those run when it is imported)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    body = [n for n in tree.body if not _entry_point(n)]
+    nodes = body if top_level_only else [n for top in body for n in ast.walk(top)]
     out = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in nodes:
@@ -55,6 +69,13 @@ def _imports(name: str, path: Path, *, top_level_only: bool) -> set[str]:
     return out
 
 
+def _entry_point(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` or a module ``__getattr__`` (a moved name served for one release)."""
+    if isinstance(node, ast.FunctionDef):
+        return node.name == "__getattr__"
+    return isinstance(node, ast.If) and ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"'
+
+
 def _floor(module: str) -> int | None:
     parts = module.split(".")
     return FLOOR.get(parts[1]) if len(parts) > 1 else None
@@ -68,7 +89,7 @@ def test_no_import_runs_back_up_a_floor() -> None:
     modules = _modules()
     upward = []
     for name, path in modules.items():
-        if name == "sigmanens_dist":
+        if name == "sigmanens_dist" or name.endswith(".__main__") or name in DEPRECATED_ALIASES:
             continue
         for target in _imports(name, path, top_level_only=False):
             if target in modules and _floor(target) is not None and _floor(target) > _floor(name):
@@ -115,3 +136,19 @@ def test_sigma_internals_only_through_the_methods_interface() -> None:
             text = path.read_text(encoding="utf-8")
             reaching += [f"{name}: {word}" for word in ("SigmaStore", "SigmaEnsemble") if word in text]
     assert reaching == []
+
+
+def test_every_parser_lives_in_cli() -> None:
+    """One place for command lines: argparse is used under cli/ only."""
+    outside = [name for name, path in _modules().items()
+               if ".cli" not in name and "ArgumentParser(" in path.read_text(encoding="utf-8")]
+    assert outside == []
+
+
+@pytest.mark.parametrize("old", sorted(DEPRECATED_ALIASES))
+def test_deprecated_aliases_warn_and_re_export(old: str) -> None:
+    new = importlib.import_module(DEPRECATED_ALIASES[old])
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to {new.__name__}"):
+        alias = importlib.import_module(old)
+    assert alias.main is new.main

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from sigmanens_dist.cli.eval import main as eval_main
+from sigmanens_dist.cli.train import main
 from sigmanens_dist.config import load_config
-from sigmanens_dist.evaluation.cli import main as eval_main
 from sigmanens_dist.models import build_model, enable_grad_checkpointing
-from sigmanens_dist.train import main
 from tests.helpers import REPO, SYNTHETIC, TINY_VIT, env, final_state, losses, run_train, torchrun
 
 BASE = [*TINY_VIT, *SYNTHETIC, "optim.name=sgd", "optim.lr=0.05", "train.max_steps=3", "train.log_every_steps=1",

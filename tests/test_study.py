@@ -17,6 +17,8 @@ import pytest
 import yaml
 from scipy import stats
 
+from sigmanens_dist.cli.compare import main as compare_main
+from sigmanens_dist.cli.study import main as study_main
 from sigmanens_dist.experiments.compare import (
     CompareError,
     RunRecord,
@@ -27,7 +29,6 @@ from sigmanens_dist.experiments.compare import (
     select_split,
     write_report,
 )
-from sigmanens_dist.experiments.compare import main as compare_main
 from sigmanens_dist.experiments.study import (
     StudyError,
     _command,
@@ -36,7 +37,6 @@ from sigmanens_dist.experiments.study import (
     run_one,
     write_definition,
 )
-from sigmanens_dist.experiments.study import main as study_main
 from tests.helpers import REPO, SYNTHETIC, TINY_VIT, free_port
 
 mlflow = pytest.importorskip("mlflow")

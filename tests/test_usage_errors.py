@@ -83,7 +83,7 @@ def test_eval_and_export_take_a_run_directory(ddp_run: Path, tmp_path: Path) -> 
 
 
 def test_export_errors_are_one_line(ddp_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from sigmanens_dist.export import main
+    from sigmanens_dist.cli.export import main
 
     assert main([str(ddp_run), str(tmp_path / "m.pt"), "--member", "7"]) == 2
     err = capsys.readouterr().err

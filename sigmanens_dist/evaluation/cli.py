@@ -1,132 +1,14 @@
-"""``sigmanens eval --checkpoint CKPT [options]``: score a checkpoint on its held-out test set (see docs/eval.md).
+"""Deprecated since 0.3: the ``sigmanens eval`` parser is :mod:`sigmanens_dist.cli.eval`; this module
+re-exports it for one release (``python -m sigmanens_dist.evaluation.cli`` still runs it)."""
 
-    sigmanens eval --checkpoint runs/x/checkpoints/best.pt
-    sigmanens eval --checkpoint best.pt --corruptions all --severities 1-5 --ood digits --members 2
-    sigmanens eval --checkpoint best.pt --data root=/data/cifar10 --ood svhn --ood-root /data/svhn
-
-Writes eval.json, eval.md and PNG plots into --out (default: eval_<checkpoint name>/ beside the checkpoint) and logs
-them to the MLflow run that wrote the checkpoint. Under torchrun every rank scores its share of each pass (every
-sample exactly once) and rank 0 writes the report:
-
-    torchrun --nproc_per_node 8 -m sigmanens_dist.evaluation.cli --checkpoint best.pt --corruptions all
-"""
-
-from __future__ import annotations
-
-import argparse
-import logging
-import os
 import sys
-from collections.abc import Sequence
-from pathlib import Path
+import warnings
 
-from sigmanens_dist.data.corruption_table import CORRUPTIONS, SEVERITIES, unknown
+from sigmanens_dist.cli.eval import main, parse_corruptions, parse_severities
 
 __all__ = ["main", "parse_corruptions", "parse_severities"]
 
-
-def parse_severities(text: str) -> list[int]:
-    """``1-5``, ``3`` or ``1,3,5``; an error naming the allowed values otherwise."""
-    try:
-        if "-" in text:
-            lo, hi = (int(v) for v in text.split("-", 1))
-            values = list(range(lo, hi + 1))
-        else:
-            values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or any(v not in SEVERITIES for v in values):
-        raise ValueError(f"--severities {text!r}: give severities in 1..5 as a range (1-5) or a list (1,3,5)")
-    return values
-
-
-def parse_corruptions(text: str | None) -> list[str]:
-    """``all`` or comma-separated names from :data:`CORRUPTIONS`."""
-    if text is None:
-        return []
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in (*CORRUPTIONS, "all")]
-    if bad or not names:
-        raise ValueError(f"--corruptions {text!r}: {unknown(bad)}")
-    return ["all"] if "all" in names else names
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="sigmanens eval", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", type=Path, required=True,
-                    help="step_N.pt / best.pt or a step folder of a training run, or its run directory (its best "
-                         "checkpoint, else its newest)")
-    ap.add_argument("--data", nargs="+", default=[], metavar="KEY=VALUE",
-                    help="overrides of the checkpoint's data config, e.g. root=/data/cifar10 test_subset=1000")
-    ap.add_argument("--split", choices=["test", "val"], default="test")
-    ap.add_argument("--corruptions", help=f"all, or a comma-separated subset of: {', '.join(CORRUPTIONS)}")
-    ap.add_argument("--severities", default="1-5", help="1-5, or a list such as 1,3,5 (default 1-5)")
-    ap.add_argument("--imagenet-c", type=Path, help="a pre-generated ImageNet-C folder (corruption/severity/class)")
-    ap.add_argument("--ood", help="OOD set: digits (Fashion-MNIST models), svhn (CIFAR models)")
-    ap.add_argument("--ood-root", type=Path, help="folder of the OOD set's files (svhn: test_32x32.mat)")
-    ap.add_argument("--members", type=int, help="score the first K members (default: all M)")
-    ap.add_argument("--no-sub-ensembles", action="store_true",
-                    help="score only the K-member ensemble, not k = 1..K-1 (each is one more pass of the eval set)")
-    ap.add_argument("--batch-size", type=int, help="default: the run's train.batch_size")
-    ap.add_argument("--out", type=Path, help="output folder (default: eval_<checkpoint name>/ beside it)")
-    ap.add_argument("--no-mlflow", action="store_true", help="do not log to the run's MLflow run")
-    ap.add_argument("--device", help="default: cuda if available, else cpu; one process only (under torchrun each "
-                                      "rank uses its own: cuda:LOCAL_RANK or cpu)")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    try:
-        return _run(args)
-    except (ValueError, FileNotFoundError, RuntimeError, TypeError) as err:
-        print(f"sigmanens eval: error: {err}", file=sys.stderr)
-        return 2
-
-
-def _run(args: argparse.Namespace) -> int:
-    import torch  # here, not at the top: `sigmanens eval --help` answers without it
-
-    from sigmanens_dist.config import EvalConfig
-    from sigmanens_dist.evaluation.load import load_for_eval
-    from sigmanens_dist.evaluation.run import check_options, run_eval
-    from sigmanens_dist.training.checkpoint import resolve_checkpoint
-
-    # Everything that can be checked without the checkpoint first, then the checkpoint, then the rest: all before
-    # the first forward pass.
-    corruptions = parse_corruptions(args.corruptions)
-    severities = parse_severities(args.severities)
-    if args.members is not None and args.members < 1:
-        raise ValueError(f"--members {args.members}: must be ≥ 1")
-    overrides = [kv if kv.startswith("data.") else f"data.{kv}" for kv in args.data]
-    checkpoint, which = resolve_checkpoint(args.checkpoint, "--checkpoint")
-    logging.getLogger("sigmanens").info("evaluating %s", which)
-    loaded = load_for_eval(checkpoint, overrides)
-    cfg = loaded.cfg
-    if args.no_mlflow:
-        cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"enabled": False})})
-    options = EvalConfig(split=args.split, corruptions=corruptions, severities=severities, ood=args.ood,
-                         ood_root=args.ood_root, members=args.members, sub_ensembles=not args.no_sub_ensembles,
-                         batch_size=args.batch_size, imagenet_c=args.imagenet_c)
-    check_options(cfg, loaded.model, options)
-    env = None
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched by torchrun: shard every pass over the ranks
-        from sigmanens_dist.distributed.env import init_distributed
-
-        env = init_distributed()
-    device = env.device if env is not None else torch.device(
-        args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model = loaded.model.to(device)
-    ema = loaded.ema.to(device) if loaded.ema is not None else None
-    out = args.out or checkpoint.parent / f"eval_{checkpoint.stem}"
-    report = run_eval(cfg, model, ema, options, out_dir=out, run_id=loaded.run_id, step=loaded.step,
-                      checkpoint=checkpoint.resolve(), env=env)
-    if env is None or env.is_main:
-        from sigmanens_dist.evaluation.summary import summary, written  # eval.md keeps every table
-
-        print(summary(report))
-        print()
-        print(written(out))
-    return 0
-
+warnings.warn("sigmanens_dist.evaluation.cli moved to sigmanens_dist.cli.eval", DeprecationWarning, stacklevel=2)
 
 if __name__ == "__main__":
     sys.exit(main())

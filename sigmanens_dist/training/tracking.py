@@ -260,21 +260,9 @@ def set_status(run_dir: Path, status: str) -> str | None:
     return run_id
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m sigmanens_dist.training.tracking set-status RUN_DIR STATUS`` (slurm/common.sh, on giving up)."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m sigmanens_dist.training.tracking")
-    ap.add_argument("command", choices=["set-status"])
-    ap.add_argument("run_dir", type=Path)
-    ap.add_argument("status", choices=["FAILED", "KILLED", "FINISHED"])
-    args = ap.parse_args(argv)
-    run_id = set_status(args.run_dir, args.status)
-    print(f"MLflow run {run_id}: {args.status}" if run_id else f"{args.run_dir}: no MLflow run recorded")
-    return 0
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # the entry point the Slurm scripts run; the parser is sigmanens_dist.cli.tracking's
     import sys
+
+    from sigmanens_dist.cli.tracking import main
 
     sys.exit(main())

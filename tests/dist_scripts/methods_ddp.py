@@ -13,8 +13,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from sigmanens_dist.cli.eval import main as eval_main
 from sigmanens_dist.config import load_config
-from sigmanens_dist.evaluation.cli import main as eval_main
 from sigmanens_dist.train import Trainer
 
 TINY_VIT = ["model.name=vit_tiny_patch16_224", "model.kwargs.img_size=16", "model.kwargs.patch_size=4",

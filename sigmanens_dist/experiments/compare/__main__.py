@@ -1,7 +1,8 @@
-"""``python -m sigmanens_dist.experiments.compare``: the ``sigmanens compare`` command."""
+"""``python -m sigmanens_dist.experiments.compare``: the ``sigmanens compare`` command (its parser is
+:mod:`sigmanens_dist.cli.compare`)."""
 
 import sys
 
-from sigmanens_dist.experiments.compare.cli import main
+from sigmanens_dist.cli.compare import main
 
 sys.exit(main())
