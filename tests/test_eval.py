@@ -246,7 +246,7 @@ def test_corruption_and_ood_eval_end_to_end(trained: Path, capsys: pytest.Captur
 @pytest.mark.slow
 def test_test_set_against_itself_is_chance(trained: Path) -> None:
     cfg, model, *_ = load_for_eval(trained / "checkpoints" / "best.pt")
-    from sigmanens_dist.data.registry import build_datasets
+    from sigmanens_dist.data.raw import build_datasets
 
     test = build_datasets(cfg.data, cfg.data_root()).test
     x = torch.stack([test[i][0] for i in range(len(test))])

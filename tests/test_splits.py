@@ -7,7 +7,7 @@ import torch
 
 from sigmanens_dist.config import ConfigError, load_config
 from sigmanens_dist.data.idx import FASHION_MNIST_ROOT, IdxImageDataset
-from sigmanens_dist.data.registry import build_datasets, split_indices
+from sigmanens_dist.data.raw import build_datasets, split_indices
 
 needs_fmnist = pytest.mark.skipif(not FASHION_MNIST_ROOT.is_dir(),
                                   reason="needs Debian's dataset-fashion-mnist (launch/setup.sh installs it)")

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from sigmanens_dist.config import ConfigError, load_config
-from sigmanens_dist.data.registry import build_datasets
+from sigmanens_dist.data.raw import build_datasets
 from sigmanens_dist.data.sst2 import Sst2Dataset, load_tokenizer, read_sst2_tsv, train_wordpiece
 from sigmanens_dist.models import SingleModel, build_model
 from sigmanens_dist.sigma.layers import SigmaNorm

@@ -18,7 +18,7 @@ from torch.utils.data import Subset
 from sigmanens_dist.atomic import write_text
 from sigmanens_dist.data.datasets import convertible
 from sigmanens_dist.data.loaders import CLASSES_FILE
-from sigmanens_dist.data.registry import build_datasets, split_indices
+from sigmanens_dist.data.raw import build_datasets, split_indices
 from sigmanens_dist.data.sources import source_classes, unwrap_source
 
 __all__ = ["convert", "fraction_or_count"]

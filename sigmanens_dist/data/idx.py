@@ -92,7 +92,7 @@ class IdxImageDataset(Dataset):
         if len(labels) and labels.max() >= self.num_classes:
             raise ValueError(f"{labels_path}: label {int(labels.max())} is out of range; expected 0.."
                              f"{self.num_classes - 1}")
-        n = len(labels) if subset is None else min(subset, len(labels))  # like the registry: a larger subset = all
+        n = len(labels) if subset is None else min(subset, len(labels))  # like data/raw.py: a larger subset = all
         self.root, self.split = root, split
         self.images = torch.from_numpy(images[:n]).unsqueeze(1)  # (N, 1, H, W) uint8
         self.labels = torch.from_numpy(labels[:n]).long()

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from sigmanens_dist.data.bad_samples import BadSamples, Checked, collate_present
 from sigmanens_dist.data.datasets import DATASETS, convertible, resolve_root
-from sigmanens_dist.data.registry import build_datasets
+from sigmanens_dist.data.raw import build_datasets
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler, epoch_seed
 from sigmanens_dist.distributed.env import DistEnv
 

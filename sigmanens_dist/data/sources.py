@@ -1,5 +1,5 @@
 """Sources for the converters (``sigmanens data convert``: FFCV and webdataset): the map-style datasets of
-data/registry.py, read without augmentation, as uint8 pixels and a label, or as the JPEG file itself."""
+data/raw.py, read without augmentation, as uint8 pixels and a label, or as the JPEG file itself."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch.utils.data import Dataset, Subset
 from torchvision import datasets
 
 from sigmanens_dist.data.idx import IdxImageDataset
-from sigmanens_dist.data.registry import SeededAugment
+from sigmanens_dist.data.raw import SeededAugment
 
 __all__ = ["as_uint8_image", "read_source", "source_classes", "unwrap_source"]
 
@@ -21,7 +21,7 @@ _JPEG_MAGIC = b"\xff\xd8\xff"
 
 
 def unwrap_source(dataset: Dataset) -> Dataset:
-    """The un-augmented dataset under a registry train set: converters store source images, never augmented ones."""
+    """The un-augmented dataset under a raw-format train set: converters store source images, never augmented ones."""
     return dataset.dataset if isinstance(dataset, SeededAugment) else dataset
 
 

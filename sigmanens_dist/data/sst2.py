@@ -219,7 +219,7 @@ def read_sst2(root: Path, train_subset: int | None = None, val_subset: int | Non
 
 def build_sst2(data_cfg: Any, root: Path) -> tuple[Sst2Dataset, Sst2Dataset, int]:
     """Train (first ``train_subset`` samples) and dev sets and the tokenizer's vocabulary size, which a from-scratch
-    backbone's embedding table must match. Dev is the test set; the registry carves validation from train."""
+    backbone's embedding table must match. Dev is the test set; data/raw.py carves validation from train."""
     root = Path(root)
     tokenizer = load_tokenizer(data_cfg.tokenizer, root)
     train, val = read_sst2(root, data_cfg.train_subset)

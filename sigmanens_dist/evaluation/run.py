@@ -236,7 +236,7 @@ def _imagenet_c_sets(cfg: Config, root: Path, names: list[str], severities: list
 
 def _ood_batches(cfg: Config, options: EvalConfig, batch: int) -> Callable[[], Iterable]:
     from sigmanens_dist.data.ood import SVHNOOD, DigitsOOD
-    from sigmanens_dist.data.registry import Resized
+    from sigmanens_dist.data.raw import Resized
 
     if options.ood == "digits":
         dataset: Dataset = DigitsOOD()

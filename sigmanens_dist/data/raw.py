@@ -1,0 +1,214 @@
+"""The raw format (``data.format=raw``): datasets by name as users have them on disk (IDX, CIFAR batches, image
+folders, SST-2 TSV) or synthetic; train sets get per-sample seeded augmentation. The other formats: ffcv_io.py,
+webdataset_io.py."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+from torchvision.transforms import v2
+
+from sigmanens_dist.data.datasets import DATASETS
+from sigmanens_dist.data.idx import IdxImageDataset
+from sigmanens_dist.errors import UsageError
+
+__all__ = ["DataBundle", "Resized", "SeededAugment", "SyntheticImages", "build_datasets", "split_indices"]
+
+
+
+@dataclass
+class DataBundle:
+    """Train (augmenting, keyed by ``(index, seed)``), validation (carved from the training samples, or the test set
+    with ``data.val_from_test``) and test datasets; val and test read without augmentation."""
+
+    train: Dataset
+    val: Dataset
+    test: Dataset
+    num_classes: int
+    in_chans: int  # 0 for text
+    vocab_size: int | None = None  # text only: the tokenizer's, which a from-scratch backbone's embeddings must fit
+    val_indices: list[int] = field(default_factory=list)  # positions in the training pool the val split took
+
+
+class SeededAugment(Dataset):
+    """Applies ``transform`` under a per-sample seed carried in the index: ``ds[(i, seed)]``. Augmentation then
+    depends only on the sample's place in the global order, never on worker, rank or resume point."""
+
+    def __init__(self, dataset: Dataset, transform: Any) -> None:
+        self.dataset, self.transform = dataset, transform
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        index, seed = key
+        torch_state, py_state = torch.get_rng_state(), random.getstate()
+        torch.default_generator.manual_seed(seed)  # CPU generator only: torch.manual_seed would also seed CUDA
+        random.seed(seed)  # timm's RandAugment draws from python's random
+        try:
+            x, y = self.dataset[index]
+            return (self.transform(x) if self.transform is not None else x), y
+        finally:
+            torch.set_rng_state(torch_state)
+            random.setstate(py_state)
+
+
+class SyntheticImages(Dataset):
+    """Generated, learnable images: a fixed random template per class plus noise (tests and smoke runs)."""
+
+    def __init__(self, num_samples: int, num_classes: int = 10, in_chans: int = 3, size: int = 16,
+                 seed: int = 0, noise: float = 1.0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        templates = torch.randn(num_classes, in_chans, size, size, generator=torch.Generator().manual_seed(1234))
+        self.labels = torch.randint(0, num_classes, (num_samples,), generator=g)
+        self.images = templates[self.labels] + noise * torch.randn(num_samples, in_chans, size, size, generator=g)
+        self.num_classes, self.in_chans = num_classes, in_chans
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.images[index], int(self.labels[index])
+
+
+def _subset(ds: Dataset, n: int | None) -> Dataset:
+    if n is None or n >= len(ds):
+        return ds
+    return torch.utils.data.Subset(ds, range(n))
+
+
+def split_indices(num_samples: int, val_split: float | int, seed: int) -> tuple[list[int], list[int]]:
+    """``(train, val)`` positions of a training pool of ``num_samples``: ``val_split`` (a fraction, rounded, at least
+    one sample; or a count) drawn by a permutation from ``seed`` alone, each list in increasing order. The same seed
+    gives the same split on every rank, format-independent and resumable."""
+    if val_split == 0:
+        return list(range(num_samples)), []
+    n_val = max(1, round(val_split * num_samples)) if isinstance(val_split, float) else int(val_split)
+    if n_val >= num_samples:
+        raise UsageError(f"data.val_split={val_split} takes {n_val} of the {num_samples} training samples, leaving "
+                         "none to train on; lower data.val_split (or raise data.train_subset)")
+    # Its own stream, offset from the seed so the split does not follow the first epoch's shuffle.
+    perm = torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed + 0x5EED))
+    return sorted(perm[n_val:].tolist()), sorted(perm[:n_val].tolist())
+
+
+@dataclass
+class _Parts:
+    """A dataset's training pool twice (to augment, and as evaluation reads it), its test set and its shape."""
+
+    train: Dataset
+    train_plain: Dataset
+    test: Dataset
+    augment: Any
+    num_classes: int
+    in_chans: int
+    vocab_size: int | None = None
+
+
+def build_datasets(data_cfg: Any, root: Path | None, randaugment: str | None = None) -> DataBundle:
+    """Train, validation and test datasets for ``data.dataset``; nothing downloads.
+
+    The training pool is the first ``data.train_subset`` training samples; ``data.val_split`` of them become the
+    validation set (drawn from ``data.split_seed``), the rest the training set. The test set (``data.test_subset``)
+    is never trained on nor validated on, unless ``data.val_from_test`` makes it the validation set."""
+    parts = _parts(data_cfg, root, randaugment)
+    train_idx, val_idx = split_indices(len(parts.train), data_cfg.val_split, data_cfg.split_seed)
+    train = SeededAugment(_take(parts.train, train_idx), parts.augment)
+    test = _subset(parts.test, data_cfg.test_subset)
+    val = (_subset(_take(parts.train_plain, val_idx), data_cfg.val_subset) if val_idx
+           else _subset(parts.test, data_cfg.val_subset))
+    return DataBundle(train, val, test, parts.num_classes, parts.in_chans, parts.vocab_size, val_idx)
+
+
+def _take(ds: Dataset, indices: list[int]) -> Dataset:
+    return ds if indices == list(range(len(ds))) else torch.utils.data.Subset(ds, indices)
+
+
+def _parts(data_cfg: Any, root: Path | None, randaugment: str | None) -> _Parts:
+    name = data_cfg.dataset
+    if name == "synthetic":
+        size = data_cfg.img_size or 16
+        train = SyntheticImages(data_cfg.train_subset or 2048, size=size, seed=0)
+        test = SyntheticImages(data_cfg.test_subset or 512, size=size, seed=1)
+        return _Parts(train, train, test, v2.RandomHorizontalFlip(), train.num_classes, train.in_chans)
+    if name == "fashion_mnist":
+        train = IdxImageDataset(root, "train", subset=data_cfg.train_subset)
+        # subset here, not by a Subset wrapper: converters read IdxImageDataset's stored uint8 pixels
+        test = IdxImageDataset(root, "test", subset=data_cfg.test_subset)
+        size = data_cfg.img_size or 28
+        black = -train.mean / train.std  # images are already normalised: pad with the value of a black pixel
+        aug = [v2.RandomCrop(28, padding=2, fill=black), v2.RandomHorizontalFlip()]
+        plain: Dataset = train
+        if size != 28:
+            aug.append(v2.Resize(size, antialias=True))
+            plain, test = Resized(train, size), Resized(test, size)
+        return _Parts(train, plain, test, v2.Compose(aug), train.num_classes, train.in_chans)
+    if name in ("cifar10", "cifar100"):
+        return _cifar(name, root, data_cfg)
+    if name in ("imagenet", "imagefolder"):
+        return _image_folder(root, data_cfg, randaugment)
+    if name == "sst2":
+        from sigmanens_dist.data.sst2 import build_sst2
+
+        train, test, vocab_size = build_sst2(data_cfg, root)
+        # No text augmentation; SeededAugment still gives the (index, seed) keys the train stream fetches by.
+        return _Parts(train, train, test, None, 2, 0, vocab_size)
+    raise ValueError(f"data.dataset={name!r} is not one of {', '.join(DATASETS)}")
+
+
+class Resized(Dataset):
+    """``dataset``'s images resized to ``size`` (the shorter side), labels unchanged: a dataset at the resolution
+    the model expects (a small-image set for a larger model; an OOD set at the eval set's size)."""
+
+    def __init__(self, dataset: Dataset, size: int) -> None:
+        self.dataset, self.resize = dataset, v2.Resize(size, antialias=True)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        x, y = self.dataset[index]
+        return self.resize(x), y
+
+
+def _cifar(name: str, root: Path, data_cfg: Any) -> _Parts:
+    from torchvision import datasets
+
+    cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
+    mean, std = DATASETS[name].mean, DATASETS[name].std  # each CIFAR its own statistics
+    to_tensor = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+    try:
+        train = cls(str(root), train=True, download=False)
+        plain = cls(str(root), train=True, download=False, transform=to_tensor)
+        test = cls(str(root), train=False, download=False, transform=to_tensor)
+    except RuntimeError as err:
+        raise FileNotFoundError(f"data.root={root}: no {name} python-pickle batches there ({err}); expected "
+                                f"{cls.base_folder}/ as extracted from the official {name}-python.tar.gz") from err
+    aug = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip(), to_tensor])
+    n = data_cfg.train_subset
+    return _Parts(_subset(train, n), _subset(plain, n), test, aug, len(train.classes), 3)
+
+
+def _image_folder(root: Path, data_cfg: Any, randaugment: str | None) -> _Parts:
+    from timm.data import create_transform
+    from torchvision import datasets
+
+    for split in ("train", "val"):
+        if not (root / split).is_dir():
+            raise FileNotFoundError(f"data.root={root}: expected ImageFolder sub-folders train/ and val/ "
+                                    f"(one folder per class); {root / split} is missing")
+    size = data_cfg.img_size or 224
+    evaluate = create_transform(size, is_training=False)
+    train = datasets.ImageFolder(str(root / "train"))
+    plain = datasets.ImageFolder(str(root / "train"), transform=evaluate)
+    test = datasets.ImageFolder(str(root / "val"), transform=evaluate)
+    if train.classes != test.classes:
+        raise ValueError(f"{root}: train/ and val/ have different class folders")
+    aug = create_transform(size, is_training=True, auto_augment=randaugment)
+    n = data_cfg.train_subset
+    return _Parts(_subset(train, n), _subset(plain, n), test, aug, len(train.classes), 3)
