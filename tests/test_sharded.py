@@ -294,7 +294,10 @@ def test_deepspeed_runs_and_resumes_on_one_process(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_DEEPSPEED, reason="DeepSpeed is not installed")
-@pytest.mark.parametrize(("stage", "before", "after"), [(1, 2, 1), (1, 1, 2), (2, 2, 1), (2, 1, 2)])
+# each stage once and each direction once (shrinking, growing): the universal-checkpoint conversion is one code path,
+# the stage only changes how the optimiser state is partitioned (the two other pairs, ZeRO-1 1→2 and ZeRO-2 2→1, cost
+# ~3 min of CI for no code path of their own)
+@pytest.mark.parametrize(("stage", "before", "after"), [(1, 2, 1), (2, 1, 2)])
 def test_zero_resumes_on_another_world_size(tmp_path: Path, stage: int, before: int, after: int) -> None:
     """Elastic ZeRO: the step folder is converted once to DeepSpeed's universal checkpoint and loaded on the new world
     size with the global batch kept; a LayerNorm model continues as the uninterrupted run (to float precision)."""
