@@ -19,6 +19,7 @@
 #   SIGMANENS_METHODS         methods, space separated, e.g. "sigma deep packed" (default: the recipe's method)
 #   SIGMANENS_EXPERIMENT      MLflow experiment (default m_scaling)
 #   SIGMANENS_STUDY_DIR       the study folder (default <runs root>/m_scaling)
+#   SIGMANENS_ARRAY_LIMIT     at most this many array elements run at once (sbatch --array=…%N; default: no limit)
 #   MLFLOW_TRACKING_URI       set it to an MLflow server: array elements write at the same time, and one sqlite file
 #                             on a shared file system is unsafe under concurrent writers (the script warns)
 #SBATCH --job-name=sigmanens-m-scaling
@@ -59,7 +60,12 @@ if [ -z "${SLURM_JOB_ID:-}" ]; then  # submit mode: the study definition and par
   "$python" -m sigmanens_dist.experiments.study m-scaling --config "$config" "${axes[@]}" --out "$study_dir" --prepare \
     "tracking.uri=$uri" "tracking.experiment=${SIGMANENS_EXPERIMENT:-m_scaling}" "$@" >&2 || exit 2
   read -r count parent _ < <(sigmanens_study_info "$study_dir/study.yaml") || exit 2
-  array=$(sbatch --parsable --array="0-$((count - 1))" --export="ALL,SIGMANENS_DEFINITION=$study_dir/study.yaml" \
+  limit="${SIGMANENS_ARRAY_LIMIT:-}"
+  if [ -n "$limit" ] && ! [[ "$limit" =~ ^[1-9][0-9]*$ ]]; then
+    echo "m_scaling: SIGMANENS_ARRAY_LIMIT=$limit: give a whole number ≥ 1 (array elements at once)" >&2
+    exit 2
+  fi
+  array=$(sbatch --parsable --array="0-$((count - 1))${limit:+%$limit}" --export="ALL,SIGMANENS_DEFINITION=$study_dir/study.yaml" \
     "${sbatch_args[@]}" "${BASH_SOURCE[0]}") || exit 1
   array="${array%%;*}"
   echo "m_scaling: array job $array submitted" >&2  # before anything else can fail

@@ -53,7 +53,8 @@ def m_scaling_array(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactor
     proc = subprocess.run(["bash", str(REPO / "slurm/m_scaling.sh"), *NO_GPUS, "--nice=5", "--comment=sigmanens-test",
                            "--", *OVERRIDES, "train.max_steps=6",
                            "model.kwargs.depth=1"], cwd=tmp, capture_output=True, text=True, timeout=300, check=False,
-                          env=slurm.env(SIGMANENS_RUNS_ROOT=str(tmp / "runs"), SIGMANENS_MEMBERS="1 2 4"))
+                          env=slurm.env(SIGMANENS_RUNS_ROOT=str(tmp / "runs"), SIGMANENS_MEMBERS="1 2 4",
+                                        SIGMANENS_ARRAY_LIMIT="2"))
     assert proc.returncode == 0, proc.stderr
     compare = re.search(r"comparison job (\d+) \(afterany\)", proc.stderr)
     assert compare is not None, proc.stderr
@@ -202,6 +203,7 @@ def test_m_scaling_study_trains_each_m_and_compares(slurm: SlurmCluster,
     assert [n.split("-")[1] for n in children] == ["M1", "M2", "M4"]
     for task, name in enumerate(children):
         info = slurm.wait_done(f"{job}_{task}", timeout=400)
+        assert info.get("ArrayTaskThrottle") == "2", info  # SIGMANENS_ARRAY_LIMIT
         log = (tmp / f"slurm-sigmanens-m-scaling-{job}_{task}.out").read_text()
         assert info["JobState"] == "COMPLETED", log[-4000:]
         assert log.count("MLflow writes to a sqlite file") == 1, log[-3000:]  # once, though the URI is given twice
