@@ -36,18 +36,14 @@ trap 'bash launch/slurm_local.sh down "$SLURM_LOCAL_DIR"; stop_tracking' EXIT
 # Every process under the cluster's slurmd daemons: a job's tasks run in sessions of their own, so niceness alone
 # would not yield to interactive work; their autogroups are niced as well.
 nice_jobs() {
-  local pids=() queue pid
-  read -r -a queue < <(cat "$SLURM_LOCAL_DIR"/run/slurmd-*.pid 2>/dev/null | tr '\n' ' ')
+  local queue=() pid
+  mapfile -t queue < <(for f in "$SLURM_LOCAL_DIR"/run/slurmd-*.pid; do [ -s "$f" ] && tr -dc 0-9 < "$f" && echo; done)
   while ((${#queue[@]})); do
     pid=${queue[0]}
     queue=("${queue[@]:1}")
-    pids+=("$pid")
-    read -r -a children < <(ps -o pid= --ppid "$pid" | tr '\n' ' ')
-    queue+=("${children[@]}")
-  done
-  for pid in "${pids[@]}"; do
     renice -n 19 -p "$pid" >/dev/null 2>&1 || true
-    echo 19 > "/proc/$pid/autogroup" 2>/dev/null || true
+    echo 19 2>/dev/null > "/proc/$pid/autogroup" || true
+    mapfile -t -O "${#queue[@]}" queue < <(pgrep -P "$pid" || true)
   done
 }
 
