@@ -33,17 +33,14 @@ export SLURM_CONF="$SLURM_LOCAL_DIR/slurm.conf"
 bash launch/slurm_local.sh up "$SLURM_LOCAL_DIR"
 trap 'bash launch/slurm_local.sh down "$SLURM_LOCAL_DIR"; stop_tracking' EXIT
 
-# Every process under the cluster's slurmd daemons: a job's tasks run in sessions of their own, so niceness alone
-# would not yield to interactive work; their autogroups are niced as well.
+# The cluster's daemons and jobs (slurmstepd, and every process whose command line names OUT: the trainers): a job's
+# tasks run in sessions of their own, so niceness alone would not yield to interactive work; their autogroups are
+# niced as well.
 nice_jobs() {
-  local queue=() pid
-  mapfile -t queue < <(for f in "$SLURM_LOCAL_DIR"/run/slurmd-*.pid; do [ -s "$f" ] && tr -dc 0-9 < "$f" && echo; done)
-  while ((${#queue[@]})); do
-    pid=${queue[0]}
-    queue=("${queue[@]:1}")
+  local pid
+  for pid in $(pgrep -f -- "$OUT/") $(pgrep -x slurmstepd) $(pgrep -x slurmd) $(pgrep -x slurmctld); do
     renice -n 19 -p "$pid" >/dev/null 2>&1 || true
     echo 19 2>/dev/null > "/proc/$pid/autogroup" || true
-    mapfile -t -O "${#queue[@]}" queue < <(pgrep -P "$pid" || true)
   done
 }
 
