@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sigmanens_dist.deprecation import moved
+
 if TYPE_CHECKING:
     import torch
 
@@ -28,13 +30,5 @@ def load_model(path: Path) -> torch.nn.Module:
     return model.eval()
 
 
-def __getattr__(name: str) -> object:
-    if name == "main":  # the command's parser moved to sigmanens_dist.cli.export (0.3); this name stays one release
-        import warnings
-
-        from sigmanens_dist.cli.export import main
-
-        warnings.warn("sigmanens_dist.export.main moved to sigmanens_dist.cli.export.main", DeprecationWarning,
-                      stacklevel=2)
-        return main
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the command's parser moved to sigmanens_dist.cli.export (0.3)
+__getattr__ = moved(__name__, {"main": "sigmanens_dist.cli.export"})

@@ -7,7 +7,6 @@ Every method answers :class:`sigmanens_dist.methods.EnsembleMethod` (``forward(x
 from __future__ import annotations
 
 import logging
-import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -15,6 +14,7 @@ import timm
 import torch
 from torch import nn
 
+from sigmanens_dist.deprecation import moved
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.methods import EnsembleMethod, build_method
 from sigmanens_dist.methods.single import SingleModel
@@ -161,11 +161,5 @@ def _hf_backbone(model_cfg: Any, num_labels: int, vocab_size: int | None) -> nn.
     return backbone
 
 
-def __getattr__(name: str) -> Any:
-    if name == "param_groups":  # moved to training/optim.py with the rest of the optimiser's set-up
-        warnings.warn("sigmanens_dist.models.param_groups moved to sigmanens_dist.training.optim.param_groups",
-                      DeprecationWarning, stacklevel=2)
-        from sigmanens_dist.training.optim import param_groups
-
-        return param_groups
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# moved to training/optim.py with the rest of the optimiser's set-up (0.2)
+__getattr__ = moved(__name__, {"param_groups": "sigmanens_dist.training.optim"})

@@ -30,6 +30,7 @@ from torch import nn
 from sigmanens_dist.config import Config, flatten, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.data.member_streams import member_major, member_train_stream
+from sigmanens_dist.deprecation import moved
 from sigmanens_dist.distributed.env import DistEnv, all_gather_object, init_distributed
 from sigmanens_dist.distributed.strategies import build_strategy, strategy_options
 from sigmanens_dist.errors import USAGE_MARKER, RunExistsError, UsageError
@@ -469,14 +470,8 @@ def shutdown() -> None:
 SETUP_REFUSALS = (ValueError, FileNotFoundError, FileExistsError)
 
 
-def __getattr__(name: str) -> object:
-    if name == "main":  # the command's parser moved to sigmanens_dist.cli.train (0.3); this name stays one release
-        from sigmanens_dist.cli.train import main
-
-        warnings.warn("sigmanens_dist.train.main moved to sigmanens_dist.cli.train.main", DeprecationWarning,
-                      stacklevel=2)
-        return main
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the command's parser moved to sigmanens_dist.cli.train (0.3)
+__getattr__ = moved(__name__, {"main": "sigmanens_dist.cli.train"})
 
 
 if __name__ == "__main__":  # torchrun -m sigmanens_dist.train; the parser is sigmanens_dist.cli.train's

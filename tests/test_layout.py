@@ -1,9 +1,9 @@
 """The package's layout (docs/architecture.md "Layout"): each floor imports only the floors below it, and nothing
 under evaluation/ or experiments/ reaches into σN-Ens internals except through the methods interface.
 
-Entry points are not dependencies: a ``__main__.py``, an ``if __name__ == "__main__":`` block (``python -m
-sigmanens_dist.train`` runs the parser in cli/) and a module ``__getattr__`` that serves a moved name for one release
-may import from any floor; so may the modules kept one release under an old path (:data:`DEPRECATED_ALIASES`).
+Entry points are not dependencies: a ``__main__.py`` and an ``if __name__ == "__main__":`` block (``python -m
+sigmanens_dist.train`` runs the parser in cli/) may import from any floor; so may the modules kept one release under an
+old path (:data:`DEPRECATED_ALIASES`). A name that moved is served from its old module by ``deprecation.moved``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "sigmanens_dist"
 
 # bottom first; modules on one floor may import each other (no circle: checked below)
 FLOORS = [
-    ("errors", "progress", "timm_names"),
+    ("errors", "progress", "timm_names", "deprecation"),
     ("atomic",),
     ("sigma",),
     ("distributed",),
@@ -71,9 +71,7 @@ def _imports(name: str, path: Path, *, top_level_only: bool) -> set[str]:
 
 
 def _entry_point(node: ast.stmt) -> bool:
-    """``if __name__ == "__main__":`` or a module ``__getattr__`` (a moved name served for one release)."""
-    if isinstance(node, ast.FunctionDef):
-        return node.name == "__getattr__"
+    """``if __name__ == "__main__":``: what ``python -m`` runs, never what an import runs."""
     return isinstance(node, ast.If) and ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"'
 
 
@@ -153,3 +151,23 @@ def test_deprecated_aliases_warn_and_re_export(old: str) -> None:
     with pytest.warns(DeprecationWarning, match=f"{old} moved to {new.__name__}"):
         alias = importlib.import_module(old)
     assert alias.__all__ and all(getattr(alias, n) is getattr(new, n) for n in alias.__all__)
+
+
+MOVED_NAMES = [("sigmanens_dist.train", "main", "sigmanens_dist.cli.train"),
+               ("sigmanens_dist.export", "main", "sigmanens_dist.cli.export"),
+               ("sigmanens_dist.experiments.study", "main", "sigmanens_dist.cli.study"),
+               ("sigmanens_dist.experiments.compare", "main", "sigmanens_dist.cli.compare"),
+               ("sigmanens_dist.models", "param_groups", "sigmanens_dist.training.optim"),
+               ("sigmanens_dist.training.objective", "sigma_lr", "sigmanens_dist.training.optim"),
+               ("sigmanens_dist.evaluation.metrics", "reliability_diagram", "sigmanens_dist.evaluation.plots"),
+               ("sigmanens_dist.methods", "member_major", "sigmanens_dist.data.member_streams")]
+
+
+@pytest.mark.parametrize(("old", "name", "new"), MOVED_NAMES)
+def test_moved_names_warn_and_are_the_new_ones(old: str, name: str, new: str) -> None:
+    module = importlib.import_module(old)
+    with pytest.warns(DeprecationWarning, match=f"^{old}.{name} moved to {new}.{name}$"):
+        value = getattr(module, name)
+    assert value is getattr(importlib.import_module(new), name)
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        module.nothing_here  # noqa: B018

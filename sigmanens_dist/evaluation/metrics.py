@@ -10,7 +10,6 @@ gives the same numbers.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -23,6 +22,8 @@ from torchmetrics.functional.classification import (
     binary_roc,
 )
 from torchmetrics.utilities import dim_zero_cat
+
+from sigmanens_dist.deprecation import moved
 
 __all__ = ["EnsembleMetrics", "SampleMetrics", "adaptive_calibration_error", "aurc", "calibration_error",
            "ensemble_log_probs", "entropy", "mutual_information", "ood_detection", "predictive_entropy"]
@@ -277,13 +278,4 @@ class SampleMetrics(Metric):
 _MOVED = {"reliability_diagram", "reliability_diagrams", "reliability_diagrams_from_confidence"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import warnings
-
-        from sigmanens_dist.evaluation import plots
-
-        warnings.warn(f"sigmanens_dist.evaluation.metrics.{name} moved to sigmanens_dist.evaluation.plots.{name}",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(plots, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved(__name__, dict.fromkeys(_MOVED, "sigmanens_dist.evaluation.plots"))

@@ -26,6 +26,7 @@ from typing import Any
 
 from torch import nn
 
+from sigmanens_dist.deprecation import moved
 from sigmanens_dist.methods.base import EnsembleMethod, Inputs, call_backbone, logits_of, map_tensors, member_chunks
 from sigmanens_dist.methods.batch import BatchEnsemble
 from sigmanens_dist.methods.deep import DeepEnsemble
@@ -87,13 +88,4 @@ def build_method(cfg: Any, make_backbone: Callable[[], nn.Module]) -> EnsembleMe
 _MOVED = {"MemberStream", "member_major", "member_train_stream"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import warnings
-
-        from sigmanens_dist.data import member_streams
-
-        warnings.warn(f"sigmanens_dist.methods.{name} moved to sigmanens_dist.data.member_streams.{name}",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(member_streams, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved(__name__, dict.fromkeys(_MOVED, "sigmanens_dist.data.member_streams"))

@@ -13,12 +13,13 @@ the shared weights. ``member_loss`` takes the reduction as a plain argument so a
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from sigmanens_dist.deprecation import moved
 
 __all__ = ["REDUCTIONS", "loss_reduction", "member_loss"]
 
@@ -56,11 +57,5 @@ def loss_reduction(cfg: Any, model: nn.Module) -> Reduction:
     return cfg.train.member_loss or getattr(type(model), "loss_reduction", "mean")
 
 
-def __getattr__(name: str) -> Any:
-    if name in ("sigma_lr", "fast_weight_lr"):  # moved to training/optim.py with the rest of the optimiser's set-up
-        warnings.warn(f"sigmanens_dist.training.objective.{name} moved to sigmanens_dist.training.optim.{name}",
-                      DeprecationWarning, stacklevel=2)
-        from sigmanens_dist.training import optim
-
-        return getattr(optim, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# moved to training/optim.py with the rest of the optimiser's set-up (0.2)
+__getattr__ = moved(__name__, dict.fromkeys(("sigma_lr", "fast_weight_lr"), "sigmanens_dist.training.optim"))

@@ -8,6 +8,7 @@ DeprecationWarning, for one release).
 
 from __future__ import annotations
 
+from sigmanens_dist.deprecation import moved
 from sigmanens_dist.experiments.compare.plots import _frontier
 from sigmanens_dist.experiments.compare.records import (
     DIFFS,
@@ -37,13 +38,5 @@ __all__ = ["COLUMNS", "DIFFS", "PAIRINGS", "SCORES", "SHIFT_SEVERITIES", "SPLITS
 _PRIVATE = (_Report, _frontier, _pick_runs, _record, _sharing_history, _uses)
 
 
-def __getattr__(name: str) -> object:
-    if name == "main":  # the parser moved to sigmanens_dist.cli.compare (0.3); this name stays one release
-        import warnings
-
-        from sigmanens_dist.cli.compare import main
-
-        warnings.warn("sigmanens_dist.experiments.compare.main moved to sigmanens_dist.cli.compare.main",
-                      DeprecationWarning, stacklevel=2)
-        return main
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the command's parser moved to sigmanens_dist.cli.compare (0.3)
+__getattr__ = moved(__name__, {"main": "sigmanens_dist.cli.compare"})

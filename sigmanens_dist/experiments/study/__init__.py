@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sigmanens_dist.deprecation import moved
 from sigmanens_dist.experiments.study.bookkeeping import ensure_parent, load_definition, write_definition
 from sigmanens_dist.experiments.study.grid import (
     AXES,
@@ -36,15 +37,10 @@ __all__ = ["AXES", "BASE_CONFIG", "CHILD_TAG", "DEFINITION", "KINDS", "LAMBDA_PO
 _PRIVATE = (_command,)  # reached by the tests through this module
 
 
+_moved = moved(__name__, {"main": "sigmanens_dist.cli.study"})  # the command's parser moved to cli/ (0.3)
+
+
 def __getattr__(name: str) -> Any:
     if name == "METHODS":  # re-exported: the table once lived here
         return method_table()
-    if name == "main":  # the parser moved to sigmanens_dist.cli.study (0.3); this name stays one release
-        import warnings
-
-        from sigmanens_dist.cli.study import main
-
-        warnings.warn("sigmanens_dist.experiments.study.main moved to sigmanens_dist.cli.study.main",
-                      DeprecationWarning, stacklevel=2)
-        return main
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _moved(name)
