@@ -6,7 +6,7 @@ import importlib
 from typing import Any
 
 __all__ = ["SigmaEnsemble", "convert_to_sigma_ensemble", "diversity_loss", "members_on", "optimal_members_on"]
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # name -> the module defining it, imported on first use: these import torch, which `sigmanens --help`, `--check` and
 # the other commands that need no model should not wait for (tests/test_cli_startup.py).
