@@ -66,13 +66,20 @@ stop_tracking() {
 # study NAME [--own-budget] ARGS...: a folder that already holds a study continues it as it was defined (its saved
 # definition and base config; the recipe may have changed since), else the study starts with ARGS, --config CFG and
 # BUDGET_ARGS (--own-budget: ARGS set the whole budget). A failure is reported and touches OUT/.failed; the lane goes on.
+# With RECORDS set (a folder, e.g. in the repository), a finished study's runs are saved there as NAME.jsonl (compare's
+# records file), and a study whose NAME.jsonl is there is done: runs outlive a store that is not kept.
 study() {
   local name=$1 begin=$SECONDS
   shift
   local budget=("${BUDGET_ARGS[@]}")
   if [ "$1" = --own-budget ]; then budget=(); shift; fi
+  if [ -n "${RECORDS:-}" ] && [ -s "$RECORDS/$name.jsonl" ]; then
+    echo "[$(date +%T)] study $name: recorded before ($RECORDS/$name.jsonl), skipped"
+    return 0
+  fi
   if [ -e "$OUT/$name/.finished" ]; then  # a finished study stays finished: skip its ~7 s resume check
     echo "[$(date +%T)] study $name: finished before, skipped"
+    [ -z "${RECORDS:-}" ] || record_study "$name"
     return 0
   fi
   local cmd=(sigmanens study "$@" --config "$CFG" --out "$OUT/$name" "tracking.uri=$URI" "${budget[@]}")
@@ -81,9 +88,25 @@ study() {
   if nice -n "${SIGMANENS_REPRO_NICE:-0}" "${cmd[@]}" >>"$OUT/$name.log" 2>&1; then
     touch "$OUT/$name/.finished"  # `sigmanens study` exits 0 only when every child finished
     echo "[$(date +%T)] study $name finished in $((SECONDS - begin)) s"
+    [ -z "${RECORDS:-}" ] || record_study "$name"
   else  # the study's log names the failed children, and running this again retries them
     local rc=$?  # before $(date) below resets it
     echo "[$(date +%T)] study $name FAILED (exit $rc) after $((SECONDS - begin)) s: $OUT/$name.log"
+    touch "$OUT/.failed"
+  fi
+}
+
+# record_study NAME: compare the finished study's runs (OUT/NAME/compare) and keep its records file as RECORDS/NAME.jsonl.
+record_study() {
+  local name=$1 parent
+  parent=$(python -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["tracking"]["parent_run_id"])' \
+    "$OUT/$name/study.yaml")
+  mkdir -p "$RECORDS"
+  if sigmanens compare --parent "$parent" --uri "$URI" --out "$OUT/$name/compare" >>"$OUT/$name.log" 2>&1; then
+    cp "$OUT/$name/compare/records.jsonl" "$RECORDS/$name.jsonl.tmp" && mv "$RECORDS/$name.jsonl.tmp" "$RECORDS/$name.jsonl"
+    echo "[$(date +%T)] study $name recorded: $RECORDS/$name.jsonl"
+  else
+    echo "[$(date +%T)] study $name: its compare failed, not recorded: $OUT/$name.log"
     touch "$OUT/.failed"
   fi
 }

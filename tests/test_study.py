@@ -25,6 +25,7 @@ from sigmanens_dist.experiments.compare import (
     group_runs,
     load_runs,
     paired_difference,
+    read_records,
     reference_for,
     select_split,
     write_report,
@@ -490,3 +491,50 @@ def test_histories_keep_the_newest_value_of_a_step_logged_twice() -> None:
     history = _sharing_history(Client(), "r")
     assert sorted(history) == [0, 250, 500]
     assert history[250] == (2.5, [2.5] * IMPORTANCE_BINS)
+
+
+def test_records_files_compare_like_the_store_they_came_from(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A store that is not kept (a machine that is gone) loses nothing compare needs: the records file written beside
+    every table gives the same table, split by split, alone or merged with another study's."""
+    def runs(method: str, m: int, tau: float | None, seeds: range) -> list[RunRecord]:
+        made = []
+        for seed in seeds:
+            r = _record(method, m, tau, seed, 0.0)
+            r.values = {"params": 1e5 * m, "train_compute": 1e3 * m, "ood_auroc": 0.9 + seed / 100}
+            r.split_values = {"val": {"acc": 0.8 + m / 100 + seed / 50, "nll": 0.5 - m / 100 + seed / 90},
+                              "test": {"acc": 0.7 + m / 100 - seed / 70, "nll": 0.6 - m / 100 + seed / 40}}
+            r.severity_ece, r.severity_nll = {3: 0.1 * m + seed, 5: 0.2 * m}, {3: 1.0 + seed, 5: 2.0}
+            if tau is not None:
+                r.sharing_history = {250: (1.5, [0.5, 0.5]), 500: (1.25 + seed, [0.25, 0.75])}
+            made.append(r)
+        return made
+
+    single, sigma = runs("single", 1, None, range(3)), runs("sigma", 4, 0.5, range(3))
+    write_report(single, [], tmp_path / "a", None)
+    write_report(sigma, [], tmp_path / "b", None)
+    for split in ("val", "test"):
+        expected = tmp_path / f"store-{split}"
+        write_report(runs("single", 1, None, range(3)) + runs("sigma", 4, 0.5, range(3)), [], expected, None,
+                     split=split)
+        out = tmp_path / f"records-{split}"
+        assert compare_main(["--records", str(tmp_path / "a/records.jsonl"), str(tmp_path / "b/records.jsonl"),
+                             "--split", split, "--out", str(out)]) == 0
+        for name in ("table.md", "table.csv", "runs.csv", "records.jsonl"):
+            assert (out / name).read_text() == (expected / name).read_text(), name
+    printed = capsys.readouterr().out
+    assert "Scores on the validation split" in printed and "Scores on the test set" in printed and "the runs for --records: records.jsonl" in printed
+
+    # the same grid point and seed in a later file: that run counts, and the table says so
+    newer = runs("sigma", 4, 0.5, range(1))
+    newer[0].run_id, newer[0].split_values["val"]["acc"] = "newer", 0.99
+    write_report(newer, [], tmp_path / "c", None)
+    records, notes = read_records([tmp_path / "b/records.jsonl", tmp_path / "c/records.jsonl"])
+    assert next(r for r in records if r.seed == 0).run_id == "newer"
+    assert notes == ["sigma-4-0.5-x1-0: replaced by the newer run sigma-4-0.5-x1-0 of the same grid point and seed"]
+
+    (tmp_path / "bad.jsonl").write_text('{"run_id": "x"}\n')
+    for argv, message in ((["--records", str(tmp_path / "nope.jsonl")], "nope.jsonl: cannot read it"),
+                          (["--records", str(tmp_path / "bad.jsonl")], "bad.jsonl, line 1: not a run record")):
+        assert compare_main([*argv, "--out", str(tmp_path / "x")]) == 2
+        assert message in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
     sigmanens compare --parent RUN_ID --uri sqlite:///runs/study-m-scaling/mlflow.db [--out DIR] [--reference single]
     sigmanens compare --experiment sigmanens --uri http://127.0.0.1:5000
+    sigmanens compare --records results/a/records.jsonl results/b/records.jsonl --split val
 
 Runs are grouped by grid point (method, M, τ, λ, step budget) and summarised over seeds as mean ± std; the
 difference to the reference method is paired by seed, with a 95% t interval, at equal epochs (the reference at the
@@ -9,7 +10,9 @@ same budget) or at equal training compute (``--pair compute``: the reference who
 backbone are the same). Everything is read from what the trainer logs to MLflow: the params (the flattened config),
 the test-set evaluation (``eval/test/raw/*``, from ``eval.at_end`` or ``sigmanens eval``) or the final ``val/*``
 metrics, and the ``final/*`` extras. The table (Markdown and CSV, plus a CSV of every run) and the plots are logged
-back to the study's parent run.
+back to the study's parent run. Every compared run is also saved, store-free, in ``records.jsonl`` beside the
+table: ``--records`` compares such files (runs from stores that were not kept, or from several stores) as it would
+the store.
 """
 
 from __future__ import annotations
@@ -20,7 +23,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sigmanens_dist.experiments.compare.records import PAIRINGS, SPLITS, CompareError, _client, load_runs
+from sigmanens_dist.experiments.compare.records import (
+    PAIRINGS,
+    RECORDS_FILE,
+    SPLITS,
+    CompareError,
+    _client,
+    load_runs,
+    read_records,
+)
 from sigmanens_dist.experiments.compare.report import build_report, write_report
 
 __all__ = ["main"]
@@ -31,9 +42,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     which = ap.add_mutually_exclusive_group(required=True)
     which.add_argument("--experiment", help="every run of this MLflow experiment (study parents excluded)")
     which.add_argument("--parent", help="the child runs of this study parent run")
+    which.add_argument("--records", nargs="+", type=Path, metavar="FILE",
+                       help=f"the runs saved in these {RECORDS_FILE} files (written beside every table); a grid "
+                            "point and seed in two files: the later file's run")
     ap.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
                     help="tracking URI, sqlite:///path/mlflow.db or http://host:port (default $MLFLOW_TRACKING_URI)")
-    ap.add_argument("--out", type=Path, help="where the table and plots go (default runs/compare-<parent|experiment>)")
+    ap.add_argument("--out", type=Path,
+                    help="where the table and plots go (default runs/compare-<parent|experiment|records>)")
     ap.add_argument("--reference", help="the method differences are paired against (default single, else sigma)")
     ap.add_argument("--pair", choices=list(PAIRINGS), default="epochs",
                     help="; ".join(f"{k}: {v}" for k, v in PAIRINGS.items()))
@@ -41,13 +56,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="scores from the test-set evaluation or the validation split (auto: test when every run "
                          "has it)")
     args = ap.parse_args(argv)
-    if not args.uri:
+    if not args.uri and not args.records:
         print("error: give --uri (e.g. sqlite:///runs/study-m-scaling/mlflow.db) or set MLFLOW_TRACKING_URI",
               file=sys.stderr)
         return 2
-    out = args.out or Path("runs") / f"compare-{args.parent or args.experiment}"
+    out = args.out or Path("runs") / f"compare-{args.parent or args.experiment or 'records'}"
     try:
-        records, notes, parent = load_runs(args.uri, parent=args.parent, experiment=args.experiment)
+        if args.records:
+            (records, notes), parent = read_records(args.records), None
+        else:
+            records, notes, parent = load_runs(args.uri, parent=args.parent, experiment=args.experiment)
         files = write_report(records, notes, out, args.reference, pair=args.pair, split=args.split)
     except CompareError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -63,5 +81,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"logged to the parent run {parent} under compare/")
         except Exception as err:  # the report is on disk; a store that refuses artifacts only loses the copy
             print(f"warning: could not log the report to the parent run {parent}: {err}", file=sys.stderr)
-    print(terminal.ui_lines(args.uri, _client(args.uri).get_run(records[0].run_id).info.experiment_id))
+    if not args.records:
+        print(terminal.ui_lines(args.uri, _client(args.uri).get_run(records[0].run_id).info.experiment_id))
     return 0

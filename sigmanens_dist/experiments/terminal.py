@@ -191,8 +191,10 @@ def written(out: Path, files: list[Path]) -> str:
     """Where the files are: the folder, then the names in it."""
     tables = [p.name for p in files if p.suffix in (".md", ".csv")]
     plots = [p.name for p in files if p.suffix == ".png"]
+    records = [p.name for p in files if p.suffix == ".jsonl"]
     text = f"Full table (every column) and plots in {near(out)}/: " + ", ".join(tables)
     text += f"; plots: {', '.join(plots)}" if plots else ""
+    text += f"; the runs for --records: {', '.join(records)}" if records else ""
     return wrap(text)
 
 

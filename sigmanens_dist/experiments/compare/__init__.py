@@ -13,6 +13,7 @@ from sigmanens_dist.experiments.compare.plots import _frontier
 from sigmanens_dist.experiments.compare.records import (
     DIFFS,
     PAIRINGS,
+    RECORDS_FILE,
     SCORES,
     SHIFT_SEVERITIES,
     SPLIT_METRICS,
@@ -26,14 +27,16 @@ from sigmanens_dist.experiments.compare.records import (
     _uses,
     load_runs,
     method_variant,
+    read_records,
+    save_records,
     select_split,
 )
 from sigmanens_dist.experiments.compare.report import COLUMNS, _Report, build_report, write_report
 from sigmanens_dist.experiments.compare.statistics import group_runs, paired_difference, reference_for
 
-__all__ = ["COLUMNS", "DIFFS", "PAIRINGS", "SCORES", "SHIFT_SEVERITIES", "SPLITS", "SPLIT_METRICS", "CompareError",
-           "Group", "RunRecord", "build_report", "group_runs", "load_runs", "method_variant",
-           "paired_difference", "reference_for", "select_split", "write_report"]
+__all__ = ["COLUMNS", "DIFFS", "PAIRINGS", "RECORDS_FILE", "SCORES", "SHIFT_SEVERITIES", "SPLITS", "SPLIT_METRICS",
+           "CompareError", "Group", "RunRecord", "build_report", "group_runs", "load_runs", "method_variant",
+           "paired_difference", "read_records", "reference_for", "save_records", "select_split", "write_report"]
 # private names the tests and the terminal table reach through this module
 _PRIVATE = (_Report, _frontier, _pick_runs, _record, _sharing_history, _uses)
 

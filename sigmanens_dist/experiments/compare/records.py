@@ -4,23 +4,27 @@ runs over seeds) and the metric names compare reads."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import tempfile
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
+from sigmanens_dist.atomic import write_text
 from sigmanens_dist.config import Config
 from sigmanens_dist.experiments.study import DEFINITION, ROLE_TAG, method_table
 from sigmanens_dist.training.tracking import PARENT_TAG
 
-__all__ = ["CompareError", "Group", "RunRecord", "load_runs", "method_variant", "select_split"]
+__all__ = ["RECORDS_FILE", "CompareError", "Group", "RunRecord", "load_runs", "method_variant", "read_records",
+           "save_records", "select_split"]
 
 # table column -> the MLflow metric it is read from, per split: the loop's final validation, or the test-set
 # evaluation of the trained (raw, not EMA) weights
@@ -39,6 +43,7 @@ SHIFT_SEVERITIES = (3, 5)
 _SEVERITY = re.compile(r"^(eval/[^/]+/[^/]+)/shift/[^/]+/s(\d+)/(ece|nll)$")
 _AUROC = re.compile(r"^(eval/[^/]+/[^/]+)/ood_[^/]+/entropy/auroc$")  # predictive entropy, the README's OOD score
 _MS_PER_IMAGE = re.compile(r"^eval/test/raw/k(\d+)/ms_per_image$")  # forward time of the k-member ensemble
+RECORDS_FILE = "records.jsonl"  # every compared run as the table reads it, beside the table (read by --records)
 
 
 class CompareError(ValueError):
@@ -214,14 +219,66 @@ def _pick_runs(runs: list[Any], expected: list[str] | None) -> tuple[list[RunRec
             what = {"RUNNING": "running (or killed without a chance to report)", "KILLED": "interrupted",
                     "FAILED": "failed", "SCHEDULED": "scheduled"}.get(status, status.lower())
             notes.append(f"{name}: {what} (run {candidates[-1].info.run_id})")
-    # the same grid point and seed twice (two studies in one experiment): keep the newest
+    return _newest_per_point(records, notes), notes
+
+
+def _newest_per_point(records: list[RunRecord], notes: list[str]) -> list[RunRecord]:
+    """One run per grid point and seed, the last given (the newest) winning, with a note for each one replaced (two
+    studies in one experiment, or two records files holding the same point)."""
     unique: dict[tuple[Any, ...], RunRecord] = {}
     for r in records:
         if (r.key, r.seed) in unique:
             notes.append(f"{unique[(r.key, r.seed)].name}: replaced by the newer run {r.name} of the same grid point "
                          "and seed")
         unique[(r.key, r.seed)] = r
-    return list(unique.values()), notes
+    return list(unique.values())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Records files: the runs without their store
+
+
+def save_records(records: list[RunRecord], path: Path) -> Path:
+    """One JSON line per run, everything the table and plots read. A store need not outlive its machine (a scratch
+    disk, a cluster left behind): runs saved this way are compared later, with runs from other stores, by
+    ``sigmanens compare --records``. The score columns are left out: :func:`select_split` derives them from
+    ``split_values`` for the split asked for."""
+    derived = {col for names in SPLIT_METRICS.values() for col in names}
+    lines = []
+    for r in records:
+        row = asdict(r)
+        row["values"] = {k: v for k, v in r.values.items() if k not in derived}
+        lines.append(json.dumps(row, sort_keys=True))
+    return write_text(path, "".join(f"{line}\n" for line in lines))
+
+
+def read_records(paths: Sequence[Path]) -> tuple[list[RunRecord], list[str]]:
+    """The runs of records files written by :func:`save_records`, in order (a grid point and seed given twice: the
+    later one counts, with a note)."""
+    records = []
+    for path in paths:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError as err:
+            raise CompareError(f"--records {path}: cannot read it ({err.strerror}); a records file is the "
+                               f"{RECORDS_FILE} that sigmanens compare writes beside its table") from err
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                row["severity_ece"] = {int(k): v for k, v in row["severity_ece"].items()}
+                row["severity_nll"] = {int(k): v for k, v in row["severity_nll"].items()}
+                row["sharing_history"] = {int(k): (on, hist) for k, (on, hist) in row["sharing_history"].items()}
+                records.append(RunRecord(**row))
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
+                raise CompareError(f"--records {path}, line {number}: not a run record ({type(err).__name__}: "
+                                   f"{err}); a records file is the {RECORDS_FILE} that sigmanens compare writes") \
+                    from err
+    if not records:
+        raise CompareError(f"--records {' '.join(map(str, paths))}: no runs in them")
+    notes: list[str] = []
+    return _newest_per_point(records, notes), notes
 
 
 def _record(run: Any) -> RunRecord:

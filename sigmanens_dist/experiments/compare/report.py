@@ -18,10 +18,12 @@ from sigmanens_dist.experiments.compare.plots import (
 from sigmanens_dist.experiments.compare.records import (
     DIFFS,
     PAIRINGS,
+    RECORDS_FILE,
     CompareError,
     Group,
     RunRecord,
     _uses,
+    save_records,
     select_split,
 )
 from sigmanens_dist.experiments.compare.statistics import group_runs, paired_difference, reference_for
@@ -58,12 +60,13 @@ def build_report(records: list[RunRecord], reference: str | None, *, pair: str =
 
 def write_report(records: list[RunRecord], notes: list[str], out: Path, reference: str | None, *,
                  pair: str = "epochs", split: str = "auto") -> list[Path]:
-    """``table.md``, ``table.csv``, ``runs.csv`` and the plots in ``out``; returns the files written."""
+    """``table.md``, ``table.csv``, ``runs.csv``, the records (``records.jsonl``) and the plots in ``out``; returns
+    the files written."""
     report = build_report(records, reference, pair=pair, split=split)
     groups = report.groups
     out.mkdir(parents=True, exist_ok=True)
     files = [_markdown(report, notes, out / "table.md"), _csv(report, out / "table.csv"),
-             _runs_csv(records, out / "runs.csv")]
+             _runs_csv(records, out / "runs.csv"), save_records(records, out / RECORDS_FILE)]
     files += [p for p in (_plot_members(groups, out / "metric_vs_members.png"),
                           _plot_pareto(groups, out / "acc_vs_ece.png"),
                           _plot_cost(groups, out / "nll_vs_cost.png"),
