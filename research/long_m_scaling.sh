@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # Issue 27, part 3 (docs/results.md "M-scaling at convergence"): the paper's scaling claim at the long budget, run the
-# way a user runs it: slurm/m_scaling.sh on the local two-node Slurm cluster (launch/slurm_local.sh), one study per
-# lane with its MLflow parent, and the comparison job that writes the table and metric_vs_members.png.
-#   bash research/long_m_scaling.sh [OUT] [LANE...]   # default OUT runs/m_scaling_long; lanes below, in this order
-# Lanes (each its own study folder OUT/<lane>, seeds 0 1 2, children M-major so that a partial study pairs seeds):
+# way a user runs it: slurm/m_scaling.sh on the local two-node Slurm cluster (launch/slurm_local.sh), each study with
+# its MLflow parent and the comparison job that writes its table, metric_vs_members.png and records.jsonl.
+#   bash research/long_m_scaling.sh [OUT] [LANE...]   # default OUT runs/m_scaling_long; lanes below
+# Lanes (method and the ensemble sizes it is measured at):
 #   sigma     σN-Ens at M = 1, 2, 4, 8, 16 (the recipe's τ and γ start)
 #   packed2   Packed-Ensembles α = 2 at M = 2, 4, 8, 16
 #   packed3   Packed-Ensembles α = 3 at M = 2, 4, 8, 16
 #   batch     BatchEnsemble at M = 2, 4, 8
 #   deep      the Deep Ensemble at M = 2, 4, 8
-# Resumable: the same command again starts the cluster afresh and resubmits each unfinished lane; a finished child is
-# skipped by its array element, an interrupted one resumes from its checkpoint. One array element at a time
-# (SIGMANENS_ARRAY_LIMIT=1, one thread), every job's process group niced to 19 while it runs. Needs root (the daemons).
+# The work is cut into units, one study per lane, M and seed (OUT/<lane>-M<m>-s<seed>), seed-major (seeds 0 1 2) and
+# M ascending, so that what has finished already pairs whole seeds. A finished unit's runs are kept as
+# RECORDS/<unit>.jsonl (default results/m_scaling_long/records: the work outlives a machine that is not kept) and
+# a recorded unit is not run again; the table over all of them:
+#   sigmanens compare --records results/m_scaling_long/records/*.jsonl --reference sigma --out runs/m_scaling_long/all
+# Resumable: the same command again starts the cluster afresh; an interrupted unit resumes from its checkpoint when
+# OUT is still there. One array element at a time (SIGMANENS_ARRAY_LIMIT=1, one thread), every job's process group
+# niced to 19 while it runs. Needs root (the daemons).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/launch/setup.sh"
@@ -44,32 +49,39 @@ nice_jobs() {
   done
 }
 
-for lane in "${LANES[@]}"; do
-  dir="$OUT/$lane"
-  if [ -e "$dir/.finished" ]; then echo "[$(date +%T)] $lane: finished before, skipped"; continue; fi
-  echo "[$(date +%T)] $lane: submitting (M = ${MEMBERS[$lane]})"
-  # shellcheck disable=SC2086  # KNOBS holds zero or one override
-  array=$(SIGMANENS_CONFIG="$CFG" SIGMANENS_METHODS="${METHOD[$lane]}" SIGMANENS_MEMBERS="${MEMBERS[$lane]}" \
-    SIGMANENS_SEEDS="0 1 2" SIGMANENS_STUDY_DIR="$dir" SIGMANENS_EXPERIMENT="m_scaling_long" \
-    SIGMANENS_ARRAY_LIMIT=1 SIGMANENS_RUNS_ROOT="$OUT" MLFLOW_TRACKING_URI="$URI" OMP_NUM_THREADS=1 \
-    bash slurm/m_scaling.sh --gpus-per-node=0 --cpus-per-task=1 --time=24:00:00 --output="$dir/slurm-%A_%a.out" -- \
-    "${LONG_BUDGET[@]}" ${KNOBS[$lane]:-} 2>>"$OUT/$lane.log")
-  while squeue -h -o %i | grep -q .; do  # the array, then its comparison job
-    nice_jobs
-    sleep 30
-  done
-  left=$(python - "$dir/study.yaml" <<'PY'
+RECORDS="${RECORDS:-$ROOT/results/m_scaling_long/records}"
+mkdir -p "$RECORDS"
+for seed in 0 1 2; do
+  for m in 1 2 4 8 16; do
+    for lane in "${LANES[@]}"; do
+      [[ " ${MEMBERS[$lane]} " == *" $m "* ]] || continue
+      unit="$lane-M$m-s$seed" dir="$OUT/$lane-M$m-s$seed"
+      if [ -s "$RECORDS/$unit.jsonl" ]; then echo "[$(date +%T)] $unit: recorded before, skipped"; continue; fi
+      echo "[$(date +%T)] $unit: submitting"
+      # shellcheck disable=SC2086  # KNOBS holds zero or one override
+      array=$(SIGMANENS_CONFIG="$CFG" SIGMANENS_METHODS="${METHOD[$lane]}" SIGMANENS_MEMBERS="$m" \
+        SIGMANENS_SEEDS="$seed" SIGMANENS_STUDY_DIR="$dir" SIGMANENS_EXPERIMENT="m_scaling_long" \
+        SIGMANENS_ARRAY_LIMIT=1 SIGMANENS_RUNS_ROOT="$OUT" MLFLOW_TRACKING_URI="$URI" OMP_NUM_THREADS=1 \
+        bash slurm/m_scaling.sh --gpus-per-node=0 --cpus-per-task=1 --time=24:00:00 --output="$dir/slurm-%A_%a.out" \
+        -- "${LONG_BUDGET[@]}" ${KNOBS[$lane]:-} 2>>"$OUT/$unit.log")
+      while squeue -h -o %i | grep -q .; do  # the array, then its comparison job
+        nice_jobs
+        sleep 30
+      done
+      left=$(python - "$dir/study.yaml" <<'PY'
 import pathlib, sys, yaml
 d = yaml.safe_load(open(sys.argv[1]))
 print(sum(not (pathlib.Path(d["out"]) / c["name"] / "final_metrics.json").exists() for c in d["children"]))
 PY
 )
-  if [ "$left" = 0 ]; then
-    touch "$dir/.finished"
-    echo "[$(date +%T)] $lane: finished (array $array); table: $dir/compare/table.md"
-  else
-    echo "[$(date +%T)] $lane: array $array ended with $left unfinished children; see $dir/slurm-*.out"
-    touch "$OUT/.failed"
-  fi
+      if [ "$left" = 0 ] && [ -s "$dir/compare/records.jsonl" ]; then
+        cp "$dir/compare/records.jsonl" "$RECORDS/$unit.jsonl.tmp" && mv "$RECORDS/$unit.jsonl.tmp" "$RECORDS/$unit.jsonl"
+        echo "[$(date +%T)] $unit: finished (array $array), recorded: $RECORDS/$unit.jsonl"
+      else
+        echo "[$(date +%T)] $unit: array $array ended unfinished or without a table; see $dir/slurm-*.out, $OUT/$unit.log"
+        touch "$OUT/.failed"
+      fi
+    done
+  done
 done
 [ ! -e "$OUT/.failed" ]
