@@ -319,6 +319,7 @@ class Trainer:
                     self.save(nll)
             if preempt.poll():
                 preempt.drain()
+                batches.close()  # the loaders' prefetching stops before the process exits
                 seconds = self.save()
                 bar.close()
                 if env.is_main:
@@ -328,6 +329,7 @@ class Trainer:
                                 seconds, EXIT_PREEMPTED)
                 return EXIT_PREEMPTED
         preempt.drain()
+        batches.close()
         bar.close()
         metrics = self.evaluate(final=True)
         self.save(metrics.get("nll"))

@@ -435,3 +435,27 @@ def test_synthetic_tree_is_reproducible(tmp_path: Path) -> None:
     assert len(files) == 2 * 3 + 2 * 1
     assert all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
     assert datasets.ImageFolder(str(a / "val")).classes == ["n00000000", "n00000001"]
+
+
+def test_ffcv_pass_left_mid_epoch_stops_its_prefetch_thread(beton: Path) -> None:
+    """A pass the trainer leaves mid-epoch (max_steps, a preemption) must not leave FFCV's prefetch thread decoding:
+    a process exiting meanwhile aborted (exit -6) after a finished run. Left at every point of the epoch, the last
+    batches included (there the thread blocks on its final put), the thread has ended when the pass is closed."""
+    import threading
+
+    from ffcv.loader.epoch_iterator import EpochIterator
+
+    from sigmanens_dist.data.ffcv_io import FFCVLoader
+
+    def prefetching() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if isinstance(t, EpochIterator)]
+
+    loader = FFCVLoader(beton, 4, 0, 1, 1, seed=0, train=True, img_size=24, mean=(0.5,) * 3, std=(0.25,) * 3,
+                        batches_ahead=2)
+    for taken in (1, len(loader) - 2, len(loader) - 1):
+        batches = loader.iter_epoch(0)
+        for _ in range(taken):
+            next(batches)
+        assert prefetching(), "FFCV prefetches in a thread of its own"
+        batches.close()
+        assert not prefetching(), taken

@@ -16,6 +16,7 @@ Grayscale sources are stored as 3-channel RGB (the channel repeated): FFCV's ``R
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing import Process, Queue, SimpleQueue, Value
@@ -321,7 +322,24 @@ class _BetonStream:
             return
         self.start_batch = start_batch
         loader.next_epoch = epoch
-        yield from loader
+        epoch_iter = iter(loader)
+        try:
+            yield from epoch_iter
+        finally:
+            _stop_prefetch(epoch_iter)
+
+
+def _stop_prefetch(epoch_iter: Any) -> None:
+    """Stop FFCV's prefetch thread of a pass and wait for it. A pass left mid-epoch (``train.max_steps``, a
+    preemption) otherwise leaves the thread decoding in numba's thread pool, and a process that exits meanwhile
+    aborts ("terminate called without an active exception", exit -6, seen under load) although its run finished.
+    The thread checks the event when the full queue refuses a batch; emptying the queue also frees its final
+    blocking ``put(None)`` at the epoch's end."""
+    epoch_iter.terminate_event.set()
+    while epoch_iter.is_alive():
+        with contextlib.suppress(Empty):
+            epoch_iter.output_queue.get(timeout=0.1)
+    epoch_iter.join()
 
 
 class FFCVLoader(_BetonStream):
