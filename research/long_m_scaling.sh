@@ -38,12 +38,12 @@ export SLURM_CONF="$SLURM_LOCAL_DIR/slurm.conf"
 bash launch/slurm_local.sh up "$SLURM_LOCAL_DIR"
 trap 'bash launch/slurm_local.sh down "$SLURM_LOCAL_DIR"; stop_tracking' EXIT
 
-# The cluster's daemons and jobs (slurmstepd, and every process whose command line names OUT: the trainers): a job's
-# tasks run in sessions of their own, so niceness alone would not yield to interactive work; their autogroups are
-# niced as well.
+# This cluster's daemons and jobs (every process whose command line names OUT: slurmctld and slurmd by their
+# slurm.conf, the trainers by their run folder; never another cluster's, e.g. the test suite's): a job's tasks run in
+# sessions of their own, so niceness alone would not yield to interactive work; their autogroups are niced as well.
 nice_jobs() {
   local pid
-  for pid in $(pgrep -f -- "$OUT/") $(pgrep -x slurmstepd) $(pgrep -x slurmd) $(pgrep -x slurmctld); do
+  for pid in $(pgrep -f -- "$OUT/"); do
     renice -n 19 -p "$pid" >/dev/null 2>&1 || true
     echo 19 2>/dev/null > "/proc/$pid/autogroup" || true
   done
