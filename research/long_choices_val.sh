@@ -6,8 +6,8 @@
 # study's runs are kept in results/choices_val/records/<study>.jsonl (RECORDS), so the work outlives OUT: a study
 # recorded there is not run again.
 #   bash research/long_choices_val.sh [OUT] [SEEDS] [TAUS]   # defaults: runs/choices_val, "0 1 2", "0.5 0.25 1 0.1"
-# Then: sigmanens compare --records results/choices_val/records/*.jsonl --split val --out runs/choices_val/compare_val,
-# and once for the chosen τ: --split test.
+# Then: sigmanens compare --records results/choices_val/records/*.jsonl --split val --out results/choices_val/val,
+# and once for the chosen τ and the single model (their records files only): --split test.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/launch/setup.sh"
