@@ -101,12 +101,18 @@ record_study() {
   local name=$1 parent
   parent=$(python -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["tracking"]["parent_run_id"])' \
     "$OUT/$name/study.yaml")
-  mkdir -p "$RECORDS"
   if sigmanens compare --parent "$parent" --uri "$URI" --out "$OUT/$name/compare" >>"$OUT/$name.log" 2>&1; then
-    cp "$OUT/$name/compare/records.jsonl" "$RECORDS/$name.jsonl.tmp" && mv "$RECORDS/$name.jsonl.tmp" "$RECORDS/$name.jsonl"
+    keep_records "$OUT/$name/compare/records.jsonl" "$name"
     echo "[$(date +%T)] study $name recorded: $RECORDS/$name.jsonl"
   else
     echo "[$(date +%T)] study $name: its compare failed, not recorded: $OUT/$name.log"
     touch "$OUT/.failed"
   fi
+}
+
+# keep_records FILE NAME: publish a comparison's records file as RECORDS/NAME.jsonl whole or not at all (a file there
+# means "done": a half-copied one must never appear).
+keep_records() {
+  mkdir -p "$RECORDS"
+  cp "$1" "$RECORDS/$2.jsonl.tmp" && mv "$RECORDS/$2.jsonl.tmp" "$RECORDS/$2.jsonl"
 }

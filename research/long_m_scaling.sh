@@ -50,7 +50,6 @@ nice_jobs() {
 }
 
 RECORDS="${RECORDS:-$ROOT/results/m_scaling_long/records}"
-mkdir -p "$RECORDS"
 for seed in 0 1 2; do
   for m in 1 2 4 8 16; do
     for lane in "${LANES[@]}"; do
@@ -75,7 +74,7 @@ print(sum(not (pathlib.Path(d["out"]) / c["name"] / "final_metrics.json").exists
 PY
 )
       if [ "$left" = 0 ] && [ -s "$dir/compare/records.jsonl" ]; then
-        cp "$dir/compare/records.jsonl" "$RECORDS/$unit.jsonl.tmp" && mv "$RECORDS/$unit.jsonl.tmp" "$RECORDS/$unit.jsonl"
+        keep_records "$dir/compare/records.jsonl" "$unit"
         echo "[$(date +%T)] $unit: finished (array $array), recorded: $RECORDS/$unit.jsonl"
       else
         echo "[$(date +%T)] $unit: array $array ended unfinished or without a table; see $dir/slurm-*.out, $OUT/$unit.log"
