@@ -17,12 +17,15 @@
 # Resumable: the same command again starts the cluster afresh; an interrupted unit resumes from its checkpoint when
 # OUT is still there. One array element at a time (SIGMANENS_ARRAY_LIMIT=1, one thread), every job's process group
 # niced to 19 while it runs. Needs root (the daemons).
+# Two cores, two drivers: SEEDS (default "0 1 2") picks the seeds a driver runs; give each driver its own OUT,
+# SIGMANENS_REPRO_PORT (MLflow) and SLURM_LOCAL_PORT (its cluster), e.g.
+#   SEEDS=1 SIGMANENS_REPRO_PORT=5082 SLURM_LOCAL_PORT=16927 bash research/long_m_scaling.sh runs/m_scaling_long_b sigma
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/launch/setup.sh"
 cd "$ROOT"
 source "$ROOT/launch/studies.sh"
-studies_begin "${1:-runs/m_scaling_long}" 5081
+out_arg="${1:-runs/m_scaling_long}"
 shift $(($# > 0 ? 1 : 0))
 read -r -a LANES <<< "${*:-sigma packed2 packed3 batch deep}"
 
@@ -32,6 +35,11 @@ declare -A KNOBS=([packed2]="model.packed_alpha=2" [packed3]="model.packed_alpha
 for lane in "${LANES[@]}"; do
   [ -n "${METHOD[$lane]:-}" ] || { echo "long_m_scaling: unknown lane $lane (sigma packed2 packed3 batch deep)" >&2; exit 2; }
 done
+read -r -a SEED_LIST <<< "${SEEDS:-0 1 2}"
+for seed in "${SEED_LIST[@]}"; do
+  [[ $seed =~ ^[0-9]+$ ]] || { echo "long_m_scaling: SEEDS holds '$seed'; seeds are non-negative integers, e.g. SEEDS=\"0 1\"" >&2; exit 2; }
+done
+studies_begin "$out_arg" 5081
 
 export SLURM_LOCAL_DIR="$OUT/slurm" SLURM_LOCAL_PORT="${SLURM_LOCAL_PORT:-16917}"
 export SLURM_CONF="$SLURM_LOCAL_DIR/slurm.conf"
@@ -50,7 +58,7 @@ nice_jobs() {
 }
 
 RECORDS="${RECORDS:-$ROOT/results/m_scaling_long/records}"
-for seed in 0 1 2; do
+for seed in "${SEED_LIST[@]}"; do
   for m in 1 2 4 8 16; do
     for lane in "${LANES[@]}"; do
       [[ " ${MEMBERS[$lane]} " == *" $m "* ]] || continue
