@@ -377,8 +377,9 @@ def test_a_methods_own_knobs_away_from_default_make_a_variant_that_compare_keeps
     picked, _ = _pick_runs([raw(0, "2", 1), raw(0, "3", 2), raw(0, "2", 3)], None)
     assert sorted((r.variant, r.run_id) for r in picked) == [("", "23"), ("α=3", "32")]
     groups = group_runs(records)
-    assert [(g.label(), len(g.runs)) for g in groups] == [("packed M=4", 2), ("packed (α=3) M=4", 2),
-                                                         ("packed (α=3 γ=2) M=4", 1)]
+    assert [(g.label(), len(g.runs)) for g in groups] == [("Packed-Ensembles M=4", 2),
+                                                         ("Packed-Ensembles (α=3) M=4", 2),
+                                                         ("Packed-Ensembles (α=3 γ=2) M=4", 1)]
     assert groups[1].mean("acc") == pytest.approx(0.9)
     words = {"model.method": "sigma", "model.member_batches": "shared", "optim.sigma_lr_scale": "num_members"}
     assert method_variant("sigma", words) == "batches=shared"  # a word knob; a word default is no variant

@@ -64,18 +64,6 @@ def human(x: float) -> str:
     return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
 
 
-def _title(g: Group) -> str:
-    """The configuration as a column heading: ``σN-Ens M=4 τ=0.5 λ=0.001``."""
-    from sigmanens_dist.experiments.compare import _uses
-
-    parts = [display_name(g.method) + (f" ({g.variant})" if g.variant else "")]
-    parts += [f"M={g.members}"] if _uses(g.method, "members") else []
-    parts += [f"τ={g.tau:g}"] if g.tau is not None else []
-    parts += [f"λ={g.lam:g}"] if g.lam is not None else []
-    parts += [f"{g.budget}× steps"] if g.budget != 1 else []
-    return " ".join(parts)
-
-
 def _value(report: _Report, g: Group, column: str, *, std: bool = True) -> str:
     mean, sd = g.mean(column), g.std(column)
     if math.isnan(mean):
@@ -132,7 +120,7 @@ def _few(report: _Report) -> Table:
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold", expand=False)
     table.add_column("", no_wrap=True)
     for g in report.groups:
-        table.add_column(_title(g), justify="right", overflow="fold")
+        table.add_column(g.label(), justify="right", overflow="fold")
     if len({len(g.runs) for g in report.groups}) > 1:
         table.add_row("seeds", *(str(len(g.runs)) for g in report.groups))
     present = {c[0] for c in report.columns}
@@ -160,7 +148,7 @@ def _many(report: _Report) -> Table:
     for _, label in diffs:
         table.add_column(label, justify="right", no_wrap=True)
     for g in report.groups:
-        table.add_row(_title(g), *(_value(report, g, c, std=False) for c, _ in shown),
+        table.add_row(g.label(), *(_value(report, g, c, std=False) for c, _ in shown),
                       *(_diff(report, g, c) for c, _ in diffs))
     return table
 

@@ -22,7 +22,7 @@ def _series(groups: list[Group]) -> dict[str, list[Group]]:
         extra = (f" τ={g.tau:g}" if g.tau is not None else "") + (f" λ={g.lam:g}" if g.lam is not None else "")
         if g.method in budgeted:
             extra += " (steps × budget)"  # the equal-compute line: budget b is drawn at M = b
-        lines[g.name + extra].append(g)
+        lines[g.display + extra].append(g)
     return lines
 
 
@@ -84,19 +84,19 @@ def _plot_pareto(groups: list[Group], path: Path) -> Path | None:
         return None
     fig = Figure(figsize=(7 * len(panels) + 2, 5.5), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(panels)))
-    methods = list(dict.fromkeys(g.name for g in groups))
+    methods = list(dict.fromkeys(g.display for g in groups))
     colors = dict(zip(methods, _colors(len(methods)), strict=True))
     for ax, (column, title) in zip(axes, panels, strict=True):
         points = [(g.mean(column), g.mean("acc"), g) for g in groups if not math.isnan(g.mean(column) + g.mean("acc"))]
         for method in methods:
-            mine = [p for p in points if p[2].name == method]
+            mine = [p for p in points if p[2].display == method]
             if not mine:
                 continue
             ax.scatter([p[0] for p in mine], [p[1] for p in mine], label=method, s=40, color=colors[method])
             for x, y, g in mine:
                 label = " ".join(
                     ([f"τ={g.tau:g}"] if g.tau is not None else []) + ([f"λ={g.lam:g}"] if g.lam == 0 else [])
-                    + ([f"M={g.members}"] if _uses(method, "members") and len({p[2].members for p in points}) > 1
+                    + ([f"M={g.members}"] if _uses(g.method, "members") and len({p[2].members for p in points}) > 1
                        else []) + ([f"{g.mean('sharing'):.2f} on"] if not math.isnan(g.mean("sharing")) else [])
                     + ([f"{g.budget}× steps"] if g.budget != 1 else []))
                 ax.annotate(label, (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")

@@ -104,8 +104,16 @@ class Group:
         """The method, with its variant if any: ``packed (α=3)``."""
         return f"{self.method} ({self.variant})" if self.variant else self.method
 
+    @property
+    def display(self) -> str:
+        """The method by the name people know it (plots, terminal), with its variant: ``Packed-Ensembles (α=3)``."""
+        from sigmanens_dist.methods import display_name  # methods import torch: only a report needs it
+
+        return display_name(self.method) + (f" ({self.variant})" if self.variant else "")
+
     def label(self) -> str:
-        parts = [self.name] + ([f"M={self.members}"] if _uses(self.method, "members") else [])
+        """The configuration in words: ``σN-Ens M=4 τ=0.5 λ=0.01``."""
+        parts = [self.display] + ([f"M={self.members}"] if _uses(self.method, "members") else [])
         parts += [f"τ={self.tau:g}"] if self.tau is not None else []
         parts += [f"λ={self.lam:g}"] if self.lam is not None else []
         parts += [f"{self.budget}× steps"] if self.budget != 1 else []
