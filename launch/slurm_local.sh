@@ -104,6 +104,10 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
   done
 }
 
+port_in_use() {  # something on 127.0.0.1 accepts connections on port $1
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
 both_idle() {
   [ "$(sinfo -h -N -o '%N %t' | awk '$2 == "idle" {n++} END {print n + 0}')" = 2 ]
 }
@@ -112,6 +116,11 @@ up() {
   install_packages
   [ "$(id -u)" = 0 ] || die "the daemons run as root; run this as root"
   [ -n "$(pid_of slurmctld)" ] && die "already up (slurmctld pid $(pid_of slurmctld)); run '$0 down $STATE' first"
+  local port
+  for port in "$PORT" $((PORT + 1)) $((PORT + 2)); do
+    ! port_in_use "$port" || die "port $port on 127.0.0.1 is taken (another cluster?); SLURM_LOCAL_PORT=N gives this one N, N+1, N+2"
+  done
+  trap 'echo "slurm_local: up failed; stopping what it started" >&2; down >&2' EXIT  # no daemon outlives a failed up
   write_config
   export SLURM_CONF="$STATE/slurm.conf"
   munged --force --key-file="$STATE/munge/munge.key" --socket="$STATE/munge/munge.socket" \
@@ -123,6 +132,7 @@ up() {
   slurmd -N n1 -f "$SLURM_CONF"
   slurmd -N n2 -f "$SLURM_CONF"
   wait_for 60 "nodes n1 and n2 to be idle" both_idle
+  trap - EXIT
   echo "slurm_local: up; export SLURM_CONF=$SLURM_CONF"
 }
 

@@ -17,6 +17,7 @@
 # Resumable: the same command again starts the cluster afresh; an interrupted unit resumes from its checkpoint when
 # OUT is still there. One array element at a time (SIGMANENS_ARRAY_LIMIT=1, one thread), every job's process group
 # niced to 19 while it runs. Needs root (the daemons).
+# MEMBERS (default "1 2 4 8 16") keeps only those ensemble sizes, e.g. MEMBERS="8 16" for the claim's end first.
 # Two cores, two drivers: SEEDS (default "0 1 2") picks the seeds a driver runs; give each driver its own OUT,
 # SIGMANENS_REPRO_PORT (MLflow) and SLURM_LOCAL_PORT (its cluster), e.g.
 #   SEEDS=1 SIGMANENS_REPRO_PORT=5082 SLURM_LOCAL_PORT=16927 bash research/long_m_scaling.sh runs/m_scaling_long_b sigma
@@ -30,7 +31,7 @@ shift $(($# > 0 ? 1 : 0))
 read -r -a LANES <<< "${*:-sigma packed2 packed3 batch deep}"
 
 declare -A METHOD=([sigma]=sigma [packed2]=packed [packed3]=packed [batch]=batch [deep]=deep)
-declare -A MEMBERS=([sigma]="1 2 4 8 16" [packed2]="2 4 8 16" [packed3]="2 4 8 16" [batch]="2 4 8" [deep]="2 4 8")
+declare -A LANE_MEMBERS=([sigma]="1 2 4 8 16" [packed2]="2 4 8 16" [packed3]="2 4 8 16" [batch]="2 4 8" [deep]="2 4 8")
 declare -A KNOBS=([packed2]="model.packed_alpha=2" [packed3]="model.packed_alpha=3")
 for lane in "${LANES[@]}"; do
   [ -n "${METHOD[$lane]:-}" ] || { echo "long_m_scaling: unknown lane $lane (sigma packed2 packed3 batch deep)" >&2; exit 2; }
@@ -38,6 +39,10 @@ done
 read -r -a SEED_LIST <<< "${SEEDS:-0 1 2}"
 for seed in "${SEED_LIST[@]}"; do
   [[ $seed =~ ^[0-9]+$ ]] || { echo "long_m_scaling: SEEDS holds '$seed'; seeds are non-negative integers, e.g. SEEDS=\"0 1\"" >&2; exit 2; }
+done
+read -r -a M_LIST <<< "${MEMBERS:-1 2 4 8 16}"
+for m in "${M_LIST[@]}"; do
+  [[ " 1 2 4 8 16 " == *" $m "* ]] || { echo "long_m_scaling: MEMBERS holds '$m'; the grid's sizes are 1 2 4 8 16" >&2; exit 2; }
 done
 studies_begin "$out_arg" 5081
 
@@ -59,9 +64,9 @@ nice_jobs() {
 
 RECORDS="${RECORDS:-$ROOT/results/m_scaling_long/records}"
 for seed in "${SEED_LIST[@]}"; do
-  for m in 1 2 4 8 16; do
+  for m in "${M_LIST[@]}"; do
     for lane in "${LANES[@]}"; do
-      [[ " ${MEMBERS[$lane]} " == *" $m "* ]] || continue
+      [[ " ${LANE_MEMBERS[$lane]} " == *" $m "* ]] || continue
       unit="$lane-M$m-s$seed" dir="$OUT/$lane-M$m-s$seed"
       if [ -s "$RECORDS/$unit.jsonl" ]; then echo "[$(date +%T)] $unit: recorded before, skipped"; continue; fi
       echo "[$(date +%T)] $unit: submitting"

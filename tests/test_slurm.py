@@ -84,6 +84,20 @@ def _mlflow_runs(runs_root: Path) -> list:
     return [(r, client) for r in client.search_runs(experiments)]
 
 
+def test_a_second_cluster_on_taken_ports_is_refused_before_starting(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Two local clusters on one machine (two research drivers) need their own ports: ``up`` on a port this session's
+    cluster holds says which port and how to pick others, and starts no daemon (not even munged)."""
+    port = re.search(r"^SlurmctldPort=(\d+)$", slurm.conf.read_text(), re.M)
+    assert port is not None
+    state = tmp_path / "second"
+    out = subprocess.run(["bash", str(REPO / "launch/slurm_local.sh"), "up", str(state)], capture_output=True,
+                         text=True, timeout=120, check=False, env={**slurm.env(), "SLURM_LOCAL_PORT": port[1]})
+    assert out.returncode == 1
+    assert f"port {port[1]} on 127.0.0.1 is taken" in out.stderr and "SLURM_LOCAL_PORT=N" in out.stderr
+    assert not list(state.glob("run/*.pid")) and str(state) not in subprocess.run(
+        ["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+
+
 def test_user_scancel_is_not_requeued(slurm: SlurmCluster, tmp_path: Path) -> None:
     """scancel (SIGTERM to the batch shell and the steps): the trainer checkpoints, the MLflow run is KILLED, and the
     script does not requeue. Uses the one-node script."""
