@@ -12,6 +12,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -22,6 +23,7 @@ from sigmanens_dist.cli.study import main as study_main
 from sigmanens_dist.experiments.compare import (
     CompareError,
     RunRecord,
+    build_report,
     group_runs,
     load_runs,
     paired_difference,
@@ -279,6 +281,37 @@ def test_pairing_at_equal_epochs_or_equal_compute(tmp_path: Path) -> None:
         r.split_values["test"] = {"acc": r.values["acc"]}
     write_report(records, [], tmp_path, "single", pair="compute", split="test")
     assert "**Selection on the test set:** this table compares 3 configurations" in (tmp_path / "table.md").read_text()
+
+
+def test_pairing_with_the_next_smaller_m(tmp_path: Path) -> None:
+    """``--pair members``: each configuration against itself at the next smaller M present (a gap is skipped, another
+    method or τ is never the reference), so an M-scaling table says what each step up in M bought."""
+    from sigmanens_dist.experiments import terminal
+
+    acc = {1: 0.80, 2: 0.85, 4: 0.87, 16: 0.86}
+    records = [_record("sigma", m, 0.5, s, a + 0.001 * s * m) for m, a in acc.items() for s in range(3)]
+    records += [_record("sigma", 8, 1.0, s, 0.9) for s in range(3)]  # another τ: its own line, nothing smaller
+    records += [_record("packed", m, None, s, 0.7 + 0.01 * m) for m in (2, 4) for s in range(3)]
+    groups = group_runs(records)
+
+    def at(method: str, m: int, tau: float | None = 0.5) -> Any:
+        return next(g for g in groups if (g.method, g.members, g.tau) == (method, m, tau))
+
+    assert reference_for(at("sigma", 16), groups, "sigma", "members") is at("sigma", 4)  # M=8 has another τ
+    assert reference_for(at("sigma", 1), groups, "sigma", "members") is None
+    assert reference_for(at("sigma", 8, 1.0), groups, "sigma", "members") is None
+    assert reference_for(at("packed", 2, None), groups, "sigma", "members") is None  # not σN-Ens M=1
+    assert reference_for(at("packed", 4, None), groups, "sigma", "members") is at("packed", 2, None)
+    write_report(records, [], tmp_path, None, pair="members")
+    table = (tmp_path / "table.md").read_text()
+    assert "Δacc vs smaller M [95% CI]" in table and "at the next smaller M" in table
+    row16 = next(line for line in table.splitlines() if line.startswith("| sigma | 16 |"))
+    assert "| +0.0020 [" in row16  # per seed s: 0.86 + 0.016 s − (0.87 + 0.004 s), s = 0, 1, 2
+    assert "diff_acc_vs_smaller_M_mean" in (tmp_path / "table.csv").read_text().splitlines()[0]
+    text = terminal.render(build_report(records, None, pair="members"), [])
+    assert "Δ: the difference to the same configuration at the next smaller M" in " ".join(text.split())
+    with pytest.raises(CompareError, match="--reference 'sigma' plays no part with --pair members"):
+        build_report(records, "sigma", pair="members")
 
 
 def test_compare_errors_name_what_is_wrong(tmp_path: Path) -> None:

@@ -7,7 +7,8 @@
 Runs are grouped by grid point (method, M, τ, λ, step budget) and summarised over seeds as mean ± std; the
 difference to the reference method is paired by seed, with a 95% t interval, at equal epochs (the reference at the
 same budget) or at equal training compute (``--pair compute``: the reference whose images × members through the
-backbone are the same). Everything is read from what the trainer logs to MLflow: the params (the flattened config),
+backbone are the same); ``--pair members`` pairs each configuration with itself at the next smaller M (does
+doubling M still help?). Everything is read from what the trainer logs to MLflow: the params (the flattened config),
 the test-set evaluation (``eval/test/raw/*``, from ``eval.at_end`` or ``sigmanens eval``) or the final ``val/*``
 metrics, and the ``final/*`` extras. The table (Markdown and CSV, plus a CSV of every run) and the plots are logged
 back to the study's parent run. Every compared run is also saved, store-free, in ``records.jsonl`` beside the

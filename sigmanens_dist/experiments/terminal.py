@@ -84,7 +84,7 @@ def _value(report: _Report, g: Group, column: str, *, std: bool = True) -> str:
 def _diff(report: _Report, g: Group, column: str) -> str:
     """``+0.0200 ± 0.0100``: the paired difference and the half width of its 95% t interval (one seed: no interval);
     ``—`` for the reference itself, blank where nothing pairs."""
-    if g.method == report.reference and report.reference_of(g) is None:
+    if report.reference_of(g) is None and (g.method == report.reference or report.pair == "members"):
         return "—"
     diff = report.difference(g, column)
     if diff is None:
@@ -110,8 +110,8 @@ def _heading(report: _Report) -> list[str]:
     where = "test set" if report.split == "test" else "validation split"
     text = f"Scores on the {where}, {_seeds(report)}."
     if report.diffs:
-        pairing = PAIRED_AT.get(report.pair, report.pair)
-        text += f" Δ: the difference to {display_name(report.reference)} {pairing}" + (
+        text += (" Δ: the difference to the same configuration at the next smaller M" if report.pair == "members"
+                 else f" Δ: the difference to {display_name(report.reference)} {PAIRED_AT[report.pair]}") + (
             "." if _one_seed(report) else ", paired by seed, ± the half width of its 95% t interval.")
     return textwrap.wrap(text, WIDTH)
 

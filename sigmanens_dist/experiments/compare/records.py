@@ -34,7 +34,9 @@ SPLIT_METRICS = {"val": {c: f"val/{c}" for c in SCORES} | {"sharing": "val/shari
 SPLITS = ("auto", "test", "val")
 PAIRINGS = {"epochs": "the same M, τ, λ (where both methods have them) and step budget: equal epochs",
             "compute": "the same training compute (images × members through the backbone) and τ, λ where both "
-                       "methods have them: e.g. σN-Ens M=4 against the single model trained 4× the steps"}
+                       "methods have them: e.g. σN-Ens M=4 against the single model trained 4× the steps",
+            "members": "the same method, variant, τ, λ and step budget at the next smaller M: what the last step "
+                       "up in M bought (an M-scaling study's question: does it still improve, or saturate?)"}
 DIFFS = ("acc", "nll", "ece", "brier", "ood_auroc", "ece_shift", "nll_shift")  # paired against the reference
 # "under shift": the mean over corruptions and these severities (the strong end, where calibration breaks)
 SHIFT_SEVERITIES = (3, 5)

@@ -44,6 +44,9 @@ def build_report(records: list[RunRecord], reference: str | None, *, pair: str =
     """The grouped runs, their columns and the reference they pair with: what the files and the terminal show."""
     if pair not in PAIRINGS:
         raise CompareError(f"--pair {pair!r}: choose one of {', '.join(PAIRINGS)}")
+    if pair == "members" and reference is not None:
+        raise CompareError(f"--reference {reference!r} plays no part with --pair members (each configuration is "
+                           "paired with itself at the next smaller M); give one or the other")
     split = select_split(records, split)
     groups = group_runs(records)
     methods = [g.method for g in groups]
@@ -53,8 +56,9 @@ def build_report(records: list[RunRecord], reference: str | None, *, pair: str =
         raise CompareError(f"--reference {reference!r}: no finished runs of that method; methods here: "
                            f"{', '.join(dict.fromkeys(methods))}")
     columns = [c for c in COLUMNS if any(c[0] in r.values for r in records)]
-    # with one method every group would pair with itself: no difference columns
-    diffs = [c for c in DIFFS if any(c in r.values for r in records)] if len(set(methods)) > 1 else []
+    # with one method every group would pair with itself (except with the next smaller M): no difference columns
+    paired = len(set(methods)) > 1 or pair == "members"
+    diffs = [c for c in DIFFS if any(c in r.values for r in records)] if paired else []
     return _Report(groups, columns, diffs, reference, pair, split)
 
 
@@ -92,6 +96,11 @@ class _Report:
     reference: str
     pair: str
     split: str
+
+    @property
+    def against(self) -> str:
+        """What the differences are taken against, in a column name: the reference method, or the smaller M."""
+        return "smaller M" if self.pair == "members" else self.reference
 
     @property
     def budgets(self) -> bool:  # a step-budget column only where budgets vary
@@ -132,7 +141,7 @@ def _axis_cells(g: Group) -> list[str]:
 def _markdown(report: _Report, notes: list[str], path: Path) -> Path:
     axes = ["method", "M", "τ", "λ", *(["steps"] if report.budgets else []), "seeds"]
     head = [*axes, *(c[1] for c in report.columns),
-            *(f"Δ{d} vs {report.reference} [95% CI]" for d in report.diffs)]
+            *(f"Δ{d} vs {report.against} [95% CI]" for d in report.diffs)]
     lines = ["| " + " | ".join(head) + " |",
              "|" + "|".join(["---"] * len(axes) + ["---:"] * (len(head) - len(axes))) + "|"]
     for g in report.groups:
@@ -147,7 +156,8 @@ def _markdown(report: _Report, notes: list[str], path: Path) -> Path:
         text += (f"**Selection on the test set:** this table compares {len(report.groups)} configurations; a choice "
                  "among them read off it is tuned on the test set: choose with `--split val`, then read this table "
                  "once for the configurations chosen. ")
-    text += (f"Δ: the paired difference (same seed) against {report.reference} at {PAIRINGS[report.pair]}, with the "
+    against = "" if report.pair == "members" else f"{report.reference} at "
+    text += (f"Δ: the paired difference (same seed) against {against}{PAIRINGS[report.pair]}, with the "
              "95% t interval; it excludes 0 when both ends have the same sign. " if report.diffs else
              "One method only: no paired differences (a study with `--methods sigma,single` has a reference). ")
     text += "Steps: the recipe's train.max_steps × this budget. " if report.budgets else ""
@@ -164,7 +174,7 @@ def _csv(report: _Report, path: Path) -> Path:
         w = csv.writer(f)
         w.writerow(["method", "M", "tau", "lambda", "budget", "seeds", "split", "pair",
                     *(f"{c[0]}_{s}" for c in report.columns for s in ("mean", "std")),
-                    *(f"diff_{d}_vs_{report.reference}_{s}" for d in report.diffs
+                    *(f"diff_{d}_vs_{report.against.replace(' ', '_')}_{s}" for d in report.diffs
                       for s in ("mean", "lo", "hi", "pairs"))])
         for g in report.groups:
             row: list[Any] = [*_axis_cells(g), g.budget, len(g.runs), report.split, report.pair]

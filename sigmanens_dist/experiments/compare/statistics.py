@@ -42,7 +42,13 @@ def paired_difference(group: Group, ref: Group, column: str) -> tuple[float, flo
 
 
 def reference_for(group: Group, groups: list[Group], reference: str, pair: str = "epochs") -> Group | None:
-    """The reference method's group to pair ``group`` with (``PAIRINGS``); None if not exactly one."""
+    """The reference method's group to pair ``group`` with (``PAIRINGS``); None if not exactly one. ``members``:
+    the group's own configuration at the next smaller M (the reference method plays no part)."""
+    if pair == "members":
+        same = (group.method, group.variant, group.tau, group.lam, group.budget)
+        smaller = [g for g in groups if (g.method, g.variant, g.tau, g.lam, g.budget) == same
+                   and g.members < group.members]
+        return max(smaller, key=lambda g: g.members, default=None)
     candidates = [g for g in groups if g.method == reference]
     axes = [("reg", "tau"), ("reg", "lam")] + ([("members", "members")] if pair == "epochs" else [])
     for axis, attr in axes:
