@@ -414,6 +414,9 @@ def test_a_methods_own_knobs_away_from_default_make_a_variant_that_compare_keeps
                                                          ("Packed-Ensembles (α=3) M=4", 2),
                                                          ("Packed-Ensembles (α=3 γ=2) M=4", 1)]
     assert groups[1].mean("acc") == pytest.approx(0.9)
+    # the method as reference: each variant is paired against its defaults (the defaults with themselves: no Δ)
+    assert [reference_for(g, groups, "packed") for g in groups] == [groups[0]] * 3
+    assert paired_difference(groups[1], groups[0], "acc")[:1] == pytest.approx((0.1,))
     words = {"model.method": "sigma", "model.member_batches": "shared", "optim.sigma_lr_scale": "num_members"}
     assert method_variant("sigma", words) == "batches=shared"  # a word knob; a word default is no variant
     # the affine start: what auto resolves to is no variant (plain from scratch, divide from a source)

@@ -43,7 +43,8 @@ def paired_difference(group: Group, ref: Group, column: str) -> tuple[float, flo
 
 def reference_for(group: Group, groups: list[Group], reference: str, pair: str = "epochs") -> Group | None:
     """The reference method's group to pair ``group`` with (``PAIRINGS``); None if not exactly one. ``members``:
-    the group's own configuration at the next smaller M (the reference method plays no part)."""
+    the group's own configuration at the next smaller M (the reference method plays no part). Where the reference
+    method comes in several variants, its default one is the reference (a variant is paired against it)."""
     if pair == "members":
         same = (group.method, group.variant, group.tau, group.lam, group.budget)
         smaller = [g for g in groups if (g.method, g.variant, g.tau, g.lam, g.budget) == same
@@ -59,4 +60,6 @@ def reference_for(group: Group, groups: list[Group], reference: str, pair: str =
     else:
         compute = group.mean("train_compute")
         candidates = [g for g in candidates if math.isclose(g.mean("train_compute"), compute, rel_tol=0.01)]
+    if len(candidates) > 1:  # the reference method in several variants (e.g. two γ starts): its defaults
+        candidates = [g for g in candidates if not g.variant]
     return candidates[0] if len(candidates) == 1 else None
