@@ -16,8 +16,9 @@
 #   SIGMANENS_RUN_DIR         the exact run directory (default: $SIGMANENS_RUNS_ROOT/<name>-<job id>, array
 #                             elements <name>-<array job id>_<task id>): a requeued job finds its checkpoints here
 #   SIGMANENS_NPROC_PER_NODE  processes per node (default: $SLURM_GPUS_ON_NODE, else 1)
-#   SIGMANENS_RDZV_PORT       rendezvous port (default: 10000 + job id mod 22000, so jobs sharing a host differ,
-#                             below Linux's ephemeral range 32768-60999 where outgoing connections take ports)
+#   SIGMANENS_RDZV_PORT       rendezvous port (default: the first port from 10000 + job id mod 22000 on that nothing
+#                             listens on at the head, below Linux's ephemeral range 32768-60999 where outgoing
+#                             connections take ports); one given and taken fails the attempt
 #   SIGMANENS_SHUTDOWN_TIMEOUT seconds torchrun waits for workers after forwarding a signal before SIGKILL
 #                             (default 300; must exceed the checkpoint time the trainer logs)
 #   SIGMANENS_MAX_RETRIES     requeues after failures that made no checkpoint progress (default 3)
@@ -79,6 +80,31 @@ _sm_retry_or_stop() {
     _sm_requeue "$4 (the attempt made checkpoint progress)"
   fi
   _sm_requeue "$4 ($stuck attempt(s) in a row without checkpoint progress; giving up after $(($2 + 1)))"
+}
+
+# Whether something on host $1 accepts connections on port $2.
+_sm_listening() { timeout 2 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$1" "$2" 2>/dev/null; }
+
+# The rendezvous port on the head $1 (printed), checked from the batch step, which runs on the head: a port another
+# job's rendezvous holds (two jobs whose ids agree mod 22000, or two clusters on one host) would take this job's
+# agents into a rendezvous of the other job, where they wait until the time limit. SIGMANENS_RDZV_PORT is used as
+# given (an error if taken); else the first free port from 10000 + job id mod 22000 on, 64 tries.
+_sm_rdzv_port() {
+  local port try
+  if [ -n "${SIGMANENS_RDZV_PORT:-}" ]; then
+    if _sm_listening "$1" "$SIGMANENS_RDZV_PORT"; then
+      _sm_log "SIGMANENS_RDZV_PORT=$SIGMANENS_RDZV_PORT is taken on $1 (another job's rendezvous?)" >&2
+      return 1
+    fi
+    echo "$SIGMANENS_RDZV_PORT"
+    return 0
+  fi
+  for try in $(seq 0 63); do
+    port=$((10000 + (SLURM_JOB_ID + try) % 22000))
+    _sm_listening "$1" "$port" || { echo "$port"; return 0; }
+  done
+  _sm_log "no free rendezvous port on $1 from $((10000 + SLURM_JOB_ID % 22000)) on (64 tried); set SIGMANENS_RDZV_PORT" >&2
+  return 1
 }
 
 # Address of the first node of the allocation: node names need not resolve, NodeAddr is what slurmd listens on.
@@ -151,9 +177,12 @@ sigmanens_slurm_main() {
   export PYTHONUNBUFFERED=1
   local head port
   head="$(_sm_head_addr)"
-  port="${SIGMANENS_RDZV_PORT:-$((10000 + SLURM_JOB_ID % 22000))}"
   local start_step
   start_step="$(_sm_ckpt_step "$run_dir")"
+  if ! port="$(_sm_rdzv_port "$head")"; then
+    echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_ID $start_step $start_step failed" >> "$attempts"
+    _sm_retry_or_stop "$attempts" "$max_retries" 1 "no rendezvous port on $head"
+  fi
   _sm_log "run_dir=$run_dir nodes=$nnodes (${SLURM_JOB_NODELIST:-?}) nproc_per_node=$nproc head=$head:$port resume_from_step=$start_step"
 
   if [ -n "${SIGMANENS_GOT_USR1:-}" ]; then  # the warning came before training started: no time left to train
