@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def trainer_rate(args: argparse.Namespace, method: str, batch: int, out: Path) -> float:
-    """Median train/img_per_s of a trainer run's log windows, the first two (warm-up, compilation) left out."""
+    """The trainer on synthetic data: the median of its logged images/s (``median_rate``)."""
     run = out / method
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **({"CUDA_VISIBLE_DEVICES": ""} if args.device == "cpu" else {})}
     kwargs = [f"model.kwargs.{kv}" for kv in args.kwargs]
@@ -45,10 +45,15 @@ def trainer_rate(args: argparse.Namespace, method: str, batch: int, out: Path) -
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
     if proc.returncode:
         raise SystemExit(f"trainer run failed (exit {proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    return median_rate(run, args.steps, args.window)
+
+
+def median_rate(run: Path, steps: int, window: int) -> float:
+    """Median train/img_per_s of a finished trainer run's log windows, the first two (warm-up) left out."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     rates = [r["train/img_per_s"] for r in rows if "train/img_per_s" in r][2:]
     if not rates:
-        raise SystemExit(f"--steps {args.steps} with --window {args.window} leaves no log window after the first two")
+        raise SystemExit(f"--steps {steps} with --window {window} leaves no log window after the first two")
     return statistics.median(rates)
 
 

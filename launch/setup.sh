@@ -25,18 +25,28 @@ fi
 PY="${PYTHON:-python3}"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 stamp="$VENV/.sigmanens-installed"
-want="$(sha1sum "$ROOT/pyproject.toml" | cut -c1-40)"
+# On x86_64 every package is held to launch/constraints.txt, the set the README's numbers were measured with (a newer
+# numpy or timm changes the demo's scores); SIGMANENS_CONSTRAINTS=none installs the newest releases instead.
+CONSTRAINTS="${SIGMANENS_CONSTRAINTS:-$ROOT/launch/constraints.txt}"
+[ "$CONSTRAINTS" = none ] || [ -f "$CONSTRAINTS" ] \
+  || { echo "[setup] SIGMANENS_CONSTRAINTS=$CONSTRAINTS: no such file (a pip constraints file, or none)" >&2; exit 2; }
+pins_file="$CONSTRAINTS"; [ "$CONSTRAINTS" != none ] || pins_file=/dev/null
+want="$(cat "$ROOT/pyproject.toml" "$pins_file" | sha1sum | cut -c1-40)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  PINS=()
   case "$(uname -m)" in
     aarch64|arm64) TORCH=(torch==2.9.1 torchvision==0.24.1) ;;
-    *) TORCH=(torch==2.14.1 torchvision==0.29.1) ;;
+    *) TORCH=(torch==2.14.1 torchvision==0.29.1)
+       [ "$CONSTRAINTS" = none ] || PINS=(-c "$CONSTRAINTS") ;;
   esac
-  echo "[setup] installing ${TORCH[*]} and sigmanens-dist[dev,mlflow,ffcv,webdataset,deepspeed] into $VENV (a few minutes the first time)"
-  "$VENV/bin/pip" install -q --disable-pip-version-check "${TORCH[@]}" 2>&1 | grep -v "^WARNING: Location" || true
-  "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[dev,mlflow,ffcv,webdataset,deepspeed]" 2>&1 \
-    | grep -v "^WARNING: Location" || true
+  echo "[setup] installing ${TORCH[*]} and sigmanens-dist[dev,mlflow,ffcv,webdataset,deepspeed] into $VENV" \
+    "(${PINS[1]:+held to }${PINS[1]:-newest releases: no constraints on $(uname -m)}; a few minutes the first time)"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${TORCH[@]}" "${PINS[@]}" 2>&1 | grep -v "^WARNING: Location" || true
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${PINS[@]}" -e "$ROOT[dev,mlflow,ffcv,webdataset,deepspeed]" \
+    2>&1 | grep -v "^WARNING: Location" || true
   "$VENV/bin/python" -c "import torch, torchvision, timm, ffcv, webdataset, mlflow, deepspeed, sigmanens_dist" \
-    || { echo "[setup] install failed: see pip output above" >&2; exit 1; }
+    || { echo "[setup] install failed: see pip output above (pins that do not resolve here: SIGMANENS_CONSTRAINTS=none)" >&2
+         exit 1; }
   echo "$want" > "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"

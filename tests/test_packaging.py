@@ -61,3 +61,34 @@ def test_installed_wheel_runs_a_recipe_by_name_outside_the_checkout(wheel: Path,
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "config ok" in proc.stdout
+
+
+def _setup(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """Source launch/setup.sh against a venv that has never been installed into (a python, no stamp, no pip)."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    return subprocess.run(["bash", "-c", f"source {REPO / 'launch' / 'setup.sh'}"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SIGMANENS_VENV": str(venv), **env},
+                          check=False, timeout=120)
+
+
+def test_setup_refuses_a_constraints_file_that_does_not_exist_before_installing(tmp_path: Path) -> None:
+    if sysconfig.get_platform().split("-")[-1] not in ("x86_64", "amd64"):
+        pytest.skip("the constraints apply on x86_64 only")
+    missing = tmp_path / "pins.txt"
+    proc = _setup(tmp_path, SIGMANENS_CONSTRAINTS=str(missing))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"SIGMANENS_CONSTRAINTS={missing}: no such file" in proc.stderr and "or none" in proc.stderr
+    assert "installing" not in proc.stdout and not (tmp_path / "venv" / ".sigmanens-installed").exists()
+
+
+def test_the_constraints_pin_the_torch_that_setup_installs() -> None:
+    """setup.sh pins torch itself and holds the rest to launch/constraints.txt: the two must agree, or pip cannot
+    resolve the install on a fresh machine."""
+    setup = (REPO / "launch" / "setup.sh").read_text()
+    x86 = setup.split("*) TORCH=(", 1)[1].split(")", 1)[0].split()
+    pins = dict(line.split("==", 1) for line in (REPO / "launch" / "constraints.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    assert x86 and all(pins[name] == version for name, version in (p.split("==") for p in x86)), (x86, pins["torch"])
+    assert not any(name.startswith("sigmanens") for name in pins)  # the package itself is installed from the checkout
