@@ -2,7 +2,7 @@
 convergence"): every number from the trainer and `sigmanens eval` themselves, as the study measured them, but in one
 run on a quiet machine, each a ratio to the single model measured in the same run.
 
-    OMP_NUM_THREADS=1 python bench/bench_cost_per_m.py                          # the M-scaling grid, ~15 min on a CPU
+    OMP_NUM_THREADS=1 python bench/bench_cost_per_m.py                          # the M-scaling grid, ~7 min on a CPU
     OMP_NUM_THREADS=1 python bench/bench_cost_per_m.py --methods sigma packed2 --members 4 16 --steps 40
 
 Per configuration: the recipe (``--config``, default the M-scaling study's configs/fmnist_small.yaml) trained
