@@ -43,7 +43,6 @@ RATIO = ("params", "train_compute", "ms_per_image")
 # the many-configurations layout: these scores (means), then these paired differences
 HEADLINE = [("acc", "accuracy ↑"), ("nll", "NLL ↓"), ("ece", "ECE ↓")]
 HEADLINE_DIFFS = [("acc", "Δ accuracy"), ("nll", "Δ NLL")]
-PAIRED_AT = {"epochs": "at equal epochs", "compute": "at equal training compute"}  # compare.PAIRINGS, in short
 
 
 def display_name(method: str) -> str:
@@ -110,8 +109,7 @@ def _heading(report: _Report) -> list[str]:
     where = "test set" if report.split == "test" else "validation split"
     text = f"Scores on the {where}, {_seeds(report)}."
     if report.diffs:
-        text += (" Δ: the difference to the same configuration at the next smaller M" if report.pair == "members"
-                 else f" Δ: the difference to {display_name(report.reference)} {PAIRED_AT[report.pair]}") + (
+        text += f" Δ: the difference to {report.difference_to(display_name, short=True)}" + (
             "." if _one_seed(report) else ", paired by seed, ± the half width of its 95% t interval.")
     return textwrap.wrap(text, WIDTH)
 

@@ -35,8 +35,10 @@ SPLITS = ("auto", "test", "val")
 PAIRINGS = {"epochs": "the same M, τ, λ (where both methods have them) and step budget: equal epochs",
             "compute": "the same training compute (images × members through the backbone) and τ, λ where both "
                        "methods have them: e.g. σN-Ens M=4 against the single model trained 4× the steps",
-            "members": "the same method, variant, τ, λ and step budget at the next smaller M: what the last step "
+            "members": "the next smaller M (the same method, variant, τ, λ and step budget): what the last step "
                        "up in M bought (an M-scaling study's question: does it still improve, or saturate?)"}
+PAIRED_AT = {"epochs": "at equal epochs", "compute": "at equal training compute",  # PAIRINGS, in short
+             "members": "at the next smaller M"}
 DIFFS = ("acc", "nll", "ece", "brier", "ood_auroc", "ece_shift", "nll_shift")  # paired against the reference
 # "under shift": the mean over corruptions and these severities (the strong end, where calibration breaks)
 SHIFT_SEVERITIES = (3, 5)

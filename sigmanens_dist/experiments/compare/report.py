@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from sigmanens_dist.experiments.compare.plots import (
 )
 from sigmanens_dist.experiments.compare.records import (
     DIFFS,
+    PAIRED_AT,
     PAIRINGS,
     RECORDS_FILE,
     CompareError,
@@ -102,6 +104,12 @@ class _Report:
         """What the differences are taken against, in a column name: the reference method, or the smaller M."""
         return "smaller M" if self.pair == "members" else self.reference
 
+    def difference_to(self, name: Callable[[str], str] = str, short: bool = False) -> str:
+        """Whom a Δ is taken against, in words: the reference method (as ``name`` spells it) or, with ``--pair
+        members``, each configuration itself; then the pairing, ``short`` for the terminal's heading."""
+        subject = "the same configuration" if self.pair == "members" else name(self.reference)
+        return f"{subject} {PAIRED_AT[self.pair]}" if short else f"{subject} at {PAIRINGS[self.pair]}"
+
     @property
     def budgets(self) -> bool:  # a step-budget column only where budgets vary
         return any(g.budget != 1 for g in self.groups)
@@ -156,8 +164,7 @@ def _markdown(report: _Report, notes: list[str], path: Path) -> Path:
         text += (f"**Selection on the test set:** this table compares {len(report.groups)} configurations; a choice "
                  "among them read off it is tuned on the test set: choose with `--split val`, then read this table "
                  "once for the configurations chosen. ")
-    against = "" if report.pair == "members" else f"{report.reference} at "
-    text += (f"Δ: the paired difference (same seed) against {against}{PAIRINGS[report.pair]}, with the "
+    text += (f"Δ: the paired difference (same seed) against {report.difference_to()}, with the "
              "95% t interval; it excludes 0 when both ends have the same sign. " if report.diffs else
              "One method only: no paired differences (a study with `--methods sigma,single` has a reference). ")
     text += "Steps: the recipe's train.max_steps × this budget. " if report.budgets else ""
