@@ -4,8 +4,8 @@ files rather than copied by hand:
     cd results/m_scaling_long
     sigmanens compare --records records/*.jsonl --reference sigma --out all
     sigmanens compare --records records/*.jsonl --pair members --out steps
-    OMP_NUM_THREADS=1 python bench/bench_cost_per_m.py --methods sigma > cost.txt    # optional: the cost columns
-    python research/m_scaling_tables.py [--bench cost.txt]
+    OMP_NUM_THREADS=1 python bench/bench_cost_per_m.py > cost_per_m.txt    # optional: the cost columns
+    python research/m_scaling_tables.py [--bench results/m_scaling_long/cost_per_m.txt]
 
 Four markdown tables: test NLL per method and M (seeds in brackets); Δ NLL against σN-Ens at the same M; Δ NLL
 against the same method at M/2; σN-Ens in detail (accuracy, ECE, members on, disagreement, parameters, and with
