@@ -1,11 +1,11 @@
 """Print docs/results.md's M-scaling tables (issue 27) from the comparison's CSVs, so the page is rebuilt from the
 files rather than copied by hand:
 
-    cd results/m_scaling_long
-    sigmanens compare --records records/*.jsonl --reference sigma --out all
-    sigmanens compare --records records/*.jsonl --pair members --out steps
-    OMP_NUM_THREADS=1 python bench/bench_cost_per_m.py > cost_per_m.txt    # optional: the cost columns
-    python research/m_scaling_tables.py [--bench results/m_scaling_long/cost_per_m.txt]
+    R=results/m_scaling_long
+    sigmanens compare --records $R/records/*.jsonl --reference sigma --out $R/all
+    sigmanens compare --records $R/records/*.jsonl --pair members --out $R/steps
+    OMP_NUM_THREADS=1 python bench/bench_cost_per_m.py > $R/cost_per_m.txt   # optional: the cost columns
+    python research/m_scaling_tables.py [--bench $R/cost_per_m.txt]
 
 Four markdown tables: test NLL per method and M (seeds in brackets); Δ NLL against σN-Ens at the same M; Δ NLL
 against the same method at M/2; σN-Ens in detail (accuracy, ECE, members on, disagreement, parameters, and with
@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import csv
 from pathlib import Path
+
+from sigmanens_dist.experiments.compare.report import difference_text
 
 ROOT = Path(__file__).resolve().parent.parent / "results" / "m_scaling_long"
 SIZES = ["1", "2", "4", "8", "16"]
@@ -31,14 +33,13 @@ def find(rows: list[Row], method: str, members: str) -> Row | None:
 
 
 def delta(row: Row | None, key: str) -> str:
+    """The table.csv difference `key` as compare writes it, in bold where its interval excludes 0."""
     if row is None or not row.get(f"{key}_mean"):
         return ""
-    mean = float(row[f"{key}_mean"])
-    if not row.get(f"{key}_lo"):
-        return f"{mean:+.4f} (1 seed)"
-    lo, hi = float(row[f"{key}_lo"]), float(row[f"{key}_hi"])
-    text = f"{mean:+.4f} [{lo:+.4f}, {hi:+.4f}]"
-    return f"**{text}**" if lo * hi > 0 else text
+    pairs = int(row[f"{key}_pairs"])
+    mean, lo, hi = (float(row[f"{key}_{end}"] or "nan") for end in ("mean", "lo", "hi"))
+    text = difference_text(mean, lo, hi, pairs)
+    return f"**{text}**" if pairs > 1 and lo * hi > 0 else text
 
 
 def table(head: str, sizes: list[str], lines: list[list[str]]) -> str:

@@ -132,12 +132,14 @@ class _Report:
         return diff if diff[3] else None
 
 
+def difference_text(mean: float, lo: float, hi: float, pairs: int) -> str:
+    """A paired difference as every table writes it: mean and 95% interval, or the mean alone from one seed."""
+    return f"{mean:+.4f}" + (f" [{lo:+.4f}, {hi:+.4f}]" if pairs > 1 else " (1 seed)")
+
+
 def _diff_cell(report: _Report, group: Group, column: str) -> str:
     diff = report.difference(group, column)
-    if diff is None:
-        return ""
-    mean, lo, hi, n = diff
-    return f"{mean:+.4f}" + (f" [{lo:+.4f}, {hi:+.4f}]" if n > 1 else " (1 seed)")
+    return "" if diff is None else difference_text(*diff)
 
 
 def _axis_cells(g: Group) -> list[str]:
