@@ -24,11 +24,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from sigmanens_dist.errors import EXIT_USAGE, UsageError
 from sigmanens_dist.experiments.compare.records import (
     PAIRINGS,
     RECORDS_FILE,
     SPLITS,
-    CompareError,
     _client,
     load_runs,
     read_records,
@@ -68,9 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             records, notes, parent = load_runs(args.uri, parent=args.parent, experiment=args.experiment)
         files = write_report(records, notes, out, args.reference, pair=args.pair, split=args.split)
-    except CompareError as err:
+    except UsageError as err:  # a CompareError: the user's to fix, the message alone, exit 2 (errors.py)
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     from sigmanens_dist.experiments import terminal  # the table for a person; the files keep every column
 
     print(terminal.render(build_report(records, args.reference, pair=args.pair, split=args.split), notes))

@@ -13,13 +13,16 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_type_hints
 
 import numpy as np
 import yaml
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_config
+from pydantic_core import ErrorDetails
 
 from sigmanens_dist.atomic import write_text
 from sigmanens_dist.config import Config
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.experiments.study import DEFINITION, ROLE_TAG, method_table
 from sigmanens_dist.training.tracking import PARENT_TAG
 
@@ -50,30 +53,53 @@ _MS_PER_IMAGE = re.compile(r"^eval/test/raw/k(\d+)/ms_per_image$")  # forward ti
 RECORDS_FILE = "records.jsonl"  # every compared run as the table reads it, beside the table (read by --records)
 
 
-class CompareError(ValueError):
-    """Nothing to compare: a store, experiment or run that does not exist, or no finished runs."""
+class CompareError(UsageError):
+    """Nothing to compare: a store, experiment or run that does not exist, no finished runs, a records file that is
+    not one."""
 
 
+# What a record read from a file may hold (read_records checks every field): the type, its limits, and the limits in
+# words for the one-line refusal. The bounds are far beyond any run; a value past them is a damaged or hand-made file.
+MAX_MEMBERS = 4096
+MAX_BUDGET = 1000
+MAX_SEED = 2**63 - 1  # an int64, what torch and MLflow keep
+_Text = Annotated[str, Field(min_length=1, description="a non-empty string")]
+_Members = Annotated[int, Field(ge=1, le=MAX_MEMBERS, description=f"an integer from 1 to {MAX_MEMBERS}")]
+_Tau = Annotated[float | None, Field(gt=0, allow_inf_nan=False, description="null or a finite number > 0")]
+_Lam = Annotated[float | None, Field(ge=0, allow_inf_nan=False, description="null or a finite number >= 0")]
+_Seed = Annotated[int, Field(ge=0, le=MAX_SEED, description="an integer from 0 to 2**63 - 1")]
+_Budget = Annotated[int, Field(ge=1, le=MAX_BUDGET, description=f"an integer from 1 to {MAX_BUDGET}")]
+_Variant = Annotated[str, Field(description="a string")]
+_Values = Annotated[dict[str, float], Field(description="a mapping of column name to number")]
+_SplitValues = Annotated[dict[Literal["val", "test"], dict[str, float]],
+                         Field(description="a mapping of split (val, test) to a mapping of column name to number")]
+_Severity = Annotated[dict[Annotated[int, Field(ge=1)], float],
+                      Field(description="a mapping of corruption severity (an integer >= 1) to number")]
+_Sharing = Annotated[dict[Annotated[int, Field(ge=0)], tuple[float, list[float]]],
+                     Field(description="a mapping of validation step (an integer >= 0) to [members on, [histogram]]")]
+
+
+@with_config(ConfigDict(strict=True, extra="forbid"))  # "3" is no integer, true no M: a file holds what we wrote
 @dataclass
 class RunRecord:
     """One training run as the table needs it."""
 
-    run_id: str
-    name: str
-    status: str
-    method: str
-    members: int
-    tau: float | None
-    lam: float | None
-    seed: int
-    budget: int = 1  # train.max_steps multiplier of a study's --budgets (1: the recipe's steps)
-    variant: str = ""  # the method's own knobs away from their defaults, e.g. "α=3" (EnsembleMethod.knobs)
-    values: dict[str, float] = field(default_factory=dict)  # table columns
-    split_values: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> score columns, as logged
-    severity_ece: dict[int, float] = field(default_factory=dict)  # corruption severity -> ECE, if logged
-    severity_nll: dict[int, float] = field(default_factory=dict)  # corruption severity -> NLL, if logged
+    run_id: _Text
+    name: _Text
+    status: _Text
+    method: _Text
+    members: _Members
+    tau: _Tau
+    lam: _Lam
+    seed: _Seed
+    budget: _Budget = 1  # train.max_steps multiplier of a study's --budgets (1: the recipe's steps)
+    variant: _Variant = ""  # the method's own knobs away from their defaults, e.g. "α=3" (EnsembleMethod.knobs)
+    values: _Values = field(default_factory=dict)  # table columns
+    split_values: _SplitValues = field(default_factory=dict)  # split -> score columns, as logged
+    severity_ece: _Severity = field(default_factory=dict)  # corruption severity -> ECE, if logged
+    severity_nll: _Severity = field(default_factory=dict)  # corruption severity -> NLL, if logged
     # σ runs: validation step -> (members on, histogram of σ(γ) over IMPORTANCE_BINS bins), read by load_runs
-    sharing_history: dict[int, tuple[float, list[float]]] = field(default_factory=dict)
+    sharing_history: _Sharing = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str, int, float | None, float | None, int]:
@@ -278,19 +304,40 @@ def read_records(paths: Sequence[Path]) -> tuple[list[RunRecord], list[str]]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-                row["severity_ece"] = {int(k): v for k, v in row["severity_ece"].items()}
-                row["severity_nll"] = {int(k): v for k, v in row["severity_nll"].items()}
-                row["sharing_history"] = {int(k): (on, hist) for k, (on, hist) in row["sharing_history"].items()}
-                records.append(RunRecord(**row))
-            except (ValueError, KeyError, TypeError, AttributeError) as err:
-                raise CompareError(f"--records {path}, line {number}: not a run record ({type(err).__name__}: "
-                                   f"{err}); a records file is the {RECORDS_FILE} that sigmanens compare writes") \
-                    from err
+                records.append(_RECORD.validate_json(line))
+            except ValidationError as err:
+                raise CompareError(f"--records {path}, line {number}: not a run record: {_problems(err.errors())}") \
+                    from None
     if not records:
         raise CompareError(f"--records {' '.join(map(str, paths))}: no runs in them")
     notes: list[str] = []
     return _newest_per_point(records, notes), notes
+
+
+_RECORD = TypeAdapter(RunRecord)
+# field -> what it may hold, in words: the description of its type
+_ALLOWED = {name: hint.__metadata__[0].description
+            for name, hint in get_type_hints(RunRecord, include_extras=True).items()}
+
+
+def _problems(errors: list[ErrorDetails]) -> str:
+    """A record's refusals in one line, each ``field: must be <what is allowed> (got <value>)`` in the words of the
+    field's type, so a bad record among thousands is found and fixed from the message alone."""
+    missing = [str(e["loc"][0]) for e in errors if e["type"] == "missing"]
+    problems = [f"missing fields: {', '.join(missing)}"] if missing else []
+    for err in errors:
+        loc, kind, got = err["loc"], err["type"], repr(err.get("input"))
+        got = got if len(got) <= 60 else got[:57] + "..."
+        if not loc:  # the line as a whole
+            what = (f"the line is not JSON ({err['msg'].removeprefix('Invalid JSON: ')})" if kind == "json_invalid"
+                    else f"the line must be a JSON object (got {got})")
+            problems.append(f"{what}; a records file is the {RECORDS_FILE} that sigmanens compare writes")
+        elif kind == "unexpected_keyword_argument":
+            problems.append(f"{loc[0]}: unknown field (a record has: {', '.join(_ALLOWED)})")
+        elif kind != "missing":
+            where = str(loc[0]) + "".join(f"[{part!r}]" for part in loc[1:] if part != "[key]")
+            problems.append(f"{where}: must be {_ALLOWED[str(loc[0])]} (got {got})")
+    return "; ".join(problems)
 
 
 def _record(run: Any) -> RunRecord:

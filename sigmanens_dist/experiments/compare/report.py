@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,17 +148,22 @@ def _axis_cells(g: Group) -> list[str]:
             "" if g.tau is None else f"{g.tau:g}", "" if g.lam is None else f"{g.lam:g}"]
 
 
+def _markdown_row(cells: Sequence[str]) -> str:
+    """A table row whose cells stay cells: a ``|`` in a name (a method, a variant, a reference) would end its cell
+    and shift every column after it, so it is escaped; a line break would end the table, so it becomes a space."""
+    return "| " + " | ".join(" ".join(c.replace("|", "\\|").splitlines()) for c in cells) + " |"
+
+
 def _markdown(report: _Report, notes: list[str], path: Path) -> Path:
     axes = ["method", "M", "τ", "λ", *(["steps"] if report.budgets else []), "seeds"]
     head = [*axes, *(c[1] for c in report.columns),
             *(f"Δ{d} vs {report.against} [95% CI]" for d in report.diffs)]
-    lines = ["| " + " | ".join(head) + " |",
-             "|" + "|".join(["---"] * len(axes) + ["---:"] * (len(head) - len(axes))) + "|"]
+    lines = [_markdown_row(head), "|" + "|".join(["---"] * len(axes) + ["---:"] * (len(head) - len(axes))) + "|"]
     for g in report.groups:
         cells = [*_axis_cells(g), *([f"{g.budget}×"] if report.budgets else []), str(len(g.runs)),
                  *(_cell(g, c[0], c[2]) for c in report.columns),
                  *(_diff_cell(report, g, d) for d in report.diffs)]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(_markdown_row(cells))
     where = ("the test set (the trained weights' `eval/test/raw/*`)" if report.split == "test" else
              "the validation split (the loop's final `val/*`)")
     text = "\n".join(lines) + f"\n\nScores on {where}; mean ± std over seeds. "
@@ -178,34 +183,44 @@ def _markdown(report: _Report, notes: list[str], path: Path) -> Path:
     return path
 
 
-def _csv(report: _Report, path: Path) -> Path:
+# what makes a spreadsheet (Excel, LibreOffice, Google Sheets) read a cell as a formula
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _write_csv(path: Path, rows: Iterable[Sequence[Any]]) -> Path:
+    """Every CSV compare writes: a text cell that begins like a formula (a run, method or variant name is whatever
+    was logged) gets a leading ``'``, OWASP's advice against CSV injection, so opening the file runs nothing;
+    numbers are written as they are."""
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["method", "M", "tau", "lambda", "budget", "seeds", "split", "pair",
-                    *(f"{c[0]}_{s}" for c in report.columns for s in ("mean", "std")),
-                    *(f"diff_{d}_vs_{report.against.replace(' ', '_')}_{s}" for d in report.diffs
-                      for s in ("mean", "lo", "hi", "pairs"))])
-        for g in report.groups:
-            row: list[Any] = [*_axis_cells(g), g.budget, len(g.runs), report.split, report.pair]
-            row += [v for c in report.columns for v in (g.mean(c[0]), g.std(c[0]))]
-            ref = report.reference_of(g)
-            for d in report.diffs:
-                row += list(paired_difference(g, ref, d)) if ref is not None else ["", "", "", 0]
-            w.writerow(["" if isinstance(v, float) and math.isnan(v) else v for v in row])
+        for row in rows:
+            w.writerow([f"'{v}" if isinstance(v, str) and v.startswith(_FORMULA_START) else v for v in row])
     return path
+
+
+def _csv(report: _Report, path: Path) -> Path:
+    rows: list[list[Any]] = [["method", "M", "tau", "lambda", "budget", "seeds", "split", "pair",
+                              *(f"{c[0]}_{s}" for c in report.columns for s in ("mean", "std")),
+                              *(f"diff_{d}_vs_{report.against.replace(' ', '_')}_{s}" for d in report.diffs
+                                for s in ("mean", "lo", "hi", "pairs"))]]
+    for g in report.groups:
+        row: list[Any] = [*_axis_cells(g), g.budget, len(g.runs), report.split, report.pair]
+        row += [v for c in report.columns for v in (g.mean(c[0]), g.std(c[0]))]
+        ref = report.reference_of(g)
+        for d in report.diffs:
+            row += list(paired_difference(g, ref, d)) if ref is not None else ["", "", "", 0]
+        rows.append(["" if isinstance(v, float) and math.isnan(v) else v for v in row])
+    return _write_csv(path, rows)
 
 
 def _runs_csv(records: list[RunRecord], path: Path) -> Path:
     keys = sorted({k for r in records for k in r.values})
     severities = sorted({s for r in records for s in r.severity_ece})
     nll_severities = sorted({s for r in records for s in r.severity_nll})
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["run_id", "name", "method", "M", "tau", "lambda", "budget", "seed", *keys,
-                    *(f"ece_severity{s}" for s in severities),  # means over the corruptions evaluated
-                    *(f"nll_severity{s}" for s in nll_severities)])
-        for r in sorted(records, key=lambda r: r.name):
-            w.writerow([r.run_id, r.name, r.method, r.members, r.tau, r.lam, r.budget, r.seed,
-                        *(r.values.get(k, "") for k in keys), *(r.severity_ece.get(s, "") for s in severities),
-                        *(r.severity_nll.get(s, "") for s in nll_severities)])
-    return path
+    rows: list[list[Any]] = [["run_id", "name", "method", "M", "tau", "lambda", "budget", "seed", *keys,
+                              *(f"ece_severity{s}" for s in severities),  # means over the corruptions evaluated
+                              *(f"nll_severity{s}" for s in nll_severities)]]
+    rows += [[r.run_id, r.name, r.method, r.members, r.tau, r.lam, r.budget, r.seed,
+              *(r.values.get(k, "") for k in keys), *(r.severity_ece.get(s, "") for s in severities),
+              *(r.severity_nll.get(s, "") for s in nll_severities)] for r in sorted(records, key=lambda r: r.name)]
+    return _write_csv(path, rows)
