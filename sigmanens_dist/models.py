@@ -67,13 +67,12 @@ def source_weights(init_from: str | Path) -> Source:
     """The weights ``model.init_from`` names: a run directory (best checkpoint, else newest), a checkpoint file or
     folder of any strategy, or a plain state dict (``sigmanens export``, a timm weights file). A single model's become
     backbone weights (a conversion); an ensemble's stay a whole model's."""
-    from sigmanens_dist.training.checkpoint import consolidated_state_dict, load_file, resolve_checkpoint
+    from sigmanens_dist.safe_load import load_file, load_safetensors
+    from sigmanens_dist.training.checkpoint import consolidated_state_dict, resolve_checkpoint
 
     path, which = resolve_checkpoint(init_from, "model.init_from")
     if path.suffix == ".safetensors":
-        from safetensors.torch import load_file as load_safetensors
-
-        weights, meta = _checkpoint_or_weights(load_safetensors(path), path)
+        weights, meta = _checkpoint_or_weights(load_safetensors(path, "model.init_from"), path)
     else:
         weights, meta = (consolidated_state_dict(path) if path.is_dir() else
                          _checkpoint_or_weights(load_file(path, "model.init_from"), path))

@@ -14,7 +14,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.training.checkpoint import capture_rng, check_folder, check_pickle, load_file, written_by_us
+from sigmanens_dist.safe_load import check_torch_file, load_file, written_by_us
+from sigmanens_dist.training.checkpoint import capture_rng, check_folder
 from tests.helpers import REPO, SYNTHETIC, TINY_VIT, env, run_train
 
 FIXTURE = REPO / "tests" / "fixtures" / "run_v0_1_0" / "checkpoints" / "step_00000002.pt"
@@ -43,7 +44,7 @@ def test_hostile_files_are_refused_in_process(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"refused: it holds posix\.system besides tensors"):
         load_file(path, "model.init_from")
     with pytest.raises(UsageError, match=r"refused: it holds posix\.system, which is not in a checkpoint"):
-        check_pickle(path, written_by_us, "checkpoint")
+        check_torch_file(path, written_by_us, "checkpoint")
     assert not marker.exists()
 
 
@@ -77,7 +78,7 @@ def test_the_projects_own_checkpoints_load_safely(tmp_path: Path) -> None:
     """A checkpoint of v0.1.0 and a fresh RNG state (numpy's, allow-listed) read with weights_only."""
     state = load_file(FIXTURE, "checkpoint")
     assert {"model", "position", "rng", "config"} <= state.keys()
-    check_pickle(FIXTURE, written_by_us, "checkpoint")
+    check_torch_file(FIXTURE, written_by_us, "checkpoint")
     path = tmp_path / "rng.pt"
     torch.save({"rng": capture_rng()}, path)
     assert load_file(path, "checkpoint")["rng"]["numpy"][0] == "MT19937"

@@ -11,7 +11,6 @@ a metric, lower is better), made the same way.
 from __future__ import annotations
 
 import logging
-import pickle
 import re
 import shutil
 from collections.abc import Callable
@@ -24,8 +23,16 @@ import torch
 from sigmanens_dist.atomic import atomic_write, replace_folder, torch_save
 from sigmanens_dist.distributed.strategies.base import FOLDER_KEY
 from sigmanens_dist.errors import MissingPathError, UsageError
+from sigmanens_dist.safe_load import (
+    RefusedFileError,
+    SafeDCPReader,
+    check_torch_file,
+    dcp_refusals,
+    load_file,
+    written_by_us,
+)
 
-__all__ = ["CheckpointManager", "capture_rng", "consolidated_ema", "consolidated_state_dict", "load_file",
+__all__ = ["CheckpointManager", "capture_rng", "check_folder", "consolidated_ema", "consolidated_state_dict",
            "resolve_checkpoint", "restore_rng"]
 
 log = logging.getLogger(__name__)
@@ -33,112 +40,6 @@ log = logging.getLogger(__name__)
 _STEP_FILE = re.compile(r"^step_(\d+)(\.pt)?$")
 #: The trainer's non-tensor state inside a checkpoint folder (position, RNG of all ranks, schedule, config…).
 TRAINER_STATE = "trainer.pt"
-
-
-def load_file(path: Path | str, what: str) -> Any:
-    """``torch.load`` of a checkpoint or weights file that cannot run code: tensors, containers and plain values only
-    (``weights_only``), plus the numpy RNG state our checkpoints carry. A file from elsewhere holding any other object
-    is refused in one line, before anything in it is built."""
-    import numpy as np
-
-    rng_parts = [np.ndarray, np.dtype, type(np.dtype(np.uint32))]
-    reconstruct = getattr(getattr(np, "_core", None), "multiarray", None) or np.core.multiarray
-    with torch.serialization.safe_globals([reconstruct._reconstruct, *rng_parts]):
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as err:
-            found = re.search(r"GLOBAL (\S+)", str(err))
-            raise UsageError(
-                f"{what} {path}: refused: it holds {found.group(1) if found else 'a Python object'} besides tensors "
-                "and plain values, and unpickling it could run any code. If you trust the file, re-save its tensors "
-                "(torch.save(torch.load(f, weights_only=False)['state_dict'], 'weights.pt')) and give that") from None
-
-
-# What the pickles of this project's checkpoints name besides containers and numbers: torch's tensor rebuilding, the
-# numpy RNG state, and the data classes that torch.distributed.checkpoint's metadata and DeepSpeed's state files hold.
-_WRITTEN_GLOBALS = frozenset({
-    "collections.OrderedDict", "_codecs.encode", "pathlib.PosixPath", "torch.Size", "torch._utils._rebuild_tensor_v2",
-    "torch._utils._rebuild_parameter", "torch._tensor._rebuild_from_type_v2", "torch.Tensor",
-    "torch.nn.parameter.Parameter", "torch.serialization._get_layout", "numpy.dtype", "numpy.ndarray",
-    "numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct",
-    "torch.distributed.checkpoint.filesystem._StorageInfo"})
-_DATA_CLASS_MODULES = ("torch.distributed.checkpoint.metadata", "deepspeed.runtime.zero.config",
-                       "deepspeed.runtime.fp16.loss_scaler", "deepspeed.utils.tensor_fragment", "numpy.dtypes")
-
-
-def written_by_us(name: str) -> bool:
-    """Whether a pickle GLOBAL is one that this project's checkpoints contain (a class of those modules, a torch dtype
-    or storage type, or one of ``_WRITTEN_GLOBALS``); functions of those modules are not."""
-    import importlib
-
-    if name in _WRITTEN_GLOBALS:
-        return True
-    module, _, attr = name.rpartition(".")
-    if module == "torch":
-        obj = getattr(torch, attr, None)
-        return isinstance(obj, torch.dtype) or (isinstance(obj, type) and attr.endswith("Storage"))
-    if module in _DATA_CLASS_MODULES:
-        return isinstance(getattr(importlib.import_module(module), attr, None), type)
-    return False
-
-
-class _GlobalsCheck(pickle.Unpickler):
-    """Walks a pickle the way ``pickle.load`` would, but every class or function it names resolves to an inert stand-in
-    (nothing is constructed or called), and a name outside ``allowed`` stops the walk: the way to vet a pickle that a
-    library will then load in full (DCP's metadata, DeepSpeed's state files)."""
-
-    class _Inert(dict):
-        """Takes any construction, state, items or appends (an OrderedDict, a list subclass…) and keeps none."""
-
-        __hash__ = object.__hash__
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def __setstate__(self, state: Any) -> None:
-            pass
-
-        def __setitem__(self, key: Any, value: Any) -> None:
-            pass
-
-        def append(self, item: Any) -> None:
-            pass
-
-        def extend(self, items: Any) -> None:
-            pass
-
-    def __init__(self, file: Any, allowed: Callable[[str], bool]) -> None:
-        super().__init__(file)
-        self.allowed = allowed
-
-    def find_class(self, module: str, name: str) -> Any:
-        if not self.allowed(f"{module}.{name}"):
-            raise pickle.UnpicklingError(f"GLOBAL {module}.{name}")
-        return self._Inert
-
-    def persistent_load(self, pid: Any) -> None:  # torch.save's tensor storages: their bytes are not pickles
-        return None
-
-
-def check_pickle(path: Path, allowed: Callable[[str], bool], what: str) -> None:
-    """Refuse (one line) a pickle file, or a ``torch.save`` zip's pickle, that names a class or function outside
-    ``allowed``: a checkpoint folder from elsewhere must not run code when torch.distributed.checkpoint or DeepSpeed,
-    which unpickle without restriction, read it."""
-    import zipfile
-
-    with open(path, "rb") as f:
-        if zipfile.is_zipfile(f):
-            with zipfile.ZipFile(f) as z:
-                streams = [z.open(n) for n in z.namelist() if n.endswith(".pkl")]
-        else:
-            f.seek(0)
-            streams = [f]
-        try:
-            for stream in streams:
-                _GlobalsCheck(stream, allowed).load()
-        except pickle.UnpicklingError as err:
-            raise UsageError(f"{what} {path}: refused: it holds {str(err).removeprefix('GLOBAL ')}, which is not "
-                             "in a checkpoint this project writes, and unpickling it could run any code") from None
 
 
 def capture_rng() -> dict[str, Any]:
@@ -251,6 +152,8 @@ class CheckpointManager:
         for path in reversed(self.checkpoints()):
             try:
                 return self.read(path), path
+            except RefusedFileError:
+                raise  # a file that would run code is not a crash artifact: never stepped over in silence
             except Exception as err:
                 log.warning("checkpoint %s is unreadable (%s: %s); trying the previous one", path,
                             type(err).__name__, err)
@@ -294,18 +197,17 @@ def resolve_checkpoint(path: Path | str, what: str = "checkpoint") -> tuple[Path
 
 
 def check_folder(path: Path, fmt: str) -> None:
-    """Raise if a checkpoint folder's shard index is missing or unreadable (a truncated or foreign folder)."""
+    """Raise if a checkpoint folder's shard index is missing, unreadable or could run code when loaded (a truncated,
+    foreign or hostile folder)."""
     if fmt == "dcp":
-        from torch.distributed.checkpoint import FileSystemReader
-
-        check_pickle(path / ".metadata", written_by_us, "checkpoint")  # DCP unpickles it without restriction
-        FileSystemReader(str(path)).read_metadata()
+        SafeDCPReader(str(path)).read_metadata()
     elif fmt == "deepspeed":
-        tag = path / "latest"
-        if not tag.is_file() or not (path / tag.read_text().strip()).is_dir():
-            raise FileNotFoundError(f"{path} has no complete DeepSpeed checkpoint ('latest' and its tag folder)")
-        for file in sorted((path / tag.read_text().strip()).glob("*.pt")):  # DeepSpeed loads with weights_only=False
-            check_pickle(file, written_by_us, "checkpoint")
+        from sigmanens_dist.distributed.strategies.deepspeed import TAG
+
+        if not (path / TAG).is_dir():
+            raise FileNotFoundError(f"{path} has no complete DeepSpeed checkpoint (no {TAG}/ folder)")
+        for file in sorted((path / TAG).rglob("*.pt")):  # DeepSpeed loads them with weights_only=False
+            check_torch_file(file, written_by_us, "checkpoint")
     else:
         raise ValueError(f"{path}: unknown checkpoint folder format {fmt!r}")
 
@@ -324,7 +226,8 @@ def consolidated_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict[s
     if fmt == "dcp":
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-        return _load_state_dict_from_keys("model", checkpoint_id=str(path))["model"], state
+        with dcp_refusals():
+            return _load_state_dict_from_keys("model", storage_reader=SafeDCPReader(str(path)))["model"], state
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     from sigmanens_dist.distributed.strategies.deepspeed import TAG
@@ -336,9 +239,9 @@ def consolidated_ema(path: Path, state: dict[str, Any]) -> dict[str, torch.Tenso
     """The EMA weights of a checkpoint whose run kept an EMA (in ``trainer.pt``, or with the DCP shards), else None."""
     if state.get("ema") is not None or state.get("format") != "dcp":
         return state.get("ema")
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-    if not any(k.startswith("ema.") for k in dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata):
+    if not any(k.startswith("ema.") for k in SafeDCPReader(str(path)).read_metadata().state_dict_metadata):
         return None
-    return _load_state_dict_from_keys("ema", checkpoint_id=str(path))["ema"]
+    with dcp_refusals():
+        return _load_state_dict_from_keys("ema", storage_reader=SafeDCPReader(str(path)))["ema"]

@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.distributed.strategies.base import FOLDER_KEY, Strategy
 from sigmanens_dist.errors import UsageError
+from sigmanens_dist.safe_load import SafeDCPReader, dcp_refusals
 
 __all__ = ["FSDPStrategy", "shard_units"]
 
@@ -158,9 +159,10 @@ class FSDPStrategy(Strategy):
         if folder is None:
             raise UsageError("strategy.name=fsdp resumes from DCP checkpoint folders (step_N/); this checkpoint is "
                              "one file written by strategy.name=ddp: resume it with strategy.name=ddp")
-        saved = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+        saved = SafeDCPReader(str(folder)).read_metadata().state_dict_metadata
         target = self._state(with_ema=any(key.startswith("ema.") for key in saved))
-        dcp.load(target, checkpoint_id=str(folder))  # reshards to this world size
+        with dcp_refusals():
+            dcp.load(target, storage_reader=SafeDCPReader(str(folder)))  # reshards to this world size
         set_model_state_dict(self.model, target["model"])
         set_optimizer_state_dict(self.model, self.optimizer, target["optimizer"])
         if self.ema is not None and "ema" in target:
