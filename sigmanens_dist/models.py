@@ -105,7 +105,10 @@ def _load_source(module: nn.Module, source: Source, model_cfg: Any) -> None:
     try:
         module.load_state_dict(source.weights)
     except RuntimeError as err:
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()][1:4]
+        # torch's "Error(s) in loading state_dict for X:" heads a list of lines; a σ store's refusal is one line
+        text = str(err)
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        lines = lines[1:4] if text.startswith("Error(s) in loading state_dict") else lines
         raise UsageError(f"model.init_from={model_cfg.init_from} does not fit this {what} (model.name="
                          f"{model_cfg.name!r}; {' '.join(lines)[:400]}); the source must be the same architecture "
                          "with the same class count, input channels"

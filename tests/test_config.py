@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from sigmanens_dist.config import RECIPES as PACKAGED
 from sigmanens_dist.config import (
@@ -126,7 +127,7 @@ def test_every_problem_is_reported_in_one_error(tmp_path: Path) -> None:
                                                   "nosuch.key"])
     assert "  - model.num_members: must be >= 1 (got 0)" in err.problems
     assert "  - reg.tau: must be > 0.0 (got -1)" in err.problems
-    assert "  - train.batch_size: must be an integer (got 'big')" in err.problems
+    assert "  - train.batch_size: must be an integer, not a string (got 'big')" in err.problems
     assert "  - model.nmembers: unknown key (did you mean 'num_members'?) (got 3)" in err.problems
     assert "errors.pydantic.dev" not in message and "Input should" not in message
 
@@ -140,6 +141,68 @@ def test_unknown_override_path_is_an_error(tmp_path: Path) -> None:
         load_config(None, ["model.num_members8"], check_data=False)
     with pytest.raises(ConfigError, match=r"  - model\.name\.x: model\.name is not a mapping"):
         load_config(_write(tmp_path, "model:\n  name: resnet18\n"), ["model.name.x=1"], check_data=False)
+
+
+def test_a_boolean_or_a_string_is_never_a_number(tmp_path: Path) -> None:
+    """Pydantic's lax mode read ``true`` (YAML's ``yes`` too) as 1 and ``"4"`` as 4: each is now refused by name."""
+    path = _write(tmp_path, 'model:\n  num_members: "4"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path, ["model.num_members=true", "reg.tau=yes", "train.max_steps=on", "optim.betas=[0.9, no]",
+                           "optim.sigma_lr_scale=x", "eval.severities=[true]", "train.batch_size='8'"],
+                    check_data=False)
+    boolean = "not a boolean (YAML reads yes/no and on/off as true/false)"
+    assert info.value.problems == [
+        f"  - model.num_members: must be an integer, {boolean} (got True)",
+        f"  - reg.tau: must be a number, {boolean} (got True)",
+        f"  - optim.betas[1]: must be a number, {boolean} (got False)",
+        "  - optim.sigma_lr_scale: must be a number, not a string, or 'num_members' (got 'x')",
+        f"  - train.max_steps: must be an integer, {boolean} (got True)",
+        "  - train.batch_size: must be an integer, not a string (got '8')",
+        f"  - eval.severities[0]: must be an integer, {boolean} (got True)"]
+    with pytest.raises(ConfigError, match=r"model\.num_members: must be an integer, not a string \(got '4'\)"):
+        load_config(path, check_data=False)
+    # Real numbers still read: an int where a float goes, a whole float (1e4) where an int goes, YAML's 1e-3.
+    cfg = load_config(None, ["reg.tau=0.5", "reg.lambda=1", "train.max_steps=1e4", "optim.lr=1e-3",
+                             "model.num_members=8", "optim.sigma_lr_scale=2"], check_data=False)
+    assert (cfg.reg.tau, cfg.reg.lam, cfg.train.max_steps, cfg.optim.lr) == (0.5, 1.0, 10000, 1e-3)
+    assert (cfg.model.num_members, cfg.optim.sigma_lr_scale) == (8, 2.0)
+    assert isinstance(cfg.reg.lam, float) and isinstance(cfg.train.max_steps, int)
+
+
+def _number_keys() -> list[str]:
+    """Every key of the schema whose value is a number (or may be), as an override writes it."""
+
+    def numeric(prop: dict) -> bool:
+        return any(p.get("type") in ("integer", "number") for p in prop.get("anyOf", [prop]))
+
+    keys = [name for name, prop in Config.model_json_schema()["properties"].items() if numeric(prop)]
+    for name, field in Config.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            props = field.annotation.model_json_schema()["properties"]
+            keys += [f"{name}.{key}" for key, prop in props.items() if numeric(prop)]
+    return keys
+
+
+def test_no_number_field_takes_a_boolean() -> None:
+    """Every number field of every section, present and future: a plain ``int`` or ``float`` annotation would be
+    lax again (use the schema's ``Int`` and ``Float``)."""
+    keys = _number_keys()
+    assert {"seed", "model.num_members", "reg.lambda", "strategy.zero_stage", "data.val_split"} <= set(keys)
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [f"{key}=true" for key in keys], check_data=False)
+    assert sorted(_problem_paths(info.value)) == sorted(keys)
+    assert all(line.endswith("(got True)") for line in info.value.problems)
+
+
+@pytest.mark.parametrize("url", ["http://example.com/fmnist", "https://example.com/fmnist", "s3://bucket/fmnist"])
+def test_a_remote_data_root_is_refused_as_remote_not_as_missing(url: str) -> None:
+    """It was reported as a missing folder ``https:/example.com/…`` with advice to apt-get Fashion-MNIST."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [f"data.root={url}"])
+    assert info.value.problems == [f"  - data.root: remote roots are not supported (yet) for data.format=raw: give a "
+                                   f"local folder (copy or mount the data there) (got {url!r})"]
+    with pytest.raises(ConfigError, match=r"not supported \(yet\) for data\.format=webdataset"):
+        load_config(None, [f"data.root={url}", "data.format=webdataset"], check_data=False)
 
 
 def test_missing_data_root_names_the_path_and_how_to_get_it(tmp_path: Path) -> None:

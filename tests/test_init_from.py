@@ -13,7 +13,8 @@ import torch
 
 from sigmanens_dist import convert_to_sigma_ensemble
 from sigmanens_dist.config import ConfigError, load_config
-from sigmanens_dist.models import source_weights
+from sigmanens_dist.errors import UsageError
+from sigmanens_dist.models import build_model, source_weights
 from tests.helpers import SYNTHETIC, TINY_VIT, run_train
 
 # No dropout: the source's and the converted run's single steps must move the same way (lr ≈ 0 below).
@@ -75,6 +76,21 @@ def test_bad_sources_are_named(source: Path, tmp_path: Path) -> None:
         source_weights(junk)
     with pytest.raises(ConfigError, match=r"model\.init_from: loads the backbone's weights itself"):
         load_config(None, [*BASE, f"model.init_from={source}", "model.pretrained=true"])
+
+
+def test_an_ensemble_of_another_size_is_refused_saying_why(tmp_path: Path) -> None:
+    """The σ store refuses another M in one line, which the message once dropped (it ended in ``; )``)."""
+    tiny = [*SYNTHETIC, "model.name=test_resnet"]
+    two = build_model(load_config(None, [*tiny, "model.num_members=2"]), num_classes=10, in_chans=3)
+    weights = tmp_path / "two.pt"
+    torch.save(two.state_dict(), weights)
+    cfg = load_config(None, [*tiny, "model.num_members=3", f"model.init_from={weights}"])
+    with pytest.raises(UsageError) as info:
+        build_model(cfg, num_classes=10, in_chans=3)
+    message = str(info.value)
+    assert "(model.name='test_resnet'; cannot load σN-Ens state: the checkpoint has num_members=2, this ensemble " \
+           "has num_members=3" in message
+    assert "; )" not in message
 
 
 @pytest.mark.slow

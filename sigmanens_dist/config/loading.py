@@ -109,7 +109,7 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = (), *, check
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as err:
-        problems.extend(_from_pydantic(e, Config) for e in err.errors(include_url=False))
+        problems.extend(_from_pydantic(err.errors(include_url=False), Config))
     if check_data:
         data = cfg.data if cfg is not None else _valid_or_none(DataConfig, raw.get("data", {}))
         if data is not None:

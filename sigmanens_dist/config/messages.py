@@ -5,11 +5,14 @@ plain words, "did you mean" suggestions)."""
 from __future__ import annotations
 
 import difflib
+import types
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from sigmanens_dist.errors import UsageError
 
@@ -31,11 +34,16 @@ def _model_at(root: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel] | No
     :class:`~sigmanens_dist.config.schema.Config`); None inside non-section fields."""
     model: type[BaseModel] = root
     for part in loc:
-        field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
+        field = _field(model, part)
         if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
             return None
         model = field.annotation
     return model
+
+
+def _field(model: type[BaseModel], key: Any) -> FieldInfo | None:
+    """The field of ``model`` spelt ``key`` (its name or alias)."""
+    return next((f for n, f in model.model_fields.items() if key in (n, f.alias)), None)
 
 
 def _keys_of(model: type[BaseModel]) -> list[str]:
@@ -52,9 +60,38 @@ _MESSAGES = {"greater_than": "must be > {gt}", "greater_than_equal": "must be >=
              "too_long": "must have {max_length} items"}
 
 
-def _from_pydantic(err: dict[str, Any], root: type[BaseModel]) -> str:
-    """One problem line from a pydantic error of validating ``root``."""
-    loc, got, kind, ctx = list(err["loc"]), err.get("input"), err["type"], err.get("ctx") or {}
+def _from_pydantic(errors: Sequence[dict[str, Any]], root: type[BaseModel]) -> list[str]:
+    """The problem lines of pydantic's errors of validating ``root``. A union field's alternatives (``float |
+    'num_members'``) each fail, under labels such as ``literal['num_members']``: they make one line, ``must be a
+    number, not a string, or 'num_members'``, instead of one per alternative under a path no key has."""
+    lines: list[tuple[str, list[str], Any]] = []
+    unions: dict[str, list[str]] = {}
+    for err in errors:
+        loc, labelled = _without_union_label(root, list(err["loc"]))
+        path, what, got = _problem(err, loc, root)
+        if labelled and path in unions:
+            unions[path].append(what.removeprefix("must be "))
+            continue
+        lines.append((path, [what], got))
+        if labelled:
+            unions[path] = lines[-1][1]
+    return [_line(path, ", or ".join(whats), got) for path, whats, got in lines]
+
+
+def _without_union_label(root: type[BaseModel], loc: list[Any]) -> tuple[list[Any], bool]:
+    """``loc`` without the label pydantic appends after a union field for each alternative, and whether it had one."""
+    section = _model_at(root, loc[:-2]) if len(loc) >= 2 else None
+    field = _field(section, loc[-2]) if section is not None else None
+    if field is None or not isinstance(loc[-1], str):
+        return loc, False
+    alternatives = [a for a in typing.get_args(field.annotation) if a is not type(None)]
+    is_union = typing.get_origin(field.annotation) in (typing.Union, types.UnionType) and len(alternatives) > 1
+    return (loc[:-1], True) if is_union else (loc, False)
+
+
+def _problem(err: dict[str, Any], loc: list[Any], root: type[BaseModel]) -> tuple[str, str, Any]:
+    """(dotted path, what is wrong, the value given) of one pydantic error at ``loc``."""
+    got, kind, ctx = err.get("input"), err["type"], err.get("ctx") or {}
     if kind == "config_field":
         loc.append(ctx["field"])
         got, what = ctx["got"], err["msg"]
@@ -66,7 +103,7 @@ def _from_pydantic(err: dict[str, Any], root: type[BaseModel]) -> str:
     else:
         what = err["msg"].removeprefix("Value error, ")
         what = what[:1].lower() + what[1:]
-    return _line(_dotted(loc), what, got)
+    return _dotted(loc), what, got
 
 
 def _dotted(loc: Sequence[Any]) -> str:

@@ -4,19 +4,40 @@ how σN-Ens converts and initialises it; with the base every section shares (unk
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from sigmanens_dist.config.messages import _did_you_mean
 
-__all__ = ["ModelConfig"]
+__all__ = ["Float", "Int", "ModelConfig"]
 
 
 def _cross_field(field: str, message: str, got: Any) -> PydanticCustomError:
     """An error from a section-level check that still points at one field (pydantic would only name the section)."""
     return PydanticCustomError("config_field", message, {"field": field, "got": got})
+
+
+def _number(what: str) -> BeforeValidator:
+    """Refuse booleans and strings where ``what`` is wanted: pydantic would read ``true`` (and YAML's ``yes``, ``on``)
+    as 1 and ``"5"`` as 5, so ``model.num_members=true`` trained one member without a word."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, bool):
+            raise PydanticCustomError("number_type", f"must be {what}, not a boolean (YAML reads yes/no and on/off "
+                                                     "as true/false)")
+        if isinstance(value, str):
+            raise PydanticCustomError("number_type", f"must be {what}, not a string")
+        return value
+
+    return BeforeValidator(check)
+
+
+# The config's number types; every int or float field uses one. A float field takes an int, an int field a whole float
+# (``1e4`` steps); neither takes a boolean or a string.
+Int = Annotated[int, _number("an integer")]
+Float = Annotated[float, _number("a number")]
 
 
 class _Section(BaseModel):
@@ -39,24 +60,24 @@ class ModelConfig(_Section):
     source: Literal["timm", "hf"] = "timm"  # before name: name's check reads it
     name: str = "resnet18"
     pretrained: bool = False
-    num_classes: int | None = Field(None, ge=1)  # None: the dataset's
-    in_chans: int | None = Field(None, ge=1)  # None: the dataset's
+    num_classes: Int | None = Field(None, ge=1)  # None: the dataset's
+    in_chans: Int | None = Field(None, ge=1)  # None: the dataset's
     kwargs: dict[str, Any] = Field(default_factory=dict)  # more timm.create_model kwargs, e.g. img_size, patch_size
     # sigma: σN-Ens; single: the plain backbone; deep: Deep Ensemble; batch: BatchEnsemble; packed: Packed-Ensembles
     # (timm ResNet family); film: per-member norms without σ gate or L_div (docs/methods.md)
     method: Literal["sigma", "single", "deep", "batch", "packed", "film"] = "sigma"
-    num_members: int = Field(4, ge=1)  # M (not used by method=single)
+    num_members: Int = Field(4, ge=1)  # M (not used by method=single)
     # independent: each member reads its own data order (member k that of a run with seed+k); shared: every member
     # sees the same batch. None: the method's default (independent for deep, shared for the others)
     member_batches: Literal["shared", "independent"] | None = None
-    packed_alpha: float = Field(2.0, gt=0, allow_inf_nan=False)  # packed: width factor α
-    packed_gamma: int = Field(1, ge=1)  # packed: sub-groups per member γ
-    fast_weight_init_std: float = Field(0.5, ge=0, allow_inf_nan=False)  # batch: r, s ~ N(1, std)
-    film_init_std: float = Field(0.1, ge=0, allow_inf_nan=False)  # film: member scales = source × N(1, std)
+    packed_alpha: Float = Field(2.0, gt=0, allow_inf_nan=False)  # packed: width factor α
+    packed_gamma: Int = Field(1, ge=1)  # packed: sub-groups per member γ
+    fast_weight_init_std: Float = Field(0.5, ge=0, allow_inf_nan=False)  # batch: r, s ~ N(1, std)
+    film_init_std: Float = Field(0.1, ge=0, allow_inf_nan=False)  # film: member scales = source × N(1, std)
     # γ ~ N(mean, std²); 2 and 0.1 start every member "on" (σ(γ) ≈ 0.88) where σ' is still large enough for L_div
     # to switch members off (at 3, σ'(3) ≈ 0.045, τ did nothing in a trained model): README "Long budget"
-    gamma_init_mean: float = Field(2.0, allow_inf_nan=False)
-    gamma_init_std: float = Field(0.1, ge=0, allow_inf_nan=False)
+    gamma_init_mean: Float = Field(2.0, allow_inf_nan=False)
+    gamma_init_std: Float = Field(0.1, ge=0, allow_inf_nan=False)
     # divide: member affine = source affine / σ(γ_m), every member starts as the source (the conversion); perturb:
     # member affine = source affine, member m starts as the source with feature i scaled by σ(γ_m,i) at every norm (a
     # random perturbation of a trained network, which needs model.init_from or model.pretrained); plain: member affine

@@ -5,12 +5,13 @@ with the default instead."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from sigmanens_dist.config.model_section import ModelConfig, _cross_field, _Section
+from sigmanens_dist.config.model_section import Float, Int, ModelConfig, _cross_field, _number, _Section
 from sigmanens_dist.data.datasets import DatasetName, resolve_root
 
 __all__ = ["CheckpointConfig", "Config", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig", "RegConfig",
@@ -20,10 +21,10 @@ __all__ = ["CheckpointConfig", "Config", "DataConfig", "EvalConfig", "ModelConfi
 class RegConfig(_Section):
     """The diversity regularizer: ``loss = task + lam * diversity(tau)``."""
 
-    tau: float = Field(0.5, gt=0, allow_inf_nan=False)
+    tau: Float = Field(0.5, gt=0, allow_inf_nan=False)
     # 0.01 with τ = 0.5: the best measured recipe at the long budget (README "Long budget", docs/quality.md); 0 turns
     # L_div off (τ then does nothing); with normalize=members use λ·M of an unnormalised λ
-    lam: float = Field(0.01, ge=0, allow_inf_nan=False, alias="lambda")
+    lam: Float = Field(0.01, ge=0, allow_inf_nan=False, alias="lambda")
     # L_div as the sum over members and features (none), / M (members) or / (M·F) (mean); see regularizer.py
     normalize: Literal["none", "members", "mean"] = "none"
     regularize: list[str] | None = None  # fnmatch patterns of σ layers the regularizer sees; None: all
@@ -41,15 +42,15 @@ class OptimConfig(_Section):
     """The optimiser; ``lr`` is the peak rate after warm-up, for the global batch the recipe states."""
 
     name: Literal["sgd", "adamw"] = "sgd"
-    lr: float = Field(0.1, gt=0, allow_inf_nan=False)
-    momentum: float = Field(0.9, ge=0, lt=1)  # SGD only
+    lr: Float = Field(0.1, gt=0, allow_inf_nan=False)
+    momentum: Float = Field(0.9, ge=0, lt=1)  # SGD only
     nesterov: bool = False  # SGD only
-    weight_decay: float = Field(5e-4, ge=0, allow_inf_nan=False)
-    betas: tuple[float, float] = (0.9, 0.999)  # AdamW only
+    weight_decay: Float = Field(5e-4, ge=0, allow_inf_nan=False)
+    betas: tuple[Float, Float] = (0.9, 0.999)  # AdamW only
     # lr multiplier of the σ store (γ, member affines); num_members: M, which undoes the 1/M of a member-mean loss
-    sigma_lr_scale: float | Literal["num_members"] = "num_members"
+    sigma_lr_scale: Float | Literal["num_members"] = "num_members"
     # lr multiplier of BatchEnsemble's fast weights r, s (uncertainty-baselines: 0.5 for ResNet-32x4, 1 for WRN-28-10)
-    fast_weight_lr_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
+    fast_weight_lr_scale: Float = Field(1.0, gt=0, allow_inf_nan=False)
 
     @field_validator("sigma_lr_scale")
     @classmethod
@@ -77,27 +78,27 @@ class ScheduleConfig(_Section):
     """Learning-rate schedule over optimiser steps: linear warm-up, then cosine to ``min_lr_ratio * lr`` or flat."""
 
     name: Literal["cosine", "constant"] = "cosine"
-    warmup_steps: int = Field(0, ge=0)
-    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    warmup_steps: Int = Field(0, ge=0)
+    min_lr_ratio: Float = Field(0.0, ge=0, le=1)
 
 
 class TrainConfig(_Section):
     """The step loop. Exactly one of ``epochs`` / ``max_steps`` gives the budget; ``batch_size`` is per rank."""
 
-    epochs: int | None = Field(1, ge=1)
-    max_steps: int | None = Field(None, ge=1)
-    batch_size: int = Field(128, ge=1)
-    grad_accum: int = Field(1, ge=1)
+    epochs: Int | None = Field(1, ge=1)
+    max_steps: Int | None = Field(None, ge=1)
+    batch_size: Int = Field(128, ge=1)
+    grad_accum: Int = Field(1, ge=1)
     # reduction of the member task losses over members (objective.py); None: the method's (sum for deep, else mean)
     member_loss: Literal["mean", "sum"] | None = None
-    clip_grad: float | None = Field(None, gt=0, allow_inf_nan=False)
+    clip_grad: Float | None = Field(None, gt=0, allow_inf_nan=False)
     amp: Literal["none", "bf16", "fp16"] = "none"
-    label_smoothing: float = Field(0.0, ge=0, lt=1)
-    ema_decay: float | None = Field(None, gt=0, lt=1)
-    eval_every_steps: int | None = Field(None, ge=1)  # None: at each epoch end (and at the end)
-    log_every_steps: int = Field(10, ge=1)
-    mixup_alpha: float = Field(0.0, ge=0, allow_inf_nan=False)
-    cutmix_alpha: float = Field(0.0, ge=0, allow_inf_nan=False)
+    label_smoothing: Float = Field(0.0, ge=0, lt=1)
+    ema_decay: Float | None = Field(None, gt=0, lt=1)
+    eval_every_steps: Int | None = Field(None, ge=1)  # None: at each epoch end (and at the end)
+    log_every_steps: Int = Field(10, ge=1)
+    mixup_alpha: Float = Field(0.0, ge=0, allow_inf_nan=False)
+    cutmix_alpha: Float = Field(0.0, ge=0, allow_inf_nan=False)
     randaugment: str | None = None  # a timm auto-augment string, e.g. "rand-m9-mstd0.5-inc1"
     # torch.compile the model (not the DDP/FSDP wrapper); state-dict keys stay the same, so checkpoints are too
     compile: bool = False
@@ -124,17 +125,20 @@ class TrainConfig(_Section):
         return self
 
 
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # http://, https://, s3://, gs://, …
+
+
 class DataConfig(_Section):
     """Which dataset, in which on-disk format, from where; nothing is ever downloaded."""
 
     dataset: DatasetName = "fashion_mnist"  # sigmanens_dist/data/datasets.py names them all
     format: Literal["raw", "ffcv", "webdataset"] = "raw"  # raw: the dataset's native on-disk format
     root: Path | None = None  # None: /usr/share/datasets/fashion-mnist for fashion_mnist; required otherwise
-    num_workers: int = Field(2, ge=0)
-    img_size: int | None = Field(None, ge=1)  # None: the dataset's native size
-    train_subset: int | None = Field(None, ge=1)  # only the first N train samples
-    val_subset: int | None = Field(None, ge=1)  # only the first N samples of the validation split
-    test_subset: int | None = Field(None, ge=1)  # only the first N samples of the test set (what `eval` scores)
+    num_workers: Int = Field(2, ge=0)
+    img_size: Int | None = Field(None, ge=1)  # None: the dataset's native size
+    train_subset: Int | None = Field(None, ge=1)  # only the first N train samples
+    val_subset: Int | None = Field(None, ge=1)  # only the first N samples of the validation split
+    test_subset: Int | None = Field(None, ge=1)  # only the first N samples of the test set (what `eval` scores)
     # The validation split, carved from the training set (after train_subset) by a permutation drawn from the run's
     # seed: a fraction in (0, 1) or a count ≥ 1. It is what the loop evaluates and what picks best.pt. 0 uses the
     # test set as validation instead, and only with val_from_test: true (a warning is logged).
@@ -142,13 +146,24 @@ class DataConfig(_Section):
     val_from_test: bool = False
     # The split is drawn from this seed, not from `seed`: runs of different seeds (and a Deep Ensemble's members,
     # which read seed+k's data order) then validate on the same samples, as paired comparisons need.
-    split_seed: int = Field(0, ge=0)
-    max_length: int = Field(64, ge=8)  # text: tokens per sample, padded or truncated to it
+    split_seed: Int = Field(0, ge=0)
+    max_length: Int = Field(64, ge=8)  # text: tokens per sample, padded or truncated to it
     # text: a local Hugging Face tokenizer folder (a pretrained backbone's own); None: <root>/tokenizer/, which a raw
     # run trains (WordPiece, on the training sentences) when absent and `sigmanens data convert` writes
     tokenizer: Path | None = None
     # an unreadable sample or out-of-range label: stop naming it, or skip it and count it (logged data/bad_samples)
     on_bad_sample: Literal["error", "skip"] = "error"
+
+    @field_validator("root", mode="before")
+    @classmethod
+    def _local_root(cls, value: Any, info: ValidationInfo) -> Any:
+        """A URL would become a Path (``https:/host/…``) and be reported as a missing folder, with advice to install
+        Fashion-MNIST; no reader streams from a remote location (yet)."""
+        if isinstance(value, str) and _URL.match(value):
+            fmt = info.data.get("format")  # absent: itself invalid, and reported
+            raise ValueError(f"remote roots are not supported (yet){f' for data.format={fmt}' if fmt else ''}: give a "
+                             "local folder (copy or mount the data there)")
+        return value
 
     @field_validator("val_split", mode="before")
     @classmethod
@@ -200,8 +215,8 @@ class StrategyConfig(_Section):
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl with CUDA, else gloo
     # fsdp only: reshard each block's parameters after its forward (less memory, one more all-gather in backward)
     fsdp_reshard_after_forward: bool | None = None  # None: true
-    fsdp_replicate: int | None = Field(None, ge=1)  # fsdp only: HSDP, replicas × shards mesh (None: 1, plain FSDP)
-    zero_stage: Literal[1, 2, 3] | None = None  # deepspeed only (None: 2)
+    fsdp_replicate: Int | None = Field(None, ge=1)  # fsdp only: HSDP, replicas × shards mesh (None: 1, plain FSDP)
+    zero_stage: Annotated[Literal[1, 2, 3], _number("1, 2 or 3")] | None = None  # deepspeed only (None: 2)
     deepspeed_config: Path | None = None  # deepspeed only: a JSON merged over the config built from this one
 
     @model_validator(mode="after")
@@ -226,8 +241,8 @@ class StrategyConfig(_Section):
 class CheckpointConfig(_Section):
     """When to checkpoint, how many to keep, and where to resume from."""
 
-    every_steps: int | None = Field(None, ge=1)  # None: at each epoch end
-    keep_last: int = Field(2, ge=1)
+    every_steps: Int | None = Field(None, ge=1)  # None: at each epoch end
+    keep_last: Int = Field(2, ge=1)
     resume: str = Field("none", min_length=1)  # "none", "auto" (latest in run_dir) or a checkpoint path
 
 
@@ -248,13 +263,13 @@ class EvalConfig(_Section):
     at_end: bool = False
     split: Literal["test", "val"] = "test"
     corruptions: list[str] = Field(default_factory=list)  # names from data.corruptions.CORRUPTIONS, or ["all"]
-    severities: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5])
+    severities: list[Int] = Field(default_factory=lambda: [1, 2, 3, 4, 5])
     ood: str | None = None  # an OOD set name (eval.ood_sets), e.g. digits for Fashion-MNIST, svhn for CIFAR
     ood_root: Path | None = None  # where the OOD set's files are (svhn)
-    members: int | None = Field(None, ge=1)  # score the first K members (default: all)
+    members: Int | None = Field(None, ge=1)  # score the first K members (default: all)
     sub_ensembles: bool = True  # also score k = 1..K-1 (one more pass of the eval set each; the M-scaling table)
     imagenet_c: Path | None = None  # a pre-generated ImageNet-C folder: <dir>/<corruption>/<severity>/<class>/<img>
-    batch_size: int | None = Field(None, ge=1)  # None: train.batch_size
+    batch_size: Int | None = Field(None, ge=1)  # None: train.batch_size
 
     @field_validator("corruptions")
     @classmethod
@@ -291,7 +306,7 @@ class Config(_Section):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     run_dir: Path = Path("runs/default")
-    seed: int = Field(0, ge=0)
+    seed: Int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _sharded_limits(self) -> Config:
