@@ -16,6 +16,9 @@ training reads with data.format=ffcv|webdataset.
         --max-resolution 500 --jpeg-quality 90 --compress-probability 0.5
     sigmanens data convert --dataset fashion_mnist --format webdataset --out /data/fmnist_wds --max-count 5000
     sigmanens data convert --dataset sst2 --root /data/SST-2 --format webdataset --out /data/sst2_wds --max-count 8000
+
+--out must be new, empty, or an unfinished conversion of the same format (which is resumed); --force writes into
+any folder.
 """
 
 
@@ -41,6 +44,8 @@ def _convert(argv: Sequence[str]) -> int:
     ap.add_argument("--root", type=Path, help="the dataset in its native format (default: the dataset's default)")
     ap.add_argument("--format", required=True, choices=["ffcv", "webdataset"])
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--force", action="store_true",
+                    help="write into --out even if it holds a finished conversion or other files")
     ap.add_argument("--max-count", type=int, default=10_000, help="webdataset: samples per shard")
     ap.add_argument("--jpeg-quality", type=int, default=90)
     ap.add_argument("--max-resolution", type=int, default=500, help="ffcv: cap on the longer image side")
@@ -60,7 +65,7 @@ def _convert(argv: Sequence[str]) -> int:
                                                    a.split_seed))
         out = convert(cfg.data, cfg.data_root(), a.format, a.out, max_count=a.max_count,
                       jpeg_quality=a.jpeg_quality, max_resolution=a.max_resolution,
-                      compress_probability=a.compress_probability, num_workers=a.num_workers)
+                      compress_probability=a.compress_probability, num_workers=a.num_workers, force=a.force)
     except UsageError as err:  # the user's to fix: the message alone, exit 2 (errors.py)
         print(f"sigmanens data convert: error: {err}", file=sys.stderr)
         return EXIT_USAGE

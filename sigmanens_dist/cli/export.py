@@ -5,11 +5,15 @@ CKPT is a ``step_N.pt`` file (DDP), a DCP folder (FSDP2) or a DeepSpeed folder (
 ``runs/x/checkpoints/step_00001000`` or ``.../best``. OUT receives either the whole σN-Ens state dict (what
 ``convert_to_sigma_ensemble`` + ``load_state_dict`` accept) or, with ``--member K``, member K as a plain state dict of
 the source architecture (``SigmaEnsemble.member(K)``) that ``timm.create_model(name, **kwargs)`` loads directly.
+
+OUT is written atomically and never over the checkpoint being exported; a file already there is replaced only with
+``--force``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,14 +30,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                   "(its best checkpoint, else its newest)")
     ap.add_argument("out", type=Path, help="where to write the state dict (torch.save)")
     ap.add_argument("--member", type=int, help="write only member K as a plain model of the source architecture")
+    ap.add_argument("--force", action="store_true", help="replace OUT if it exists (never the checkpoint itself)")
     args = ap.parse_args(argv)
-    import torch  # after parsing: `sigmanens export --help` answers without it
-
+    from sigmanens_dist.atomic import torch_save  # after parsing: `sigmanens export --help` answers without torch
     from sigmanens_dist.export import load_model
     from sigmanens_dist.training.checkpoint import consolidated_state_dict, resolve_checkpoint
 
     try:
         checkpoint, which = resolve_checkpoint(args.checkpoint, "checkpoint")
+        _check_out(args.out, checkpoint, args.force)
         print(f"exporting {which}")
         if args.member is None:
             weights, _ = consolidated_state_dict(checkpoint)
@@ -47,7 +52,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         print(f"sigmanens export: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(weights, args.out)
+    torch_save(weights, args.out)
     print(f"wrote {len(weights)} tensors to {args.out}")
     return 0
+
+
+def _check_out(out: Path, checkpoint: Path, force: bool) -> None:
+    """Refuse, before anything is loaded, an ``out`` whose writing would lose something: the checkpoint being
+    exported (a file, or anything inside a checkpoint folder; ``--force`` cannot ask for that), a folder, a file
+    already there without ``--force``; and one whose folder is missing (a typo, not a folder to create)."""
+    if checkpoint.is_dir() and out.resolve().is_relative_to(checkpoint.resolve()):
+        raise UsageError(f"OUT {out} is inside the checkpoint folder being exported ({checkpoint}); write it elsewhere")
+    if out.exists() and os.path.samefile(out, checkpoint):
+        raise UsageError(f"OUT {out} is the checkpoint being exported; write it elsewhere")
+    if out.is_dir():
+        raise UsageError(f"OUT {out} is a folder; give the file to write, e.g. {out / 'model.pt'}")
+    if not out.parent.is_dir():
+        raise UsageError(f"OUT {out}: its folder {out.parent} does not exist")
+    if out.exists() and not force:
+        raise UsageError(f"OUT {out} already exists; pass --force to replace it")

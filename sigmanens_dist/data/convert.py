@@ -5,11 +5,16 @@ its command line (``cli.py``), which validates the options as a training run's c
 The validation split is carved from the training pool here, exactly as a raw run carves it (``val_split``,
 ``split_seed``: the same ``split_indices``), and recorded in ``classes.json``; a run on the converted folder must
 ask for the same split, so converted and raw data of one config train and validate on the same samples.
+
+The output folder must be new, empty, or this command's own unfinished conversion (which is resumed); anything else,
+a finished conversion included, is refused unless ``force``, since converting would overwrite or delete it.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +25,24 @@ from sigmanens_dist.data.datasets import convertible
 from sigmanens_dist.data.loaders import CLASSES_FILE
 from sigmanens_dist.data.raw import build_datasets, split_indices
 from sigmanens_dist.data.sources import source_classes, unwrap_source
+from sigmanens_dist.data.sst2 import TOKENIZER_DIR, read_sst2, save_default_tokenizer
+from sigmanens_dist.data.webdataset_io import MANIFEST, MANIFEST_FORMAT, PARTIAL_MANIFEST, SHARDS_GLOB, write_shards
+from sigmanens_dist.errors import UsageError
 
 __all__ = ["convert", "fraction_or_count"]
 
+_SPLITS = ("train", "val", "test")
+_SHARD_FIELDS = {"name": str, "first": int, "count": int, "bytes": int, "sha256": str}  # what a resume reads of one
+
 
 def convert(data: Any, root: Path, fmt: str, out: Path, *, max_count: int = 10_000, jpeg_quality: int = 90,
-            max_resolution: int | None = 500, compress_probability: float = 0.5, num_workers: int = 2) -> Path:
+            max_resolution: int | None = 500, compress_probability: float = 0.5, num_workers: int = 2,
+            force: bool = False) -> Path:
     """Convert the dataset that the validated data section ``data`` names (``data.dataset``, read from ``root`` in
     its native format) into ``out``: ``train`` (the first ``data.train_subset`` training samples minus the carved
     validation split), ``val`` (``data.val_split`` of them, drawn from ``data.split_seed``; none when 0) and
-    ``test`` (the first ``data.test_subset`` test samples). Returns ``out``.
+    ``test`` (the first ``data.test_subset`` test samples). Returns ``out``. An ``out`` that holds anything but an
+    unfinished conversion of ``fmt`` is refused before the dataset is read, unless ``force``.
 
     SST-2 is stored as sentences, with the default tokenizer (``root``'s ``tokenizer/``, or one trained on its
     ``train.tsv``) saved to ``out/tokenizer/`` so the converted folder trains on its own."""
@@ -39,10 +52,9 @@ def convert(data: Any, root: Path, fmt: str, out: Path, *, max_count: int = 10_0
     if fmt not in ("ffcv", "webdataset"):
         raise ValueError(f"--format {fmt!r}: choose ffcv or webdataset")
     text = dataset == "sst2"
+    _check_out(out, fmt, text, force)
     out.mkdir(parents=True, exist_ok=True)
     if text:
-        from sigmanens_dist.data.sst2 import read_sst2, save_default_tokenizer
-
         pool, test = read_sst2(root, data.train_subset, data.test_subset)
         save_default_tokenizer(root, out)
         num_classes = len(pool.classes)
@@ -65,13 +77,61 @@ def convert(data: Any, root: Path, fmt: str, out: Path, *, max_count: int = 10_0
                 write_beton(ds, out / f"{split}.beton", max_resolution=max_resolution, jpeg_quality=jpeg_quality,
                             compress_probability=compress_probability, num_workers=num_workers)
         else:
-            from sigmanens_dist.data.webdataset_io import write_shards
-
             write_shards(ds, out / split, split=split, max_count=max_count, jpeg_quality=jpeg_quality,
                          num_workers=num_workers, desc=f"{dataset} {split}")
     write_text(out / CLASSES_FILE, json.dumps({"dataset": dataset, "classes": list(classes), "train_pool": len(pool),
                                                "val_split": data.val_split, "split_seed": split_seed}, indent=1))
     return out
+
+
+def _check_out(out: Path, fmt: str, text: bool, force: bool) -> None:
+    """Refuse an ``out`` whose content converting could overwrite or delete (webdataset deletes the shards it did not
+    record), unless ``force``: anything but what an unfinished conversion to ``fmt`` writes. A finished one
+    (``classes.json``, written last) is refused too: its options are not all recorded, so it cannot be told from
+    another conversion's. Manifests a resume would trust are read now, forced or not, so one that is not ours stops
+    the conversion before it starts."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder")
+    folders = [out / split for split in _SPLITS if (out / split).exists()] if fmt == "webdataset" else []
+    if out.exists() and not force:
+        if (out / CLASSES_FILE).exists():
+            raise UsageError(f"--out {out} holds a finished conversion ({CLASSES_FILE}); choose another --out, or "
+                             f"pass --force to convert over it")
+        splits = [f"{split}.beton" for split in _SPLITS] if fmt == "ffcv" else list(_SPLITS)
+        written = [CLASSES_FILE, *splits, *([TOKENIZER_DIR] if text else [])]
+        foreign = [entry.name for entry in sorted(out.iterdir()) if not _written_as(entry.name, written)]
+        for folder in folders:
+            files = (MANIFEST, PARTIAL_MANIFEST, SHARDS_GLOB.format(split=folder.name))
+            foreign += ([folder.name] if not folder.is_dir() else
+                        [f"{folder.name}/{f.name}" for f in sorted(folder.iterdir()) if not _written_as(f.name, files)])
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            raise UsageError(f"--out {out} is not empty and not an unfinished {fmt} conversion: it holds {shown}; "
+                             f"choose another --out, or pass --force to convert into it anyway")
+    for record in (folder / name for folder in folders for name in (MANIFEST, PARTIAL_MANIFEST)):
+        if record.is_file():
+            _check_record(record)
+
+
+def _written_as(name: str, patterns: Iterable[str]) -> bool:
+    """``name`` matches one of ``patterns`` or is the temporary name of its atomic write (``.NAME.*``, atomic.py's
+    and the tokenizer's), which a killed conversion leaves behind."""
+    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, f".{p}.*") for p in patterns)
+
+
+def _check_record(path: Path) -> None:
+    """Refuse, naming it, a manifest or partial manifest that ``write_shards`` did not write: a resume trusts its
+    shard list to choose which shards to keep and which to delete."""
+    try:
+        record = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UsageError(f"{path}: not valid JSON ({err}), so not a manifest `sigmanens data convert` wrote; move it "
+                         f"away or convert into another folder") from None
+    shards = record.get("shards") if isinstance(record, dict) and record.get("format") == MANIFEST_FORMAT else None
+    if not isinstance(shards, list) or not all(
+            isinstance(s, dict) and all(isinstance(s.get(k), t) for k, t in _SHARD_FIELDS.items()) for s in shards):
+        raise UsageError(f"{path}: not a {MANIFEST_FORMAT} manifest (its format and a list of shards, each with "
+                         f"{', '.join(_SHARD_FIELDS)}); move it away or convert into another folder")
 
 
 def fraction_or_count(text: str) -> float | int:

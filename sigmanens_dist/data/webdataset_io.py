@@ -52,12 +52,14 @@ from sigmanens_dist.data.sampler import epoch_seed, sample_seed
 from sigmanens_dist.data.sources import _base, _source_file, as_uint8_image, read_source, source_classes, unwrap_source
 from sigmanens_dist.data.sst2 import TextDataset
 
-__all__ = ["MANIFEST", "Manifest", "Shard", "ShardError", "WebDatasetLoader", "as_uint8_image", "image_transform",
-           "iter_eval", "read_manifest", "read_source", "source_classes", "unwrap_source", "write_shards"]
+__all__ = ["MANIFEST", "MANIFEST_FORMAT", "PARTIAL_MANIFEST", "SHARDS_GLOB", "Manifest", "Shard", "ShardError",
+           "WebDatasetLoader", "as_uint8_image", "image_transform", "iter_eval", "read_manifest", "read_source",
+           "source_classes", "unwrap_source", "write_shards"]
 
 MANIFEST = "manifest.json"
-_PARTIAL = "manifest.partial.json"
-_FORMAT = "sigmanens-webdataset/1"
+PARTIAL_MANIFEST = "manifest.partial.json"
+MANIFEST_FORMAT = "sigmanens-webdataset/1"
+SHARDS_GLOB = "{split}-*.tar"  # every shard of a split (written as {split}-%06d.tar)
 _CHUNK = 256  # samples encoded per thread-pool round: bounds memory while keeping workers busy
 
 
@@ -138,7 +140,7 @@ class _ShardLog:
         self.shards.append({"name": path.name, "first": self.first, "count": self.next - self.first,
                             "max_label": self.max_label, "bytes": path.stat().st_size, "sha256": _sha256(path)})
         self.first, self.max_label = self.next, -1
-        _write_json(self.path, {"format": _FORMAT, "settings": self.settings, "shards": self.shards})
+        _write_json(self.path, {"format": MANIFEST_FORMAT, "settings": self.settings, "shards": self.shards})
 
 
 def write_shards(dataset: Dataset, out_dir: Path | str, *, split: str = "train", max_count: int = 10_000,
@@ -166,7 +168,7 @@ def write_shards(dataset: Dataset, out_dir: Path | str, *, split: str = "train",
         raise ValueError(f"write_shards({out_dir}): the dataset is empty")
     settings = {"split": split, "num_samples": n, "classes": source_classes(dataset), "max_count": max_count,
                 "max_size": max_size, "jpeg_quality": jpeg_quality, "selection": _selection(dataset)}
-    manifest_path, partial_path = out_dir / MANIFEST, out_dir / _PARTIAL
+    manifest_path, partial_path = out_dir / MANIFEST, out_dir / PARTIAL_MANIFEST
     if manifest_path.is_file():
         done = json.loads(manifest_path.read_text())
         complete = all((out_dir / e["name"]).is_file() and (out_dir / e["name"]).stat().st_size == e["bytes"]
@@ -181,7 +183,7 @@ def write_shards(dataset: Dataset, out_dir: Path | str, *, split: str = "train",
         if partial.get("settings") == settings:
             shards = _valid_prefix(out_dir, partial["shards"])
     start = shards[-1]["first"] + shards[-1]["count"] if shards else 0
-    for stale in out_dir.glob(f"{split}-*.tar"):  # an interrupted shard, or shards of other settings
+    for stale in out_dir.glob(SHARDS_GLOB.format(split=split)):  # an interrupted shard, or shards of other settings
         if stale.name not in {s["name"] for s in shards}:
             stale.unlink()
     log = _ShardLog(partial_path, settings, shards, start)
@@ -202,7 +204,7 @@ def write_shards(dataset: Dataset, out_dir: Path | str, *, split: str = "train",
 
     classes = settings["classes"]
     num_classes = len(classes) if classes is not None else 1 + max(s["max_label"] for s in shards)
-    manifest = {"format": _FORMAT, "settings": settings, "num_samples": n, "num_classes": num_classes,
+    manifest = {"format": MANIFEST_FORMAT, "settings": settings, "num_samples": n, "num_classes": num_classes,
                 "classes": classes, "shards": shards}
     _write_json(manifest_path, manifest)
     partial_path.unlink(missing_ok=True)
@@ -247,7 +249,7 @@ def read_manifest(path: Path | str, verify: bool = False) -> Manifest:
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no webdataset manifest; {_RECONVERT}") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{path}: not a {_FORMAT} manifest ({type(err).__name__}: {err}); "
+        raise ValueError(f"{path}: not a {MANIFEST_FORMAT} manifest ({type(err).__name__}: {err}); "
                          f"{_RECONVERT}") from err
     if sum(s.count for s in shards) != manifest.num_samples:
         raise ValueError(f"{path}: shard counts add up to {sum(s.count for s in shards)}, "
