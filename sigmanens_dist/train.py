@@ -11,11 +11,17 @@ Exit status 0 when done, ``EXIT_PREEMPTED`` (75) after a signal-triggered checkp
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":  # torchrun -m sigmanens_dist.train: a preemption during the seconds of imports below
+    from sigmanens_dist.training.preemption import StartupGuard
+
+    StartupGuard.install(sys.argv[1:])
+
 import contextlib
 import json
 import logging
 import os
-import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -51,6 +57,8 @@ from sigmanens_dist.training.preemption import (
     write_marker,
 )
 from sigmanens_dist.training.resume import BatchLayout, check_same_run
+from sigmanens_dist.training.run_lock import own_run_dir
+from sigmanens_dist.training.throughput import Throughput
 from sigmanens_dist.training.tracking import Tracker, git_commit
 
 __all__ = ["USAGE_MARKER", "Position", "Trainer", "fit", "run"]
@@ -75,6 +83,15 @@ class Trainer:
         _setup_logging(env)
         _quiet_known_warnings()
         self.run_dir = Path(cfg.run_dir)
+        self.lock = own_run_dir(self.run_dir, env)  # before anything in the run directory is read or written
+        try:
+            self._set_up(cfg)
+        except BaseException:
+            self.release()
+            raise
+
+    def _set_up(self, cfg: Config) -> None:
+        env = self.env
         self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last)
         if cfg.checkpoint.resume == "none" and self.ckpt.checkpoints():
             raise RunExistsError(f"run_dir={self.run_dir} already holds checkpoints of an earlier run; continue it "
@@ -137,12 +154,18 @@ class Trainer:
             clear_marker(self.run_dir)  # a marker from an earlier preemption is stale once this run starts
             (self.run_dir / USAGE_MARKER).unlink(missing_ok=True)  # so is an earlier attempt's refusal
             save_config(cfg, self.run_dir / "config.yaml")
+            self.tracker.keep_records_to(self.pos.step)  # an earlier attempt's steps after the checkpoint go
             run_id = self.tracker.start(cfg.tracking.run_name or self.run_dir.name, run_id, flatten(cfg),
                                         self._tags())
             if resumed is not None:
                 self.tracker.resumed(self.pos.step)
             self.tracker.log_artifact(self.run_dir / "config.yaml")
         self.run_id = all_gather_object(run_id, env)[0]
+
+    def release(self) -> None:
+        """Give the run directory up (the end of :meth:`fit`, or a failed set-up)."""
+        if self.lock is not None:
+            self.lock.release()
 
     # -- resume ----------------------------------------------------------------------------------------------------
     def _pick_checkpoint(self, cfg: Config) -> tuple[dict[str, Any] | None, Path | None]:
@@ -285,6 +308,8 @@ class Trainer:
         except BaseException:
             self.tracker.finish("FAILED")
             raise
+        finally:
+            self.release()
         self.tracker.finish("KILLED" if status == EXIT_PREEMPTED else "FINISHED")
         return status
 
@@ -364,27 +389,6 @@ class Trainer:
         loss, task, div, bad = counts.tolist()
         return {"train/loss": loss, "train/task_loss": task, "train/div_loss": div, "train/lr": lr,
                 "train/img_per_s": window.take_rate(), "train/epoch": self.pos.epoch, "data/bad_samples": bad}
-
-
-class Throughput:
-    """Images per second of training time (evaluation and checkpoints excluded), per log window and overall."""
-
-    def __init__(self) -> None:
-        self.images = self.seconds = self.all_images = self.all_seconds = 0.0
-
-    def add(self, seconds: float, images: int) -> None:
-        self.seconds += seconds
-        self.images += images
-        self.all_seconds += seconds
-        self.all_images += images
-
-    def take_rate(self) -> float:
-        rate = self.images / max(self.seconds, 1e-9)
-        self.images = self.seconds = 0.0
-        return rate
-
-    def total_rate(self) -> float:
-        return self.all_images / max(self.all_seconds, 1e-9)
 
 
 def run(cfg: Config) -> int:

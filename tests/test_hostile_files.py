@@ -153,7 +153,7 @@ def test_broken_weights_files_are_one_line(tmp_path: Path) -> None:
         for suffix, load in ((".pt", load_file), (".safetensors", load_safetensors)):
             path = tmp_path / f"{case}{suffix}"
             path.write_bytes(data)
-            with pytest.raises(UsageError, match="unreadable|refused") as err:
+            with pytest.raises(UsageError, match=r"unreadable|refused") as err:
                 load(path, "model.init_from")
             _one_line(err.value)
 

@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "sigmanens_dist"
 # bottom first; modules on one floor may import each other (no circle: checked below)
 FLOORS = [
     ("errors", "progress", "timm_names", "deprecation"),
-    ("atomic",),
+    ("atomic", "safe_load"),
     ("sigma",),
     ("distributed",),
     ("data",),

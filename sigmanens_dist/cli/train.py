@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 from sigmanens_dist.config import load_config
 from sigmanens_dist.errors import EXIT_USAGE, USAGE_MARKER, UsageError
+from sigmanens_dist.training.preemption import StartupGuard
+from sigmanens_dist.training.run_lock import RunLockedError
 
 if TYPE_CHECKING:
     from sigmanens_dist.config import Config
@@ -45,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     message from rank 0 and exit status 2, recorded in ``<run_dir>/usage_error.txt`` so batch scripts do not retry
     it; any other exception is a bug and keeps its traceback. torch and the trainer are imported only once the
     config is valid and ``--check`` was not asked for."""
+    StartupGuard.install(list(sys.argv[1:] if argv is None else argv))  # a preemption before the first step
     args = parser().parse_intermixed_args(argv)  # flags and overrides in any order
     overrides = list(args.overrides) + ([f"checkpoint.resume={args.resume}"] if args.resume else [])
     cfg = None
@@ -54,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.check:
             print(f"config ok: run_dir={cfg.run_dir}")
             return 0
+        StartupGuard.set_run_dir(cfg.run_dir)
         from sigmanens_dist import train as trainer
 
         return trainer.fit(cfg)
@@ -62,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         return _usage_error(err, cfg)
     finally:
+        StartupGuard.stand_down()
         if trainer is not None:
             trainer.shutdown()
 
@@ -70,7 +75,7 @@ def _usage_error(err: UsageError, cfg: Config | None) -> int:
     """Rank 0 (every rank raised the same error) prints the message alone and records it for the batch script."""
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"error: {err}", file=sys.stderr, flush=True)
-        if cfg is not None and Path(cfg.run_dir).is_dir():
+        if cfg is not None and Path(cfg.run_dir).is_dir() and not isinstance(err, RunLockedError):  # not ours
             (Path(cfg.run_dir) / USAGE_MARKER).write_text(f"{err}\n")
     else:  # torchrun stops every worker once one exits: give rank 0 the time to say why
         time.sleep(3)

@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # torch only where a run polls: `sigmanens study` reads EXIT_
 
 from sigmanens_dist.atomic import write_text
 
-__all__ = ["EXIT_PREEMPTED", "MARKER", "PreemptionCheck", "PreemptionFlag", "clear_marker", "write_marker"]
+__all__ = ["EXIT_PREEMPTED", "MARKER", "PreemptionCheck", "PreemptionFlag", "StartupGuard", "clear_marker",
+           "write_marker"]
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +101,85 @@ class PreemptionCheck:
             self._pending = None
 
 
-def write_marker(run_dir: Path, step: int, signum: int | None) -> Path:
-    """Atomically write the marker that says "a complete preemption checkpoint of ``step`` exists"."""
+def write_marker(run_dir: Path, step: int | None, signum: int | None) -> Path:
+    """Atomically write the marker that says "a complete preemption checkpoint of ``step`` exists" (``step`` None:
+    the signal came before the first step, so the run's newest checkpoint, if any, is where it continues)."""
     name = signal.Signals(signum).name if signum is not None else "unknown"
-    return write_text(Path(run_dir) / MARKER, json.dumps({"step": step, "signal": name}))
+    when = {"when": "before the first step"} if step is None else {}
+    return write_text(Path(run_dir) / MARKER, json.dumps({"step": step, "signal": name, **when}))
+
+
+class StartupGuard:
+    """Preemption from the first instruction of the trainer's process until :class:`PreemptionFlag` takes over: a
+    SIGTERM or SIGUSR1 during imports, config checks or set-up (seconds to minutes on a busy node) exits at once
+    with ``EXIT_PREEMPTED`` and, on rank 0, the marker saying "before the first step" (nothing to checkpoint yet),
+    so a batch script tells a preemption from a crash. The marker goes into the run directory only when no other
+    live process owns it (its lock is free or ours)."""
+
+    run_dir: Path | None = None
+
+    @classmethod
+    def install(cls, argv: list[str]) -> None:
+        """``argv``'s ``run_dir=`` override (what the Slurm scripts pass) names the run directory until the config
+        is read (:meth:`set_run_dir`)."""
+        found = [a.split("=", 1)[1] for a in argv if a.startswith("run_dir=")]
+        cls.run_dir = Path(found[-1]) if found else None
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(sig, cls._exit)
+
+    @classmethod
+    def set_run_dir(cls, run_dir: Path | str) -> None:
+        cls.run_dir = Path(run_dir)
+
+    @classmethod
+    def stand_down(cls) -> None:
+        """Training is over: default handlers again (a library must not leave process-wide handlers behind)."""
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            if signal.getsignal(sig) == cls._exit:
+                signal.signal(sig, signal.SIG_DFL)
+
+    @classmethod
+    def _exit(cls, signum: int, _frame: FrameType | None) -> None:
+        import os
+        import sys
+
+        name = signal.Signals(signum).name
+        print(f"received {name} before the first step: nothing to checkpoint yet; exiting with status "
+              f"{EXIT_PREEMPTED}", file=sys.stderr, flush=True)
+        if cls.run_dir is not None and os.environ.get("RANK", "0") == "0" and _free_or_ours(cls.run_dir):
+            write_marker(cls.run_dir, None, signum)
+        os._exit(EXIT_PREEMPTED)
+
+
+def _free_or_ours(run_dir: Path) -> bool:
+    """Whether no other process holds the run directory's lock (a flock is per open file: ours, taken through
+    another descriptor, is refused here too, so the holder's PID tells)."""
+    import fcntl
+    import os
+
+    from sigmanens_dist.training.run_lock import LOCK_FILE
+
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return _holder_is_me(run_dir / LOCK_FILE)
+    finally:
+        os.close(fd)
+
+
+def _holder_is_me(path: Path) -> bool:
+    import os
+
+    try:
+        return json.loads(path.read_text()).get("pid") == os.getpid()
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def clear_marker(run_dir: Path) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 from sigmanens_dist.atomic import write_text
 
 __all__ = ["EXPERIMENT_KIND", "PARENT_TAG", "RUN_ID_FILE", "ParentRunNotFound", "Tracker", "artifact_root_for",
-           "default_tracking_uri", "ensure_experiment", "set_status", "ui_hint"]
+           "default_tracking_uri", "ensure_experiment", "read_records", "set_status", "ui_hint"]
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,12 @@ class Tracker:
         """
         if not self.active or self.uri is None:
             return run_id
+        self._end_abandoned(run_id)
+        problem = _unwritable_store(self.uri)
+        if problem:
+            log.warning("MLflow store %s cannot be written (%s); tracking to MLflow is off for this run, metrics "
+                        "continue in %s", self.uri, problem, self._local)
+            return run_id
         # Fail fast against a dead server instead of MLflow's default minutes of retries.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
@@ -151,17 +157,38 @@ class Tracker:
             (self.run_dir / RUN_ID_FILE).write_text(f"{self.uri}\n{self.run_id}\n")
         return self.run_id
 
-    def resumed(self, step: int) -> None:
-        """A run continues from its checkpoint at ``step``: ``metrics.jsonl`` drops what the interrupted attempt
-        logged after it (those steps are trained again), and MLflow, which only appends, gets a
-        ``resumed_from_step`` metric at that step: readers of a metric's history keep the newest value per step."""
-        if not self.active:
-            return
-        if self._local.is_file():
-            keep = [line for line in self._local.read_text().splitlines(keepends=True)
-                    if line.strip() and json.loads(line)["step"] <= step]
+    def keep_records_to(self, step: int) -> None:
+        """Before an attempt logs anything: ``metrics.jsonl`` drops what an earlier attempt logged after ``step``
+        (the checkpoint this one continues from; 0 when it starts over), so no step is recorded twice, and a line
+        torn by a crash mid-write is dropped with a warning instead of blocking the run."""
+        if self.active and self._local.is_file():
+            keep = [json.dumps(row) + "\n" for row in read_records(self._local) if row.get("step", 0) <= step]
             write_text(self._local, "".join(keep))
+
+    def resumed(self, step: int) -> None:
+        """A run continues from its checkpoint at ``step``: MLflow, which only appends, gets a ``resumed_from_step``
+        metric at that step (readers of a metric's history keep the newest value per step)."""
         self.log_metrics({"resumed_from_step": float(step)}, step)
+
+    def _end_abandoned(self, continued: str | None) -> None:
+        """An earlier attempt in this run directory that died before its first checkpoint left its MLflow run
+        RUNNING, and this attempt starts a new one: end the old one as FAILED (one try; never blocks the start)."""
+        path = self.run_dir / RUN_ID_FILE
+        if not path.is_file():
+            return
+        parts = path.read_text().split()
+        if len(parts) < 2 or parts[1] == continued or parts[0] != self.uri or _unwritable_store(self.uri):
+            return
+        try:
+            from mlflow import MlflowClient
+
+            client = MlflowClient(self.uri)
+            if client.get_run(parts[1]).info.status == "RUNNING":
+                client.set_terminated(parts[1], status="FAILED")
+                log.info("ended MLflow run %s of an earlier attempt that stopped before its first checkpoint",
+                         parts[1])
+        except Exception as err:
+            log.warning("could not end the earlier attempt's MLflow run %s (%s)", parts[1], str(err)[:200])
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if not self.active:
@@ -202,6 +229,41 @@ class Tracker:
                         self.uri, self._local)
             self._mlflow = None
             return None
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file that an append may have been cut in: a line that is not a whole JSON object
+    (a crash mid-write) is dropped with a warning naming the file and line."""
+    rows = []
+    for number, line in enumerate(Path(path).read_text(errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict):
+            log.warning("%s line %d is not a whole record (cut by a crash mid-write?): dropped", path, number)
+            continue
+        rows.append(row)
+    return rows
+
+
+def _unwritable_store(uri: str) -> str | None:
+    """Why a local store cannot take this run, found in microseconds (MLflow itself retries for minutes): a sqlite
+    file or ``file:`` folder whose location cannot be written. A server is judged by its first answer instead."""
+    if uri.startswith("sqlite:///"):
+        target = Path(uri.removeprefix("sqlite:///"))
+    elif uri.startswith("file:") or "://" not in uri:
+        target = Path(uri.removeprefix("file://").removeprefix("file:"))
+    else:
+        return None
+    folder = target.parent if uri.startswith("sqlite:") else target  # sqlite writes a journal beside the file
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("/"))
+    for path in ([target] if target.exists() else []) + [existing]:
+        if not os.access(path, os.W_OK):
+            return f"{path} is not writable"
+    return None
 
 
 def _parent_experiment(client: Any, parent: str) -> str:
