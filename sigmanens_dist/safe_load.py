@@ -57,14 +57,11 @@ def load_file(path: Path | str | IO[bytes], what: str, *, label: str | None = No
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as err:
-            shown = label or path
-            if "Weights only load failed" not in str(err):  # torch's safe unpickler did not object: a broken file
-                raise _unreadable(what, shown, err) from None
             found = re.search(r"GLOBAL (\S+)", str(err))
-            held = found.group(1) if found else "pickle content that is neither tensors nor plain values (foreign, " \
-                "or corrupt)"
+            if found is None:  # not a name torch's safe unpickler blocked: bytes it cannot parse (corrupt, foreign)
+                raise _unreadable(what, label or path, err) from None
             raise RefusedFileError(
-                f"{what} {shown}: refused: it holds {held} besides tensors and plain values, and "
+                f"{what} {label or path}: refused: it holds {found.group(1)} besides tensors and plain values, and "
                 "unpickling it could run any code. If you trust the file, re-save its tensors "
                 "(torch.save(torch.load(f, weights_only=False)['state_dict'], 'weights.pt')) and give that") from None
         except (RuntimeError, EOFError, ValueError, TypeError, OverflowError, MemoryError, KeyError,
@@ -83,7 +80,8 @@ def load_safetensors(path: Path, what: str) -> dict[str, torch.Tensor]:
 
 
 def _unreadable(what: str, path: Any, err: BaseException) -> UsageError:
-    detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    text = str(err).split("WeightsUnpickler error:")[-1]  # torch's own finding, not its advice around it
+    detail = ([line.strip() for line in text.splitlines() if line.strip()] or [type(err).__name__])[0][:200]
     return UsageError(f"{what} {path}: unreadable (truncated, empty or not this format: {detail})")
 
 

@@ -220,6 +220,13 @@ sigmanens_slurm_main() {
   end_step="$(_sm_ckpt_step "$run_dir")"
   _sm_log "srun exited with status $rc; checkpoint step $start_step -> $end_step"
 
+  # A signal that reached the job's steps before any handler of ours was in place (torchrun starting) ends them as
+  # 128 + its number: nothing was trained since the last checkpoint, so it is a preemption, not a crash.
+  if [ ! -s "$marker" ] && { [ "$rc" = 138 ] || [ "$rc" = 143 ]; }; then
+    local sig=SIGUSR1
+    [ "$rc" = 138 ] || sig=SIGTERM
+    echo "{\"step\": null, \"signal\": \"$sig\", \"when\": \"before the trainer started\"}" > "$marker"
+  fi
   if [ -s "$marker" ]; then
     _sm_log "trainer checkpointed after a signal: $(cat "$marker")"
     echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_ID $start_step $end_step preempted" >> "$attempts"

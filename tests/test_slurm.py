@@ -5,6 +5,8 @@ GPU and CPU directives are overridden at submission. The test cluster uses proct
 from __future__ import annotations
 
 import json
+import os
+import random
 import re
 import subprocess
 import time
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sigmanens_dist.training.tracking import read_records
 from tests.helpers import REPO, SYNTHETIC, TINY_VIT, env, losses, torchrun
 from tests.slurm_cluster import FINAL_STATES, SlurmCluster, bring_up, can_run
 
@@ -166,6 +169,33 @@ def test_preempted_twice_requeues_and_resumes_exactly(slurm: SlurmCluster, tmp_p
     assert mlrun.data.tags["world_size"] == "2"
     steps = [m.step for m in client.get_metric_history(mlrun.info.run_id, "train/loss")]
     assert sorted(steps) == list(range(1, STEPS + 1)), "one MLflow run with every step exactly once"
+
+
+PREEMPT_TRIALS = int(os.environ.get("SIGMANENS_PREEMPT_TRIALS", "4"))  # 20 once by hand (docs/training.md)
+
+
+def test_preempted_at_random_moments_always_requeues(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """The time-limit warning (USR1 to the job's steps) at a random moment of each attempt, start-up included
+    (torchrun and the trainer importing, building, resuming): every attempt ends preempted and requeued, never
+    failed, and the run finishes with every step exactly once. SIGMANENS_PREEMPT_TRIALS sets the count."""
+    runs = tmp_path / "runs"
+    job = slurm.sbatch(tmp_path, *NO_GPUS, str(REPO / "slurm/cifar100_wrn.sh"), *OVERRIDES,
+                       env=slurm.env(SIGMANENS_RUNS_ROOT=str(runs), SIGMANENS_MAX_RETRIES="0"))
+    run, rng, delays = runs / f"cifar100_wrn-{job}", random.Random(job), []
+    for trial in range(PREEMPT_TRIALS):
+        _wait_for(lambda t=trial: slurm.job(job)["JobState"] == "RUNNING" and slurm.job(job)["Restarts"] == str(t),
+                  job, slurm)
+        delays.append(round(rng.uniform(0.0, 6.0), 2))
+        time.sleep(delays[-1])
+        slurm.run("scancel", "--signal=USR1", str(job))
+        _wait_for(lambda t=trial: slurm.job(job)["Restarts"] == str(t + 1), job, slurm)
+    info = slurm.wait_done(job, timeout=600)
+    log = (tmp_path / f"slurm-sigmanens-cifar100-wrn-{job}.out").read_text()
+    outcomes = [a[4] for a in _attempts(run)]
+    assert info["JobState"] == "COMPLETED", (delays, outcomes, log[-4000:])
+    assert outcomes == ["preempted"] * PREEMPT_TRIALS + ["finished"], (delays, outcomes, log[-4000:])
+    steps = [row["step"] for row in read_records(run / "metrics.jsonl") if "train/loss" in row]
+    assert steps == list(range(1, STEPS + 1)), (delays, steps)
 
 
 def test_crashing_job_is_retried_a_bounded_number_of_times(slurm: SlurmCluster, crashing_job: tuple[int, Path]

@@ -19,8 +19,13 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sigmanens_dist.data.corruption_table import CORRUPTIONS, SEVERITIES, unknown
+
+if TYPE_CHECKING:
+    from sigmanens_dist.distributed.env import DistEnv
+    from sigmanens_dist.training.run_lock import RunLock
 
 __all__ = ["main", "parse_corruptions", "parse_severities"]
 
@@ -82,6 +87,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def _own_run(checkpoint: Path, out: Path, env: DistEnv | None) -> RunLock | None:
+    """An eval that writes into the run directory of its checkpoint (the default ``--out``) owns it meanwhile: a
+    trainer still rotating those checkpoints refuses it, in one line naming the trainer."""
+    from sigmanens_dist.training.run_lock import RunLock, own_run_dir
+
+    run_dir = checkpoint.resolve().parent
+    run_dir = run_dir.parent if run_dir.name == "checkpoints" else run_dir
+    if not (run_dir / "config.yaml").is_file() or not out.resolve().is_relative_to(run_dir):
+        return None
+    return own_run_dir(run_dir, env, "eval") if env is not None else RunLock(run_dir, "eval").acquire()
+
+
 def _run(args: argparse.Namespace) -> int:
     import torch  # here, not at the top: `sigmanens eval --help` answers without it
 
@@ -117,8 +134,13 @@ def _run(args: argparse.Namespace) -> int:
     model = loaded.model.to(device)
     ema = loaded.ema.to(device) if loaded.ema is not None else None
     out = args.out or checkpoint.parent / f"eval_{checkpoint.stem}"
-    report = run_eval(cfg, model, ema, options, out_dir=out, run_id=loaded.run_id, step=loaded.step,
-                      checkpoint=checkpoint.resolve(), env=env)
+    lock = _own_run(checkpoint, out, env)
+    try:
+        report = run_eval(cfg, model, ema, options, out_dir=out, run_id=loaded.run_id, step=loaded.step,
+                          checkpoint=checkpoint.resolve(), env=env)
+    finally:
+        if lock is not None:
+            lock.release()
     if env is None or env.is_main:
         from sigmanens_dist.evaluation.summary import summary, written  # eval.md keeps every table
 

@@ -87,15 +87,15 @@ class RunLock:
         self.release()
 
 
-def own_run_dir(run_dir: Path, env: DistEnv) -> RunLock | None:
-    """The trainer's lock: rank 0 takes it for the run's life (the others get None), and every rank raises rank 0's
+def own_run_dir(run_dir: Path, env: DistEnv, purpose: str = "trainer") -> RunLock | None:
+    """The lock of a job of several ranks: rank 0 takes it (the others get None), and every rank raises rank 0's
     refusal (a second trainer on the run directory, a path that cannot be a run directory), so all stop alike."""
     from sigmanens_dist.distributed.env import all_gather_object
 
     lock, refusal = None, None
     if env.is_main:
         try:
-            lock = RunLock(run_dir, "trainer").acquire()
+            lock = RunLock(run_dir, purpose).acquire()
         except UsageError as err:
             refusal = err
     refusal = all_gather_object(refusal, env)[0]
