@@ -43,7 +43,9 @@ class PreemptionFlag:
 
     def __enter__(self) -> PreemptionFlag:
         for sig in self.signals:
-            self._previous[sig] = signal.signal(sig, self._handle)
+            previous = signal.signal(sig, self._handle)
+            # the start-up guard's time ends here: once training is over a signal is not "before the first step"
+            self._previous[sig] = signal.SIG_DFL if previous == StartupGuard._exit else previous
         return self
 
     def __exit__(self, *exc: object) -> None:
