@@ -78,23 +78,28 @@ def test_a_held_run_dir_is_refused_naming_the_holder(tmp_path: Path, monkeypatch
         assert json.loads((tmp_path / "run" / LOCK_FILE).read_text())["pid"] == os.getpid()
 
 
-def test_eval_into_a_held_run_is_refused(tmp_path: Path) -> None:
-    """``sigmanens eval`` writes beside the checkpoint: not while a trainer owns (and rotates) that run."""
+def test_eval_or_export_into_a_held_run_is_refused(tmp_path: Path) -> None:
+    """``sigmanens eval`` writes beside the checkpoint, ``export`` wherever OUT is: not into a run a trainer owns
+    (and rotates); outside it, export goes on."""
     import shutil
 
     from tests.test_checkpoint_compat import FIXTURE
 
     run = shutil.copytree(FIXTURE, tmp_path / "run")
-    holder = _hold(run, 60, None)
+    holder = _hold(run, 120, None)
     try:
-        proc = subprocess.run([sys.executable, "-m", "sigmanens_dist.cli", "eval", "--checkpoint", str(run),
-                               "--no-mlflow", "--no-sub-ensembles"], cwd=REPO, env=env(), capture_output=True,
-                              text=True, timeout=300, check=False)
+        procs = [subprocess.run([sys.executable, "-m", "sigmanens_dist.cli", *args], cwd=REPO, env=env(),
+                                capture_output=True, text=True, timeout=300, check=False)
+                 for args in (["eval", "--checkpoint", str(run), "--no-mlflow", "--no-sub-ensembles"],
+                              ["export", str(run), str(run / "model.pt")],
+                              ["export", str(run), str(tmp_path / "model.pt")])]
     finally:
         holder.kill()
         holder.wait()
-    assert proc.returncode == 2 and f"in use by trainer PID {holder.pid}" in proc.stderr, proc.stderr[-2000:]
-    assert not list(run.rglob("eval.json"))
+    for proc in procs[:2]:
+        assert proc.returncode == 2 and f"in use by trainer PID {holder.pid}" in proc.stderr, proc.stderr[-2000:]
+    assert procs[2].returncode == 0, procs[2].stderr[-2000:]
+    assert not list(run.rglob("eval.json")) and not (run / "model.pt").exists()
 
 
 def test_a_requeue_waits_for_its_own_previous_attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -87,14 +87,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def _own_run(checkpoint: Path, out: Path, env: DistEnv | None) -> RunLock | None:
-    """An eval that writes into the run directory of its checkpoint (the default ``--out``) owns it meanwhile: a
+def _own_run(out: Path, env: DistEnv | None) -> RunLock | None:
+    """An eval that writes into a run directory (the default ``--out`` is beside the checkpoint) owns it meanwhile: a
     trainer still rotating those checkpoints refuses it, in one line naming the trainer."""
-    from sigmanens_dist.training.run_lock import RunLock, own_run_dir
+    from sigmanens_dist.training.run_lock import RunLock, own_run_dir, run_containing
 
-    run_dir = checkpoint.resolve().parent
-    run_dir = run_dir.parent if run_dir.name == "checkpoints" else run_dir
-    if not (run_dir / "config.yaml").is_file() or not out.resolve().is_relative_to(run_dir):
+    run_dir = run_containing(out / "eval.json")
+    if run_dir is None:
         return None
     return own_run_dir(run_dir, env, "eval") if env is not None else RunLock(run_dir, "eval").acquire()
 
@@ -134,7 +133,7 @@ def _run(args: argparse.Namespace) -> int:
     model = loaded.model.to(device)
     ema = loaded.ema.to(device) if loaded.ema is not None else None
     out = args.out or checkpoint.parent / f"eval_{checkpoint.stem}"
-    lock = _own_run(checkpoint, out, env)
+    lock = _own_run(out, env)
     try:
         report = run_eval(cfg, model, ema, options, out_dir=out, run_id=loaded.run_id, step=loaded.step,
                           checkpoint=checkpoint.resolve(), env=env)

@@ -17,8 +17,12 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sigmanens_dist.errors import EXIT_USAGE, UsageError
+
+if TYPE_CHECKING:
+    from sigmanens_dist.training.run_lock import RunLock
 
 __all__ = ["main"]
 
@@ -36,9 +40,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sigmanens_dist.export import load_model
     from sigmanens_dist.training.checkpoint import consolidated_state_dict, resolve_checkpoint
 
+    lock = None
     try:
         checkpoint, which = resolve_checkpoint(args.checkpoint, "checkpoint")
         _check_out(args.out, checkpoint, args.force)
+        lock = _own_run(args.out)
         print(f"exporting {which}")
         if args.member is None:
             weights, _ = consolidated_state_dict(checkpoint)
@@ -49,12 +55,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not 0 <= args.member < model.num_members:
                 raise UsageError(f"--member {args.member}: the model has members 0..{model.num_members - 1}")
             weights = model.member(args.member).state_dict()
+        torch_save(weights, args.out)
     except UsageError as err:
         print(f"sigmanens export: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    torch_save(weights, args.out)
+    finally:
+        if lock is not None:
+            lock.release()
     print(f"wrote {len(weights)} tensors to {args.out}")
     return 0
+
+
+def _own_run(out: Path) -> RunLock | None:
+    """Writing into a run directory (``export R/checkpoints/best.pt R/model.pt``) waits for no one: while a trainer
+    owns the run, the export is refused in one line naming it."""
+    from sigmanens_dist.training.run_lock import RunLock, run_containing
+
+    run_dir = run_containing(out)
+    return None if run_dir is None else RunLock(run_dir, "export").acquire()
 
 
 def _check_out(out: Path, checkpoint: Path, force: bool) -> None:

@@ -24,7 +24,7 @@ from sigmanens_dist.errors import UsageError
 if TYPE_CHECKING:  # torch only where a trainer takes the lock: the preemption guard reads LOCK_FILE from here
     from sigmanens_dist.distributed.env import DistEnv
 
-__all__ = ["LOCK_FILE", "RunLock", "RunLockedError", "own_run_dir"]
+__all__ = ["LOCK_FILE", "RunLock", "RunLockedError", "own_run_dir", "run_containing"]
 
 LOCK_FILE = ".lock"
 
@@ -102,6 +102,15 @@ def own_run_dir(run_dir: Path, env: DistEnv, purpose: str = "trainer") -> RunLoc
     if refusal is not None:
         raise refusal
     return lock
+
+
+def run_containing(path: Path) -> Path | None:
+    """The run directory ``path`` would be written into (a folder above it with a trainer's ``config.yaml`` and
+    ``checkpoints/``), or None: what ``eval`` and ``export`` lock before writing there."""
+    for folder in Path(path).resolve().parents:
+        if (folder / "config.yaml").is_file() and (folder / "checkpoints").is_dir():
+            return folder
+    return None
 
 
 def _make_run_dir(run_dir: Path) -> None:
