@@ -29,6 +29,15 @@ SIGMANENS_SIGNALS="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 SIGMANENS_EXIT_PREEMPTED=75
 SIGMANENS_EXIT_USAGE=2  # a mistake in the recipe or overrides: reported once, never requeued
 SIGMANENS_USAGE_MARKER=usage_error.txt  # written by the trainer when it refuses the run (sigmanens_dist.train)
+# What each node's task of the step runs: torchrun, noting in <run_dir>/.step_signal.<host> any signal Slurm sends the
+# step (the time-limit warning, a preemption), so that one that came before the trainer could answer it (torchrun or
+# Python still starting) is told from a crash. A trap is not inherited: torchrun gets the signal as before.
+SIGMANENS_STEP='d=$1; shift
+trap "echo SIGUSR1 > \"$d/.step_signal.$(hostname)\"" USR1
+trap "echo SIGTERM > \"$d/.step_signal.$(hostname)\"" TERM
+"$@" & p=$!
+while :; do wait "$p"; rc=$?; kill -0 "$p" 2>/dev/null || break; done
+exit "$rc"'
 
 # The M-scaling grid from SIGMANENS_MEMBERS, SIGMANENS_SEEDS, SIGMANENS_TAUS, SIGMANENS_METHODS (space separated) as
 # `sigmanens study m-scaling` arguments, one per line: slurm/m_scaling.sh and launch/m_scaling_local.sh share it.
@@ -189,7 +198,7 @@ sigmanens_slurm_main() {
     echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_ID $start_step $start_step signalled-before-start" >> "$attempts"
     _sm_retry_or_stop "$attempts" "$max_retries" "$SIGMANENS_EXIT_PREEMPTED" "SIGUSR1 arrived before training started"
   fi
-  rm -f "$marker" "$run_dir/$SIGMANENS_USAGE_MARKER"  # only this attempt's trainer may write them
+  rm -f "$marker" "$run_dir/$SIGMANENS_USAGE_MARKER" "$run_dir"/.step_signal.*  # only this attempt may write them
   # A mistake in the recipe or the overrides fails here, once, in one line: retrying cannot fix it.
   if ! _sm_validate "$config" "run_dir=$run_dir" "$@"; then
     echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_ID $start_step $start_step usage-error" >> "$attempts"
@@ -200,7 +209,7 @@ sigmanens_slurm_main() {
   # srun in its own session: a signal to the batch step's process group must not reach it, so each signal reaches
   # torchrun exactly once (a second one makes torchrun abandon workers that are still checkpointing).
   setsid srun --ntasks="$nnodes" --ntasks-per-node=1 --kill-on-bad-exit=0 \
-    "$python" -m torch.distributed.run --nnodes="$nnodes" --nproc-per-node="$nproc" \
+    bash -c "$SIGMANENS_STEP" _ "$run_dir" "$python" -m torch.distributed.run --nnodes="$nnodes" --nproc-per-node="$nproc" \
     --rdzv-backend=c10d --rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID" --max-restarts=0 \
     --signals-to-handle="$SIGMANENS_SIGNALS" --shutdown-timeout="${SIGMANENS_SHUTDOWN_TIMEOUT:-300}" \
     -m sigmanens_dist.train --config "$config" --resume auto "run_dir=$run_dir" "$@" &
@@ -220,12 +229,14 @@ sigmanens_slurm_main() {
   end_step="$(_sm_ckpt_step "$run_dir")"
   _sm_log "srun exited with status $rc; checkpoint step $start_step -> $end_step"
 
-  # A signal that reached the job's steps before any handler of ours was in place (torchrun starting) ends them as
-  # 128 + its number: nothing was trained since the last checkpoint, so it is a preemption, not a crash.
-  if [ ! -s "$marker" ] && { [ "$rc" = 138 ] || [ "$rc" = 143 ]; }; then
-    local sig=SIGUSR1
-    [ "$rc" = 138 ] || sig=SIGTERM
-    echo "{\"step\": null, \"signal\": \"$sig\", \"when\": \"before the trainer started\"}" > "$marker"
+  # A signal that reached the step before the trainer could answer it (torchrun or Python starting; the task itself
+  # ends as 128 + its number): nothing was trained since the last checkpoint, so it is a preemption, not a crash.
+  if [ ! -s "$marker" ] && [ ! -s "$run_dir/final_metrics.json" ]; then
+    local sig
+    sig="$(cat "$run_dir"/.step_signal.* 2>/dev/null | head -n 1)"
+    [ -n "$sig" ] || case "$rc" in 138) sig=SIGUSR1 ;; 143) sig=SIGTERM ;; esac
+    [ -z "$sig" ] || echo "{\"step\": null, \"signal\": \"$sig\", \"when\": \"before the trainer could answer\"}" \
+      > "$marker"
   fi
   if [ -s "$marker" ]; then
     _sm_log "trainer checkpointed after a signal: $(cat "$marker")"

@@ -171,31 +171,41 @@ def test_preempted_twice_requeues_and_resumes_exactly(slurm: SlurmCluster, tmp_p
     assert sorted(steps) == list(range(1, STEPS + 1)), "one MLflow run with every step exactly once"
 
 
-PREEMPT_TRIALS = int(os.environ.get("SIGMANENS_PREEMPT_TRIALS", "4"))  # 20 once by hand (docs/training.md)
+PREEMPT_TRIALS = int(os.environ.get("SIGMANENS_PREEMPT_TRIALS", "3"))  # 20 once by hand (docs/training.md)
+
+
+def _step_running(cluster: SlurmCluster, job: int) -> bool:
+    return bool(cluster.run("squeue", "--steps", "--noheader", "--jobs", str(job)).strip())
 
 
 def test_preempted_at_random_moments_always_requeues(slurm: SlurmCluster, tmp_path: Path) -> None:
-    """The time-limit warning (USR1 to the job's steps) at a random moment of each attempt, start-up included
-    (torchrun and the trainer importing, building, resuming): every attempt ends preempted and requeued, never
-    failed, and the run finishes with every step exactly once. SIGMANENS_PREEMPT_TRIALS sets the count."""
-    runs = tmp_path / "runs"
+    """The time-limit warning at a random moment of each attempt, start-up included: to the batch shell
+    (--signal=B:USR1: during validation, srun's and torchrun's start, imports, set-up or training) and to the job's
+    steps once they exist (--signal=USR1). Every attempt ends preempted and is requeued, never counted as a failure
+    (SIGMANENS_MAX_RETRIES=0 would end the job), and the run finishes with every step exactly once."""
+    runs, steps = tmp_path / "runs", 200 * PREEMPT_TRIALS + 400  # every signal lands before the last step
     job = slurm.sbatch(tmp_path, *NO_GPUS, str(REPO / "slurm/cifar100_wrn.sh"), *OVERRIDES,
-                       env=slurm.env(SIGMANENS_RUNS_ROOT=str(runs), SIGMANENS_MAX_RETRIES="0"))
-    run, rng, delays = runs / f"cifar100_wrn-{job}", random.Random(job), []
+                       f"train.max_steps={steps}", env=slurm.env(SIGMANENS_RUNS_ROOT=str(runs),
+                                                                 SIGMANENS_MAX_RETRIES="0"))
+    run, rng, sent = runs / f"cifar100_wrn-{job}", random.Random(job), []
     for trial in range(PREEMPT_TRIALS):
         _wait_for(lambda t=trial: slurm.job(job)["JobState"] == "RUNNING" and slurm.job(job)["Restarts"] == str(t),
                   job, slurm)
-        delays.append(round(rng.uniform(0.0, 6.0), 2))
-        time.sleep(delays[-1])
-        slurm.run("scancel", "--signal=USR1", str(job))
+        to_batch = trial % 2 == 0
+        if not to_batch:
+            _wait_for(lambda: _step_running(slurm, job), job, slurm)
+        sent.append(("batch" if to_batch else "steps", round(rng.uniform(0.0, 20.0 if to_batch else 15.0), 2)))
+        time.sleep(sent[-1][1])
+        slurm.run("scancel", *(["--batch"] if to_batch else []), "--signal=USR1", str(job))
         _wait_for(lambda t=trial: slurm.job(job)["Restarts"] == str(t + 1), job, slurm)
     info = slurm.wait_done(job, timeout=600)
     log = (tmp_path / f"slurm-sigmanens-cifar100-wrn-{job}.out").read_text()
     outcomes = [a[4] for a in _attempts(run)]
-    assert info["JobState"] == "COMPLETED", (delays, outcomes, log[-4000:])
-    assert outcomes == ["preempted"] * PREEMPT_TRIALS + ["finished"], (delays, outcomes, log[-4000:])
-    steps = [row["step"] for row in read_records(run / "metrics.jsonl") if "train/loss" in row]
-    assert steps == list(range(1, STEPS + 1)), (delays, steps)
+    assert info["JobState"] == "COMPLETED", (sent, outcomes, log[-4000:])
+    assert outcomes[-1] == "finished" and len(outcomes) == PREEMPT_TRIALS + 1, (sent, outcomes, log[-4000:])
+    assert set(outcomes[:-1]) <= {"preempted", "signalled-before-start"}, (sent, outcomes, log[-4000:])
+    logged = [row["step"] for row in read_records(run / "metrics.jsonl") if "train/loss" in row]
+    assert logged == list(range(1, steps + 1)), (sent, logged)
 
 
 def test_crashing_job_is_retried_a_bounded_number_of_times(slurm: SlurmCluster, crashing_job: tuple[int, Path]
