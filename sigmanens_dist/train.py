@@ -317,7 +317,7 @@ class Trainer:
         cfg, env, pos = self.cfg, self.env, self.pos
         batches = _micro_batches(self.data.train, pos)
         bar = progress(total=self.total_steps, initial=pos.step, disable=not env.is_main, desc="train", unit="step")
-        window = Throughput()
+        window = Throughput(env.device)  # on a GPU, steps timed by CUDA events: to their kernels' end
         if pos.step == 0:  # where the trajectories start: the method's extras (σN-Ens: the sharing) at init
             with self.strategy.gathered():
                 start = self.model.extra_metrics()
@@ -325,10 +325,10 @@ class Trainer:
                 self.tracker.log_metrics({f"val/{k}": v for k, v in start.items()}, 0)
         self.wrapped.train()
         while pos.step < self.total_steps:
-            t_step, epoch_at_start = time.perf_counter(), pos.epoch
+            t_step, epoch_at_start = window.start(), pos.epoch
             lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
             stats = self.train_step(batches)
-            window.add(time.perf_counter() - t_step, self.layout.global_batch)
+            window.stop(t_step, self.layout.global_batch)
             bar.update(1)
             if pos.step % cfg.train.log_every_steps == 0 or pos.step == self.total_steps:
                 row = self._train_row(stats, lr, window)

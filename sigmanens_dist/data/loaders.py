@@ -63,22 +63,49 @@ class Data:
 
 
 class MapStyleStream:
-    """A map-style dataset read in :class:`ShardedBatchSampler` order through a ``DataLoader``."""
+    """A map-style dataset read in :class:`ShardedBatchSampler` order through a ``DataLoader``.
+
+    With workers, one ``DataLoader`` with persistent workers serves every epoch (forking them anew each epoch
+    stalled the first steps of each): the sampler is repositioned before each pass, and what a worker returns
+    depends only on the indices and per-sample seeds it is sent, so a pass from ``(epoch, start_batch)`` is the one
+    a fresh loader would give. One pass at a time: a pass abandoned midway (the end of training, a preemption)
+    stops the workers, and the next pass starts new ones."""
 
     def __init__(self, dataset: Dataset, batch_size: int, env: DistEnv, seed: int, num_workers: int) -> None:
         self.dataset, self.num_workers, self.seed = dataset, num_workers, seed
         self.pin = env.device.type == "cuda"
         self.sampler = ShardedBatchSampler(len(dataset), batch_size, env.rank, env.world_size, seed)
+        self.loader: DataLoader | None = None  # the persistent one (workers > 0), made by the first pass
+        self.passes = 0
 
     def __len__(self) -> int:
         return len(self.sampler)
 
-    def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
-        self.sampler.set_position(epoch, start_batch)
+    def _loader(self, epoch: int) -> DataLoader:
         # Its own generator: creating a loader mid-epoch on resume must not consume the global RNG stream.
         generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
-        yield from DataLoader(self.dataset, batch_sampler=self.sampler, num_workers=self.num_workers,
-                              pin_memory=self.pin, generator=generator, collate_fn=collate_present)
+        return DataLoader(self.dataset, batch_sampler=self.sampler, num_workers=self.num_workers,
+                          pin_memory=self.pin, generator=generator, collate_fn=collate_present,
+                          persistent_workers=self.num_workers > 0)
+
+    def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
+        self.sampler.set_position(epoch, start_batch)
+        if self.num_workers == 0:
+            yield from self._loader(epoch)
+            return
+        if self.loader is None:
+            self.loader = self._loader(epoch)
+        self.passes += 1
+        mine, finished = self.passes, False
+        try:
+            for batch in self.loader:  # iter() re-reads the sampler: this pass's batches
+                if self.passes != mine:
+                    raise RuntimeError("a newer pass of this train stream started; read one pass at a time")
+                yield batch
+            finished = True
+        finally:
+            if not finished and self.passes == mine:
+                self.loader = None  # abandoned midway: dropping the loader shuts its workers down now
 
 
 def build_data(d: Any, batch_size: int, seed: int, env: DistEnv, randaugment: str | None = None) -> Data:

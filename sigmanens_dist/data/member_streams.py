@@ -40,13 +40,23 @@ class MemberStream:
 
     Member k's stream is the one a single run with ``seed = cfg.seed + k`` reads, so every member keeps its own
     data order (and augmentation draws); all have the same length, and ``iter_epoch(epoch, start)`` replays like
-    the underlying streams do, so exact resume holds."""
+    the underlying streams do, so exact resume holds.
 
-    def __init__(self, streams: list[Any]) -> None:
+    With a CUDA ``device`` the member batches are concatenated there: each is copied from the page-locked memory
+    its loader pinned (asynchronously), where a concatenation on the host would make one unpinned batch, whose copy
+    to the GPU blocks the step, and cost a host copy of every image."""
+
+    def __init__(self, streams: list[Any], device: torch.device | None = None) -> None:
         lengths = {len(s) for s in streams}
         if len(lengths) != 1:
             raise ValueError(f"member streams differ in length: {sorted(lengths)}")
         self.streams = streams
+        self.device = device if device is not None and device.type == "cuda" else None
+
+    def _cat(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        if self.device is None:
+            return torch.cat(parts)
+        return torch.cat([p.to(self.device, non_blocking=True) for p in parts])
 
     def __len__(self) -> int:
         return len(self.streams[0])
@@ -63,10 +73,10 @@ class MemberStream:
                 xs = [_head(x, size) for x in xs]
                 ys = [y[:size] for y in ys]
             if isinstance(xs[0], torch.Tensor):
-                x = torch.cat(xs)
+                x = self._cat(list(xs))
             else:
-                x = type(xs[0])({k: torch.cat([xi[k] for xi in xs]) for k in xs[0]})
-            yield x, torch.cat(ys)
+                x = type(xs[0])({k: self._cat([xi[k] for xi in xs]) for k in xs[0]})
+            yield x, self._cat(list(ys))
 
 
 def member_train_stream(cfg: Any, env: Any, data: Any, model: Any) -> Any:
@@ -82,4 +92,4 @@ def member_train_stream(cfg: Any, env: Any, data: Any, model: Any) -> Any:
         return build_data(cfg.data, cfg.train.batch_size, seed, env, cfg.train.randaugment).train
 
     streams = [data.train] + [stream(cfg.seed + k) for k in range(1, model.num_members)]
-    return replace(data, train=MemberStream(streams))
+    return replace(data, train=MemberStream(streams, env.device))
