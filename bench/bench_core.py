@@ -17,9 +17,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import gc
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import timm
 import torch
@@ -51,8 +53,30 @@ def _interleaved(fns: dict[str, Callable[[], None]], repeats: int, warmup: int =
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def _sgd_step(model: nn.Module, params: list[nn.Parameter], loss_fn: Callable[[], torch.Tensor],
-              amp: torch.dtype | None = None) -> Callable[[], None]:
+@dataclass
+class Candidate:
+    """One way to run the train step: its label, one step, and how to free its gradients (while another's memory
+    is measured)."""
+
+    label: str
+    step: Callable[[], None]
+    free: Callable[[], None]
+
+
+@dataclass
+class StepResult:
+    """Per candidate label: median seconds of a step, seconds of the first call (with torch.compile: the
+    compilation), and peak memory above what was allocated before it (bytes; None on the CPU); ``failed`` names
+    the candidates that ran out of memory (left out of the timing)."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    first: dict[str, float] = field(default_factory=dict)
+    peak: dict[str, int | None] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def _sgd_step(label: str, model: nn.Module, params: list[nn.Parameter], loss_fn: Callable[[], torch.Tensor],
+              amp: torch.dtype | None = None) -> Candidate:
     opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9)
     device = params[0].device
 
@@ -63,17 +87,19 @@ def _sgd_step(model: nn.Module, params: list[nn.Parameter], loss_fn: Callable[[]
         loss.backward()
         opt.step()
 
-    return step
+    return Candidate(label, step, lambda: opt.zero_grad(set_to_none=True))
 
 
-def bench_step(model_name: str, m: int, batch: int, img: int, repeats: int, device: torch.device,
-               amp: torch.dtype | None, compile_models: bool = False, channels_last: bool = False,
-               kwargs: dict[str, int | float | str] | None = None) -> None:
+def step_candidates(model_name: str, m: int, batch: int, img: int, device: torch.device, amp: torch.dtype | None,
+                    compile_models: bool = False, channels_last: bool = False,
+                    kwargs: dict[str, int | float | str] | None = None) -> list[Candidate]:
+    """The plain backbone at batch M·B, σN-Ens(M) at batch B per member, and (eager only) a loop over M member
+    copies at batch B: equal FLOPs, so a ratio of their step times is the price of σN-Ens."""
     torch.manual_seed(0)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     src = timm.create_model(model_name, num_classes=10, **(kwargs or {})).train()
     ens = convert_to_sigma_ensemble(copy.deepcopy(src), m).train().to(device, memory_format=fmt)
-    members = [copy.deepcopy(src).train().to(device, memory_format=fmt) for _ in range(m)]
+    members = [] if compile_models else [copy.deepcopy(src).train().to(device, memory_format=fmt) for _ in range(m)]
     src = src.to(device, memory_format=fmt)
     if compile_models:  # the trainer's train.compile; the member loop is left out (M more compilations)
         src.compile()
@@ -88,38 +114,99 @@ def bench_step(model_name: str, m: int, batch: int, img: int, repeats: int, devi
         logits = ens(x)
         return ce(logits.flatten(0, 1), y.repeat(m)) + 1e-3 * ens.diversity_loss(0.5)
 
-    fns = {
-        f"plain backbone, batch {m * batch}": _sgd_step(src, list(src.parameters()), lambda: ce(src(xb), yb), amp),
-        f"σN-Ens M={m}, batch {batch}": _sgd_step(ens, list(ens.parameters()), ens_loss, amp),
-    }
-    if not compile_models:
-        fns[f"loop over {m} member copies, batch {batch}"] = _sgd_step(
-            members[0], [p for mm in members for p in mm.parameters()], lambda: sum(ce(mm(x), y) for mm in members),
-            amp)
-    peak = {k: _peak_memory(fn, device) for k, fn in fns.items()}  # each alone, before the timing (its warm-up)
-    t = _interleaved(fns, repeats, warmup=3 if compile_models else 2, device=device)
-    base = next(iter(t.values()))
+    out = [_sgd_step(f"plain backbone, batch {m * batch}", src, list(src.parameters()), lambda: ce(src(xb), yb), amp),
+           _sgd_step(f"σN-Ens M={m}, batch {batch}", ens, list(ens.parameters()), ens_loss, amp)]
+    if members:
+        out.append(_sgd_step(f"loop over {m} member copies, batch {batch}", members[0],
+                             [p for mm in members for p in mm.parameters()],
+                             lambda: sum(ce(mm(x), y) for mm in members), amp))
+    return out
+
+
+def measure(candidates: list[Candidate], repeats: int, device: torch.device, warmup: int = 2) -> StepResult:
+    """Each candidate's first call alone (its peak memory, and its compilation when compiled; one that runs out of
+    memory is left out), then the others interleaved."""
+    result = StepResult()
+    for c in candidates:
+        for other in candidates:
+            other.free()  # the others' gradients: the peak must not depend on who ran before
+        try:
+            result.first[c.label], result.peak[c.label] = _first_call(c.step, device)
+        except torch.cuda.OutOfMemoryError as err:
+            result.failed[c.label] = "OOM: " + str(err).split("\n")[0][:120]
+        if c.label in result.failed:  # out of the except block: its traceback no longer holds the step's tensors
+            c.free()
+            _release(device)
+    live = {c.label: c.step for c in candidates if c.label not in result.failed}
+    result.seconds = _interleaved(live, repeats, warmup=warmup, device=device)
+    return result
+
+
+def bench_step(model_name: str, m: int, batch: int, img: int, repeats: int, device: torch.device,
+               amp: torch.dtype | None, compile_models: bool = False, channels_last: bool = False,
+               kwargs: dict[str, int | float | str] | None = None) -> StepResult:
+    cands = step_candidates(model_name, m, batch, img, device, amp, compile_models, channels_last, kwargs)
+    r = measure(cands, repeats, device, warmup=3 if compile_models else 2)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, threads={torch.get_num_threads()}"
     print(f"\n[train step] {model_name} {img}x{img}, {where}, amp={amp}, compile={compile_models}, "
           f"{'channels_last' if channels_last else 'NCHW'}, median of {repeats}")
-    for k, v in t.items():
-        mem = "" if peak[k] is None else f"   peak {peak[k] / 2**30:6.2f} GiB"
-        print(f"  {k:40s} {v * 1e3:8.1f} ms   ratio vs plain {v / base:5.2f}x{mem}")
-    names = list(t)
-    print(f"  σN-Ens / plain = {t[names[1]] / t[names[0]]:.2f}x (goal ≤ 1.15x)"
-          + (f";  member loop / σN-Ens = {t[names[2]] / t[names[1]]:.2f}x (goal > 1)" if len(names) > 2 else ""))
+    base = r.seconds.get(cands[0].label)
+    for c in cands:
+        if c.label in r.failed:
+            print(f"  {c.label:40s} {r.failed[c.label]}")
+            continue
+        v, peak = r.seconds[c.label], r.peak[c.label]
+        mem = "" if peak is None else f"   peak +{peak / 2**30:6.2f} GiB"
+        ratio = f"   ratio vs plain {v / base:5.2f}x" if base else ""
+        print(f"  {c.label:40s} {v * 1e3:8.1f} ms{ratio}{mem}   first call {r.first[c.label]:6.1f} s")
+    t = [r.seconds.get(c.label) for c in cands]
+    if t[0] and t[1]:
+        print(f"  σN-Ens / plain = {t[1] / t[0]:.2f}x (goal ≤ 1.15x)"
+              + (f";  member loop / σN-Ens = {t[2] / t[1]:.2f}x (goal > 1)" if len(t) > 2 and t[2] else ""))
+    return r
 
 
-def _peak_memory(fn: Callable[[], None], device: torch.device) -> int | None:
-    """Peak accelerator memory of one call (None on the CPU, where the allocator keeps no such count)."""
+def _first_call(fn: Callable[[], None], device: torch.device) -> tuple[float, int | None]:
+    """Seconds of one call and its peak accelerator memory above what was allocated before it (None on the CPU,
+    where the allocator keeps no such count)."""
     if device.type != "cuda":
+        start = time.perf_counter()
         fn()
-        return None
-    torch.cuda.synchronize(device)
+        return time.perf_counter() - start, None
+    _release(device)
+    base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
     fn()
     torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device)
+    return time.perf_counter() - start, torch.cuda.max_memory_allocated(device) - base
+
+
+def _release(device: torch.device) -> None:
+    """Return freed blocks to the device, so that what one candidate held does not count as another's."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def top_ops(fn: Callable[[], None], device: torch.device, n: int = 10) -> list[str]:
+    """One profiled call: its ``n`` costliest kernels on a GPU (ops on the CPU) by self time, one line each."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    fn()  # warm: no first-call allocation or autotuning in the profile
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+        fn()
+        _sync(device)
+    attr = "self_device_time_total" if cuda else "self_cpu_time_total"
+    # on a GPU the kernels alone: an op that launches a kernel is given that kernel's device time too
+    events = [e for e in prof.key_averages() if not cuda or e.device_type != torch.autograd.DeviceType.CPU]
+    rows = sorted(events, key=lambda e: getattr(e, attr), reverse=True)
+    total = sum(getattr(e, attr) for e in rows) or 1.0
+    return [f"{getattr(e, attr) / 1e3:8.2f} ms {100 * getattr(e, attr) / total:5.1f}% {e.count:5d}x  {e.key[:90]}"
+            for e in rows[:n]]
 
 
 def bench_host(m: int, repeats: int, layers: int = 40) -> None:

@@ -9,6 +9,10 @@
 2. the trainer's single model against a bare PyTorch loop (same model, AdamW, autocast, batch, label smoothing;
    batches already on the device): what the trainer's own machinery costs — loader, hooks, logging, checkpoint
    checks, progress bar (goal ≥ 0.95).
+
+Both time their steps alike (sigmanens_dist.training.throughput: CUDA events on a GPU, to the kernels' end); the
+data hold ``--epoch-steps`` steps of the single model (50: its loader is not restarted every few steps), read by
+``--workers`` persistent workers per stream.
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import timm
 import torch
 
+from sigmanens_dist.training.throughput import Throughput
+
 REPO = Path(__file__).resolve().parent.parent
+VAL = 64  # validation images carved from the training pool (the runs evaluate only at their end)
 
 
 def trainer_rate(args: argparse.Namespace, method: str, batch: int, out: Path) -> float:
@@ -37,8 +43,9 @@ def trainer_rate(args: argparse.Namespace, method: str, batch: int, out: Path) -
     kwargs = [f"model.kwargs.{kv}" for kv in args.kwargs]
     cmd = [sys.executable, "-m", "sigmanens_dist.train", f"run_dir={run}", "tracking.enabled=false",
            f"model.name={args.model}", *kwargs, f"model.method={method}", f"model.num_members={args.members}",
-           "data.dataset=synthetic", f"data.img_size={args.img}", f"data.train_subset={max(2048, 4 * batch)}",
-           "data.val_subset=64", f"data.num_workers={args.workers}", f"train.batch_size={batch}",
+           "data.dataset=synthetic", f"data.img_size={args.img}",
+           f"data.train_subset={args.epoch_steps * args.members * args.batch + VAL}", f"data.val_split={VAL}",
+           f"data.num_workers={args.workers}", f"train.batch_size={batch}",
            f"train.max_steps={args.steps}", f"train.log_every_steps={args.window}", f"train.amp={args.amp}",
            f"train.eval_every_steps={args.steps}", f"checkpoint.every_steps={args.steps}", "eval.at_end=false",
            "optim.name=adamw", "train.label_smoothing=0.1"]
@@ -58,7 +65,7 @@ def median_rate(run: Path, steps: int, window: int) -> float:
 
 
 def bare_rate(args: argparse.Namespace, batch: int) -> float:
-    """The same single model trained by a bare loop on batches already on the device, timed per window as the
+    """The same single model trained by a bare loop on batches already on the device, its steps timed as the
     trainer times its own (median of the windows after the first two)."""
     device = torch.device(args.device)
     kwargs = {k: _value(v) for k, v in (kv.split("=", 1) for kv in args.kwargs)}
@@ -68,20 +75,19 @@ def bare_rate(args: argparse.Namespace, batch: int) -> float:
     batches = [(torch.randn(batch, 3, args.img, args.img, device=device), torch.randint(0, 10, (batch,), device=device))
                for _ in range(4)]
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if args.amp == "bf16" else contextlib.nullcontext())
-    rates = []
+    rates, window = [], Throughput(device)
     for _ in range(args.steps // args.window):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
         for step in range(args.window):
             x, y = batches[step % len(batches)]
+            start = window.start()
             opt.zero_grad(set_to_none=True)
             with autocast:
                 loss = ce(model(x), y)
             loss.backward()
             opt.step()
+            window.stop(start, batch)
         loss.item()  # the trainer reads its losses at each log line: the same synchronisation
-        rates.append(args.window * batch / (time.perf_counter() - start))
+        rates.append(window.take_rate())
     return statistics.median(rates[2:])
 
 
@@ -102,7 +108,8 @@ def main() -> None:
     ap.add_argument("--members", type=int, default=4)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--window", type=int, default=10, help="steps per timed window (the trainer's log interval)")
-    ap.add_argument("--workers", type=int, default=0, help="data.num_workers of the trainer runs")
+    ap.add_argument("--workers", type=int, default=0, help="data.num_workers of the trainer runs (per member stream)")
+    ap.add_argument("--epoch-steps", type=int, default=50, help="steps of the single model in one epoch of data")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--amp", default="none", choices=["none", "bf16"])
     args = ap.parse_args()
