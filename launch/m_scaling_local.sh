@@ -16,10 +16,10 @@ args=(m-scaling --config "${SIGMANENS_CONFIG:-configs/cifar100_wrn.yaml}" --out 
       --nproc "${SIGMANENS_NPROC_PER_NODE:-1}")
 [ -z "${MLFLOW_TRACKING_URI:-}" ] || args+=("tracking.uri=$MLFLOW_TRACKING_URI")
 rc=0
-"$PY" -m sigmanens_dist.experiments.study "${args[@]}" "$@" || rc=$?
+"$PY" -m sigmanens_dist.cli study "${args[@]}" "$@" || rc=$?
 [ "$rc" = 2 ] && exit 2  # the grid was refused: nothing ran
 read -r _ parent uri < <(sigmanens_study_info "$study_dir/study.yaml")
 if [ "$parent" != "-" ]; then
-  "$PY" -m sigmanens_dist.experiments.compare --parent "$parent" --uri "$uri" --out "$study_dir/compare" || rc=$?
+  "$PY" -m sigmanens_dist.cli compare --parent "$parent" --uri "$uri" --out "$study_dir/compare" || rc=$?
 fi
 exit "$rc"

@@ -29,7 +29,7 @@ import numpy as np
 import yaml
 
 from sigmanens_dist.experiments.compare import Group, RunRecord, method_variant, paired_difference
-from sigmanens_dist.experiments.study import METHODS
+from sigmanens_dist.methods import METHODS
 
 REPO = Path(__file__).resolve().parents[1]
 SEVERITIES = ("3", "5")

@@ -6,8 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sigmanens_dist.deprecation import moved
-
 if TYPE_CHECKING:
     import torch
 
@@ -29,6 +27,3 @@ def load_model(path: Path) -> torch.nn.Module:
     model.load_state_dict(weights)
     return model.eval()
 
-
-# the command's parser moved to sigmanens_dist.cli.export (0.3)
-__getattr__ = moved(__name__, {"main": "sigmanens_dist.cli.export"})

@@ -14,7 +14,6 @@ import timm
 import torch
 from torch import nn
 
-from sigmanens_dist.deprecation import moved
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.methods import EnsembleMethod, build_method
 from sigmanens_dist.methods.single import SingleModel
@@ -162,6 +161,3 @@ def _hf_backbone(model_cfg: Any, num_labels: int, vocab_size: int | None) -> nn.
                          "set data.tokenizer to this backbone's own tokenizer folder")
     return backbone
 
-
-# moved to training/optim.py with the rest of the optimiser's set-up (0.2)
-__getattr__ = moved(__name__, {"param_groups": "sigmanens_dist.training.optim"})

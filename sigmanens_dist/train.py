@@ -36,7 +36,6 @@ from torch import nn
 from sigmanens_dist.config import Config, flatten, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.data.member_streams import member_major, member_train_stream
-from sigmanens_dist.deprecation import moved
 from sigmanens_dist.distributed.env import DistEnv, all_gather_object, init_distributed
 from sigmanens_dist.distributed.strategies import build_strategy, strategy_options
 from sigmanens_dist.errors import USAGE_MARKER, RunExistsError, UsageError
@@ -474,10 +473,6 @@ def shutdown() -> None:
 # the problem and its fix, so before the first step they are reported like a UsageError. A bug raises other types,
 # and any error keeps its traceback with SIGMANENS_TRACEBACK=1.
 SETUP_REFUSALS = (ValueError, FileNotFoundError, FileExistsError)
-
-
-# the command's parser moved to sigmanens_dist.cli.train (0.3)
-__getattr__ = moved(__name__, {"main": "sigmanens_dist.cli.train"})
 
 
 if __name__ == "__main__":  # torchrun -m sigmanens_dist.train; the parser is sigmanens_dist.cli.train's

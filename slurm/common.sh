@@ -81,7 +81,7 @@ _sm_retry_or_stop() {
     _sm_log "$4; $stuck attempts in a row without checkpoint progress (SIGMANENS_MAX_RETRIES=$2): giving up"
     echo "${SLURM_RESTART_COUNT:-0} $SLURM_JOB_ID - - gave-up" >> "$1"
     # a trainer killed before it could report leaves its MLflow run RUNNING: the script knows the outcome
-    "${SIGMANENS_PYTHON:-python}" -m sigmanens_dist.training.tracking set-status "$(dirname "$1")" FAILED \
+    "${SIGMANENS_PYTHON:-python}" -m sigmanens_dist.cli.tracking set-status "$(dirname "$1")" FAILED \
       || _sm_log "could not mark the MLflow run FAILED"
     exit "$3"
   fi

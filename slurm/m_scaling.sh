@@ -57,7 +57,7 @@ if [ -z "${SLURM_JOB_ID:-}" ]; then  # submit mode: the study definition and par
   [ "${config#/}" != "$config" ] || config="$SIGMANENS_ROOT/$config"
   mapfile -t axes < <(sigmanens_study_axes)
   # The trainers run under torchrun here, not under the study's own launcher: its --nproc stays 1.
-  "$python" -m sigmanens_dist.experiments.study m-scaling --config "$config" "${axes[@]}" --out "$study_dir" --prepare \
+  "$python" -m sigmanens_dist.cli study m-scaling --config "$config" "${axes[@]}" --out "$study_dir" --prepare \
     "tracking.uri=$uri" "tracking.experiment=${SIGMANENS_EXPERIMENT:-m_scaling}" "$@" >&2 || exit 2
   read -r count parent _ < <(sigmanens_study_info "$study_dir/study.yaml") || exit 2
   limit="${SIGMANENS_ARRAY_LIMIT:-}"
@@ -84,7 +84,7 @@ if [ -z "${SLURM_JOB_ID:-}" ]; then  # submit mode: the study definition and par
   if [ "$parent" != - ]; then
     compare=$(sbatch --parsable --dependency="afterany:$array" --job-name=sigmanens-m-scaling-compare \
       "${account_args[@]}" --output="$study_dir/slurm-compare-%j.out" --ntasks=1 --cpus-per-task=1 --time=20 \
-      --wrap="$(printf '%q ' "$python" -m sigmanens_dist.experiments.compare --parent "$parent" --uri "$uri" \
+      --wrap="$(printf '%q ' "$python" -m sigmanens_dist.cli compare --parent "$parent" --uri "$uri" \
         --out "$study_dir/compare")") || exit 1
     echo "m_scaling: study $study_dir ($count children), array job $array, comparison job $compare (afterany)" >&2
   fi
@@ -94,7 +94,7 @@ fi
 
 definition="${SIGMANENS_DEFINITION:?submit with bash slurm/m_scaling.sh (it sets SIGMANENS_DEFINITION)}"
 task="${SLURM_ARRAY_TASK_ID:?submit with bash slurm/m_scaling.sh: this is an array element}"
-mapfile -t args < <("$python" -m sigmanens_dist.experiments.study run-one --definition "$definition" --index "$task" --print-args)
+mapfile -t args < <("$python" -m sigmanens_dist.cli study run-one --definition "$definition" --index "$task" --print-args)
 if [ "${#args[@]}" -lt 2 ] || [ "${args[0]}" != "--config" ]; then
   _sm_log "no trainer arguments for element $task of $definition"
   exit 2

@@ -1,25 +1,24 @@
-"""The package's layout (docs/architecture.md "Layout"): each floor imports only the floors below it, and nothing
-under evaluation/ or experiments/ reaches into σN-Ens internals except through the methods interface.
+"""The package's layout (docs/architecture.md "Layout"): each floor imports only the floors below it, no import
+circle, no private name imported across packages, and nothing under evaluation/ or experiments/ reaches into σN-Ens
+internals except through the methods interface.
 
-Entry points are not dependencies: a ``__main__.py`` and an ``if __name__ == "__main__":`` block (``python -m
-sigmanens_dist.train`` runs the parser in cli/) may import from any floor; so may the modules kept one release under an
-old path (:data:`DEPRECATED_ALIASES`). A name that moved is served from its old module by ``deprecation.moved``.
+The import graph is the real one: every import of a module, at its top, inside functions, under ``TYPE_CHECKING``,
+in ``__main__.py`` files and in ``if __name__ == "__main__":`` blocks. One import is allowed to run up a floor
+(:data:`ENTRY_POINT`): ``torchrun -m sigmanens_dist.train`` runs the trainer module, whose ``__main__`` block calls
+the parser of cli/train.py, which imports the trainer once the config is valid.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
-import sys
+from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "sigmanens_dist"
 
 # bottom first; modules on one floor may import each other (no circle: checked below)
 FLOORS = [
-    ("errors", "progress", "timm_names", "deprecation"),
+    ("errors", "progress", "timm_names"),
     ("atomic", "safe_load"),
     ("sigma",),
     ("distributed",),
@@ -29,19 +28,16 @@ FLOORS = [
     ("training",),
     ("models", "export"),
     ("evaluation",),
-    ("train", "experiments", "train_cli"),
+    ("train", "experiments"),
     ("cli",),
 ]
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
-KNOWN_UPWARD: set[str] = set()  # none left: an entry here is a debt, named
-# old module paths kept for one release: each warns on import and re-exports its new home
-DEPRECATED_ALIASES = {"sigmanens_dist.train_cli": "sigmanens_dist.cli.train",
-                      "sigmanens_dist.evaluation.cli": "sigmanens_dist.cli.eval",
-                      "sigmanens_dist.experiments.demo": "sigmanens_dist.cli.demo",
-                      "sigmanens_dist.data.registry": "sigmanens_dist.data.raw"}
+# the torchrun entry: train.py's `if __name__ == "__main__":` block -> the parser it runs (module docstring)
+ENTRY_POINT = ("sigmanens_dist.train", "sigmanens_dist.cli.train")
 
 
 def _modules() -> dict[str, Path]:
+    """Dotted module name -> its file, for every module of the package (a package is its ``__init__.py``)."""
     out = {}
     for path in PACKAGE.rglob("*.py"):
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
@@ -49,30 +45,44 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _imports(name: str, path: Path, *, top_level_only: bool) -> set[str]:
-    """The sigmanens_dist modules ``name`` imports (every import, or only those run when it is imported)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    body = [n for n in tree.body if not _entry_point(n)]
-    nodes = body if top_level_only else [n for top in body for n in ast.walk(top)]
-    out = set()
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in nodes:
+def _package(name: str, path: Path) -> str:
+    """The package a module belongs to (a package's ``__init__`` belongs to the package itself)."""
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def _imported(name: str, path: Path, nodes: list[ast.stmt]) -> Iterator[str]:
+    """Each dotted name ``nodes`` import from sigmanens_dist: the module, and for ``from m import x`` also ``m.x``."""
+    package = _package(name, path)
+    for node in (n for top in nodes for n in ast.walk(top)):
         if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.startswith("sigmanens_dist.")}
+            yield from (a.name for a in node.names if a.name.startswith("sigmanens_dist."))
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parent = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*parent, base] if base else parent)
             if base.startswith("sigmanens_dist"):
-                out.add(base)
-                out |= {f"{base}.{a.name}" for a in node.names}
-    return out
+                yield base
+                yield from (f"{base}.{a.name}" for a in node.names)
 
 
 def _entry_point(node: ast.stmt) -> bool:
-    """``if __name__ == "__main__":``: what ``python -m`` runs, never what an import runs."""
+    """``if __name__ == "__main__":``: what ``python -m`` runs."""
     return isinstance(node, ast.If) and ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"'
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, anywhere in its file, less the one :data:`ENTRY_POINT` import."""
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        body = ast.parse(path.read_text(encoding="utf-8")).body
+        targets = set(_imported(name, path, [n for n in body if not _entry_point(n)]))
+        for target in _imported(name, path, [n for n in body if _entry_point(n)]):
+            if (name, target) != ENTRY_POINT:
+                targets.add(target)
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
 
 
 def _floor(module: str) -> int | None:
@@ -85,21 +95,21 @@ def test_every_module_is_on_a_floor() -> None:
 
 
 def test_no_import_runs_back_up_a_floor() -> None:
-    modules = _modules()
-    upward = []
-    for name, path in modules.items():
-        if name == "sigmanens_dist" or name.endswith(".__main__") or name in DEPRECATED_ALIASES:
-            continue
-        for target in _imports(name, path, top_level_only=False):
-            if target in modules and _floor(target) is not None and _floor(target) > _floor(name):
-                upward.append(f"{name} -> {target}")
-    assert sorted(set(upward) - KNOWN_UPWARD) == []
+    upward = [f"{name} -> {target}" for name, targets in _graph().items() if name != "sigmanens_dist"
+              for target in targets if _floor(target) is not None and _floor(target) > _floor(name)]
+    assert sorted(upward) == []
+
+
+def test_the_entry_point_exception_is_the_torchrun_entry() -> None:
+    """:data:`ENTRY_POINT` still names an import of its module's ``__main__`` block (not a stale exemption)."""
+    name, target = ENTRY_POINT
+    path = _modules()[name]
+    body = ast.parse(path.read_text(encoding="utf-8")).body
+    assert target in set(_imported(name, path, [n for n in body if _entry_point(n)]))
 
 
 def test_no_import_circle() -> None:
-    modules = _modules()
-    graph = {name: {t for t in _imports(name, path, top_level_only=True) if t in modules and t != name}
-             for name, path in modules.items()}
+    graph = _graph()
     # a package's __init__ that re-exports its parts is imported by them only through the package prefix, which
     # Python resolves first; leave out edges into one's own package to see the circles between modules
     graph = {n: {t for t in ts if not n.startswith(t + ".")} for n, ts in graph.items()}
@@ -144,30 +154,19 @@ def test_every_parser_lives_in_cli() -> None:
     assert outside == []
 
 
-@pytest.mark.parametrize("old", sorted(DEPRECATED_ALIASES))
-def test_deprecated_aliases_warn_and_re_export(old: str) -> None:
-    new = importlib.import_module(DEPRECATED_ALIASES[old])
-    sys.modules.pop(old, None)
-    with pytest.warns(DeprecationWarning, match=f"{old} moved to {new.__name__}"):
-        alias = importlib.import_module(old)
-    assert alias.__all__ and all(getattr(alias, n) is getattr(new, n) for n in alias.__all__)
-
-
-MOVED_NAMES = [("sigmanens_dist.train", "main", "sigmanens_dist.cli.train"),
-               ("sigmanens_dist.export", "main", "sigmanens_dist.cli.export"),
-               ("sigmanens_dist.experiments.study", "main", "sigmanens_dist.cli.study"),
-               ("sigmanens_dist.experiments.compare", "main", "sigmanens_dist.cli.compare"),
-               ("sigmanens_dist.models", "param_groups", "sigmanens_dist.training.optim"),
-               ("sigmanens_dist.training.objective", "sigma_lr", "sigmanens_dist.training.optim"),
-               ("sigmanens_dist.evaluation.metrics", "reliability_diagram", "sigmanens_dist.evaluation.plots"),
-               ("sigmanens_dist.methods", "member_major", "sigmanens_dist.data.member_streams")]
-
-
-@pytest.mark.parametrize(("old", "name", "new"), MOVED_NAMES)
-def test_moved_names_warn_and_are_the_new_ones(old: str, name: str, new: str) -> None:
-    module = importlib.import_module(old)
-    with pytest.warns(DeprecationWarning, match=f"^{old}.{name} moved to {new}.{name}$"):
-        value = getattr(module, name)
-    assert value is getattr(importlib.import_module(new), name)
-    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
-        module.nothing_here  # noqa: B018
+def test_no_private_name_is_imported_across_packages() -> None:
+    """A name (or module) starting with one ``_`` belongs to the package it is defined in: only that package's
+    modules import it."""
+    modules = _modules()
+    packages = {name for name, path in modules.items() if path.name == "__init__.py"}
+    crossing = []
+    for name, path in modules.items():
+        package = _package(name, path)
+        for dotted in set(_imported(name, path, ast.parse(path.read_text(encoding="utf-8")).body)):
+            parts = dotted.split(".")
+            for i, part in enumerate(parts):
+                prefix = ".".join(parts[:i])
+                owner = prefix if prefix in packages else prefix.rpartition(".")[0]
+                if part.startswith("_") and not part.startswith("__") and owner != package:
+                    crossing.append(f"{name} imports {dotted}")
+    assert sorted(crossing) == []

@@ -5,7 +5,6 @@ GRN conversion summary, and config errors."""
 from __future__ import annotations
 
 import copy
-import warnings
 from pathlib import Path
 
 import pytest
@@ -324,18 +323,10 @@ def test_norms_left_out_by_patterns_are_listed_as_shared() -> None:
     (["model.method=deep", "model.num_members=0"], "model.num_members"),
     (["model.method=boosting"], "model.method"),
     (["model.member_batches=some"], "model.member_batches"),
-    (["model.method=deep", "model.ensemble=true"], "contradicts model.method='deep'"),
 ])
 def test_config_errors_name_key_and_allowed_values(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
-
-
-def test_deprecated_ensemble_flag_maps_to_method() -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        assert load_config(None, ["model.ensemble=false"]).model.method == "single"
-        assert load_config(None, ["model.ensemble=true"]).model.method == "sigma"
 
 
 # -- independent member batches ------------------------------------------------------------------------------------
@@ -390,11 +381,11 @@ def test_the_method_table_is_the_configs_list_of_methods() -> None:
     from typing import get_args
 
     from sigmanens_dist.config import ModelConfig
-    from sigmanens_dist.experiments import study
+    from sigmanens_dist.experiments.study import method_table
     from sigmanens_dist.methods import METHODS
 
     assert tuple(METHODS) == get_args(ModelConfig.model_fields["method"].annotation)
     assert all(cls.name == name for name, cls in METHODS.items())
-    assert study.METHODS is METHODS  # the old import path still works
+    assert method_table() is METHODS
     assert [n for n, c in METHODS.items() if not c.member_axis] == ["single"]
     assert [n for n, c in METHODS.items() if c.regularized] == ["sigma"]

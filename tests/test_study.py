@@ -32,14 +32,8 @@ from sigmanens_dist.experiments.compare import (
     select_split,
     write_report,
 )
-from sigmanens_dist.experiments.study import (
-    StudyError,
-    _command,
-    build_definition,
-    child_state,
-    run_one,
-    write_definition,
-)
+from sigmanens_dist.experiments.study import StudyError, build_definition, child_state, run_one, write_definition
+from sigmanens_dist.experiments.study.running import _command
 from tests.helpers import REPO, SYNTHETIC, TINY_VIT, free_port
 
 mlflow = pytest.importorskip("mlflow")
@@ -357,7 +351,7 @@ def test_report_has_ood_and_severity_when_runs_log_them(tmp_path: Path) -> None:
 def test_run_record_reads_what_train_and_eval_log() -> None:
     from types import SimpleNamespace
 
-    from sigmanens_dist.experiments.compare import _record
+    from sigmanens_dist.experiments.compare.records import _record
 
     metrics = {"val/acc": 0.8, "final/params": 1000.0, "final/train_images": 320.0, "final/train_img_per_s": 50.0,
                "eval/test/raw/ood_digits/entropy/auroc": 0.9, "eval/test/raw/ood_digits/msp/auroc": 0.1,
@@ -384,7 +378,8 @@ def test_run_record_reads_what_train_and_eval_log() -> None:
 def test_a_methods_own_knobs_away_from_default_make_a_variant_that_compare_keeps_apart() -> None:
     from types import SimpleNamespace
 
-    from sigmanens_dist.experiments.compare import _record, method_variant
+    from sigmanens_dist.experiments.compare import method_variant
+    from sigmanens_dist.experiments.compare.records import _record
 
     def run(name: str, seed: int, acc: float, **params: str) -> RunRecord:
         info = SimpleNamespace(run_id=f"{name}{seed}", run_name=f"{name}-s{seed}", status="FINISHED")
@@ -398,7 +393,7 @@ def test_a_methods_own_knobs_away_from_default_make_a_variant_that_compare_keeps
     assert [r.variant for r in records] == ["", "", "α=3", "α=3", "α=3 γ=2"]  # defaults (2, 1) are no variant
     select_split(records, "val")
     # one child name in two studies of different variants: both kept, each the newest of its own variant
-    from sigmanens_dist.experiments.compare import _pick_runs
+    from sigmanens_dist.experiments.compare.records import _pick_runs
 
     def raw(seed: int, alpha: str, start: int) -> SimpleNamespace:
         return SimpleNamespace(info=SimpleNamespace(run_id=f"{alpha}{start}", run_name=f"packed-M4-s{seed}",
@@ -460,7 +455,7 @@ def test_tau_sweep_refuses_lambda_zero_and_brings_its_strength(tmp_path: Path) -
 def test_frontier_and_sharing_plots_from_a_tau_sweep(tmp_path: Path) -> None:
     """acc_vs_ece.png draws the frontier in both panels (clean and under shift); sharing_vs_step.png shows every τ's
     importance trajectory; the ECE and NLL under shift are columns with paired differences."""
-    from sigmanens_dist.experiments.compare import _frontier
+    from sigmanens_dist.experiments.compare.plots import _frontier
 
     assert _frontier([(0.1, 0.8), (0.05, 0.7), (0.2, 0.9), (0.15, 0.75)]) == [(0.05, 0.7), (0.1, 0.8), (0.2, 0.9)]
     records = []
@@ -484,7 +479,7 @@ def test_frontier_and_sharing_plots_from_a_tau_sweep(tmp_path: Path) -> None:
 def test_run_record_reads_shift_scores_and_history() -> None:
     from types import SimpleNamespace
 
-    from sigmanens_dist.experiments.compare import _record as record_of
+    from sigmanens_dist.experiments.compare.records import _record as record_of
 
     metrics = {"val/acc": 0.8, "eval/test/raw/shift/noise/s3/ece": 0.2, "eval/test/raw/shift/noise/s5/ece": 0.4,
                "eval/test/raw/shift/blur/s3/ece": 0.4, "eval/test/raw/shift/blur/s5/ece": 0.6,
@@ -514,7 +509,7 @@ def test_histories_keep_the_newest_value_of_a_step_logged_twice() -> None:
     the newest value per step."""
     from types import SimpleNamespace
 
-    from sigmanens_dist.experiments.compare import _sharing_history
+    from sigmanens_dist.experiments.compare.records import _sharing_history
     from sigmanens_dist.methods.sigma import IMPORTANCE_BINS
 
     def metric(step: int, value: float, timestamp: int) -> SimpleNamespace:

@@ -16,7 +16,7 @@ from sigmanens_dist.data.corruption_table import CORRUPTIONS
 from sigmanens_dist.evaluation.summary import summary
 from sigmanens_dist.experiments import terminal
 from sigmanens_dist.experiments.compare import build_report
-from sigmanens_dist.experiments.study import METHODS
+from sigmanens_dist.methods import METHODS
 from sigmanens_dist.training.tracking import PARENT_TAG
 from tests.test_study import _record
 

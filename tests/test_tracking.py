@@ -124,7 +124,7 @@ def test_child_run_joins_its_parent_with_the_dataset_as_input(tmp_path: Path, mo
 
 def test_a_batch_script_can_mark_a_dead_trainers_run_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A trainer killed before it could report leaves its run RUNNING; slurm/common.sh marks it FAILED on giving up
-    with ``python -m sigmanens_dist.training.tracking set-status RUN_DIR FAILED``."""
+    with ``python -m sigmanens_dist.cli.tracking set-status RUN_DIR FAILED``."""
     import subprocess
     import sys
 
@@ -135,10 +135,10 @@ def test_a_batch_script_can_mark_a_dead_trainers_run_failed(tmp_path: Path, monk
     run_id = Tracker(tmp_path / "run", enabled=True, active=True, uri=uri, experiment="x").start("run", None, {}, {})
     client = mlflow.MlflowClient(uri)
     assert client.get_run(run_id).info.status == "RUNNING"  # the process "died" here
-    proc = subprocess.run([sys.executable, "-m", "sigmanens_dist.training.tracking", "set-status",
+    proc = subprocess.run([sys.executable, "-m", "sigmanens_dist.cli.tracking", "set-status",
                            str(tmp_path / "run"), "FAILED"], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert client.get_run(run_id).info.status == "FAILED"
-    empty = subprocess.run([sys.executable, "-m", "sigmanens_dist.training.tracking", "set-status", str(tmp_path),
+    empty = subprocess.run([sys.executable, "-m", "sigmanens_dist.cli.tracking", "set-status", str(tmp_path),
                             "FAILED"], capture_output=True, text=True, check=False)
     assert empty.returncode == 0 and "no MLflow run recorded" in empty.stdout

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 __all__ = ["COMMANDS", "main"]
 
 # each command is the module of that name under sigmanens_dist.cli, run as main(argv); tracking.py is not one (the
-# Slurm scripts run it as python -m sigmanens_dist.training.tracking)
+# Slurm scripts run it as python -m sigmanens_dist.cli.tracking)
 COMMANDS = ("train", "demo", "params", "data", "eval", "export", "study", "compare")
 
 

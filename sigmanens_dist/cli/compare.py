@@ -29,8 +29,8 @@ from sigmanens_dist.experiments.compare.records import (
     PAIRINGS,
     RECORDS_FILE,
     SPLITS,
-    _client,
     load_runs,
+    mlflow_client,
     read_records,
 )
 from sigmanens_dist.experiments.compare.report import build_report, write_report
@@ -78,10 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(terminal.written(out, files))
     if parent is not None:
         try:
-            _client(args.uri).log_artifacts(parent, str(out), "compare")
+            mlflow_client(args.uri).log_artifacts(parent, str(out), "compare")
             print(f"logged to the parent run {parent} under compare/")
         except Exception as err:  # the report is on disk; a store that refuses artifacts only loses the copy
             print(f"warning: could not log the report to the parent run {parent}: {err}", file=sys.stderr)
     if not args.records:
-        print(terminal.ui_lines(args.uri, _client(args.uri).get_run(records[0].run_id).info.experiment_id))
+        print(terminal.ui_lines(args.uri, mlflow_client(args.uri).get_run(records[0].run_id).info.experiment_id))
     return 0

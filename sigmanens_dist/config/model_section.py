@@ -115,24 +115,6 @@ class ModelConfig(_Section):
             raise ValueError(f"set {', '.join(clash)} as model.<key>, not inside model.kwargs")
         return kwargs
 
-    @model_validator(mode="before")
-    @classmethod
-    def _ensemble_is_method(cls, data: Any) -> Any:
-        """Deprecated ``model.ensemble: true|false`` still reads as ``model.method: sigma|single``."""
-        if isinstance(data, dict) and "ensemble" in data:
-            data = dict(data)
-            flag = data.pop("ensemble")
-            if not isinstance(flag, bool):
-                raise _cross_field("ensemble", "deprecated boolean; use model.method", flag)
-            implied = "sigma" if flag else "single"
-            if data.get("method", implied) != implied:
-                raise _cross_field("ensemble", f"model.ensemble={flag} (deprecated) contradicts model.method="
-                                               f"{data['method']!r}; keep only model.method", flag)
-            data["method"] = implied
-            warnings.warn("model.ensemble is deprecated; use model.method: sigma | single", DeprecationWarning,
-                          stacklevel=2)
-        return data
-
     @model_validator(mode="after")
     def _method_knobs(self) -> ModelConfig:
         """A knob of another method changed from its default (a saved config repeats the defaults), or a family the

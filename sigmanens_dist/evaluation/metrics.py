@@ -23,8 +23,6 @@ from torchmetrics.functional.classification import (
 )
 from torchmetrics.utilities import dim_zero_cat
 
-from sigmanens_dist.deprecation import moved
-
 __all__ = ["EnsembleMetrics", "SampleMetrics", "adaptive_calibration_error", "aurc", "calibration_error",
            "ensemble_log_probs", "entropy", "mutual_information", "ood_detection", "predictive_entropy"]
 
@@ -272,10 +270,3 @@ class SampleMetrics(Metric):
             return {"msp": -conf, "entropy": self._cat("entropy"),
                     "mutual_information": self._cat("mutual_information"), "confidence": conf, "correct": correct}
 
-
-# Moved to sigmanens_dist.evaluation.plots (the evaluation's one place for pictures); importable from here, with a
-# DeprecationWarning, for one release.
-_MOVED = {"reliability_diagram", "reliability_diagrams", "reliability_diagrams_from_confidence"}
-
-
-__getattr__ = moved(__name__, dict.fromkeys(_MOVED, "sigmanens_dist.evaluation.plots"))

@@ -22,7 +22,7 @@ from rich.table import Table
 from sigmanens_dist.progress import WIDTH, near, text_console, wrap
 
 if TYPE_CHECKING:
-    from sigmanens_dist.experiments.compare import Group, _Report
+    from sigmanens_dist.experiments.compare import Group, Report
 
 __all__ = ["FEW", "WIDTH", "display_name", "human", "render", "ui_lines", "written"]
 
@@ -63,7 +63,7 @@ def human(x: float) -> str:
     return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
 
 
-def _value(report: _Report, g: Group, column: str, *, std: bool = True) -> str:
+def _value(report: Report, g: Group, column: str, *, std: bool = True) -> str:
     mean, sd = g.mean(column), g.std(column)
     if math.isnan(mean):
         return ""
@@ -80,7 +80,7 @@ def _value(report: _Report, g: Group, column: str, *, std: bool = True) -> str:
     return fmt.format(mean) + spread
 
 
-def _diff(report: _Report, g: Group, column: str) -> str:
+def _diff(report: Report, g: Group, column: str) -> str:
     """``+0.0200 ± 0.0100``: the paired difference and the half width of its 95% t interval (one seed: no interval);
     ``—`` for the reference itself, blank where nothing pairs."""
     if report.reference_of(g) is None and (g.method == report.reference or report.pair == "members"):
@@ -92,11 +92,11 @@ def _diff(report: _Report, g: Group, column: str) -> str:
     return f"{mean:+.4f}" + (f" ± {(hi - lo) / 2:.4f}" if n > 1 and not math.isnan(hi - lo) else "")
 
 
-def _one_seed(report: _Report) -> bool:
+def _one_seed(report: Report) -> bool:
     return all(len(g.runs) == 1 for g in report.groups)
 
 
-def _seeds(report: _Report) -> str:
+def _seeds(report: Report) -> str:
     counts = sorted({len(g.runs) for g in report.groups})
     if counts == [1]:
         return "one seed (no spread, no interval: give --seeds 0,1,2 to the study)"
@@ -105,7 +105,7 @@ def _seeds(report: _Report) -> str:
     return f"mean ± std over {counts[0]}–{counts[-1]} seeds (see the seeds row)"
 
 
-def _heading(report: _Report) -> list[str]:
+def _heading(report: Report) -> list[str]:
     where = "test set" if report.split == "test" else "validation split"
     text = f"Scores on the {where}, {_seeds(report)}."
     if report.diffs:
@@ -114,7 +114,7 @@ def _heading(report: _Report) -> list[str]:
     return textwrap.wrap(text, WIDTH)
 
 
-def _few(report: _Report) -> Table:
+def _few(report: Report) -> Table:
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold", expand=False)
     table.add_column("", no_wrap=True)
     for g in report.groups:
@@ -136,7 +136,7 @@ def _few(report: _Report) -> Table:
     return table
 
 
-def _many(report: _Report) -> Table:
+def _many(report: Report) -> Table:
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold", expand=False)
     table.add_column("configuration", overflow="fold")
     shown = [c for c in HEADLINE if c[0] in {col[0] for col in report.columns}]
@@ -151,7 +151,7 @@ def _many(report: _Report) -> Table:
     return table
 
 
-def render(report: _Report, notes: list[str]) -> str:
+def render(report: Report, notes: list[str]) -> str:
     """The comparison as printed: heading, table, incomplete children, the warning on selecting by test scores."""
     width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns) if sys.stdout.isatty() else WIDTH
     console, buf = text_console(width)

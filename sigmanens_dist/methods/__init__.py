@@ -26,7 +26,6 @@ from typing import Any
 
 from torch import nn
 
-from sigmanens_dist.deprecation import moved
 from sigmanens_dist.methods.base import EnsembleMethod, Inputs, call_backbone, logits_of, map_tensors, member_chunks
 from sigmanens_dist.methods.batch import BatchEnsemble
 from sigmanens_dist.methods.deep import DeepEnsemble
@@ -82,10 +81,3 @@ def build_method(cfg: Any, make_backbone: Callable[[], nn.Module]) -> EnsembleMe
                  f"{sum(p.numel() for p in model.parameters()):,}")
     return model
 
-
-# Moved to sigmanens_dist.data.member_streams (the train streams are the loaders' business); kept importable from
-# here, with a DeprecationWarning, for one release.
-_MOVED = {"MemberStream", "member_major", "member_train_stream"}
-
-
-__getattr__ = moved(__name__, dict.fromkeys(_MOVED, "sigmanens_dist.data.member_streams"))

@@ -19,8 +19,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sigmanens_dist.deprecation import moved
-
 __all__ = ["REDUCTIONS", "loss_reduction", "member_loss"]
 
 REDUCTIONS = ("mean", "sum")
@@ -56,6 +54,3 @@ def loss_reduction(cfg: Any, model: nn.Module) -> Reduction:
     members must each train as a single run; mean otherwise)."""
     return cfg.train.member_loss or getattr(type(model), "loss_reduction", "mean")
 
-
-# moved to training/optim.py with the rest of the optimiser's set-up (0.2)
-__getattr__ = moved(__name__, dict.fromkeys(("sigma_lr", "fast_weight_lr"), "sigmanens_dist.training.optim"))

@@ -320,11 +320,3 @@ def set_status(run_dir: Path, status: str) -> str | None:
 
     MlflowClient(uri).set_terminated(run_id, status=status)
     return run_id
-
-
-if __name__ == "__main__":  # the entry point the Slurm scripts run; the parser is sigmanens_dist.cli.tracking's
-    import sys
-
-    from sigmanens_dist.cli.tracking import main
-
-    sys.exit(main())

@@ -26,8 +26,8 @@ from sigmanens_dist.errors import UsageError
 from sigmanens_dist.experiments.study import DEFINITION, ROLE_TAG, method_table
 from sigmanens_dist.training.tracking import PARENT_TAG
 
-__all__ = ["RECORDS_FILE", "CompareError", "Group", "RunRecord", "load_runs", "method_variant", "read_records",
-           "save_records", "select_split"]
+__all__ = ["RECORDS_FILE", "CompareError", "Group", "RunRecord", "load_runs", "method_variant", "mlflow_client",
+           "read_records", "save_records", "select_split"]
 
 # table column -> the MLflow metric it is read from, per split: the loop's final validation, or the test-set
 # evaluation of the trained (raw, not EMA) weights
@@ -161,7 +161,9 @@ def _uses(method: str, axis: str) -> bool:
 # Reading runs
 
 
-def _client(uri: str) -> Any:
+def mlflow_client(uri: str) -> Any:
+    """An ``MlflowClient`` for ``uri`` that fails fast: a missing sqlite file is a :class:`CompareError`, a server
+    that does not answer is given up on after one retry."""
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         raise CompareError(f"--uri {uri}: no such sqlite file (a study's store is <study folder>/mlflow.db)")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
@@ -178,7 +180,7 @@ def load_runs(uri: str, *, parent: str | None = None, experiment: str | None = N
     still running, and the parent run id to log the report to (None when there is no single parent)."""
     from mlflow.exceptions import MlflowException
 
-    client = _client(uri)
+    client = mlflow_client(uri)
     expected: list[str] | None = None
     if parent is not None:
         try:
@@ -342,8 +344,7 @@ def _problems(errors: list[ErrorDetails]) -> str:
 
 def _record(run: Any) -> RunRecord:
     params, tags, metrics = run.data.params, run.data.tags, run.data.metrics
-    method = (tags.get("sigmanens.method") or params.get("model.method") or tags.get("method")
-              or ("sigma" if params.get("model.ensemble", "True") == "True" else "single"))  # runs before model.method
+    method = tags.get("sigmanens.method") or params.get("model.method") or tags.get("method") or "sigma"
     members = int(tags.get("num_members") or params.get("model.num_members", 1))
     budget = int(tags.get("sigmanens.grid.budget") or 1)
     tau = _float(tags.get("sigmanens.grid.tau") or params.get("reg.tau")) if _uses(method, "reg") else None

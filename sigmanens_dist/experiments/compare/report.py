@@ -30,7 +30,7 @@ from sigmanens_dist.experiments.compare.records import (
 )
 from sigmanens_dist.experiments.compare.statistics import group_runs, paired_difference, reference_for
 
-__all__ = ["COLUMNS", "build_report", "write_report"]
+__all__ = ["COLUMNS", "Report", "build_report", "write_report"]
 
 COLUMNS = [("params", "params", "{:,.0f}"), ("train_compute", "train compute (img×M)", "{:.3g}"),
            ("inference_passes", "inference passes/img", "{:.0f}"), ("ms_per_image", "inference ms/img", "{:.3f}"),
@@ -42,7 +42,7 @@ COLUMNS = [("params", "params", "{:,.0f}"), ("train_compute", "train compute (im
 
 
 def build_report(records: list[RunRecord], reference: str | None, *, pair: str = "epochs", split: str = "auto"
-                 ) -> _Report:
+                 ) -> Report:
     """The grouped runs, their columns and the reference they pair with: what the files and the terminal show."""
     if pair not in PAIRINGS:
         raise CompareError(f"--pair {pair!r}: choose one of {', '.join(PAIRINGS)}")
@@ -61,7 +61,7 @@ def build_report(records: list[RunRecord], reference: str | None, *, pair: str =
     # with one method every group would pair with itself (except with the next smaller M): no difference columns
     paired = len(set(methods)) > 1 or pair == "members"
     diffs = [c for c in DIFFS if any(c in r.values for r in records)] if paired else []
-    return _Report(groups, columns, diffs, reference, pair, split)
+    return Report(groups, columns, diffs, reference, pair, split)
 
 
 def write_report(records: list[RunRecord], notes: list[str], out: Path, reference: str | None, *,
@@ -89,8 +89,8 @@ def _cell(group: Group, column: str, fmt: str) -> str:
 
 
 @dataclass
-class _Report:
-    """What the table writers share."""
+class Report:
+    """The grouped runs with their columns and paired differences: what the table writers (files, terminal) share."""
 
     groups: list[Group]
     columns: list[tuple[str, str, str]]
@@ -137,7 +137,7 @@ def difference_text(mean: float, lo: float, hi: float, pairs: int) -> str:
     return f"{mean:+.4f}" + (f" [{lo:+.4f}, {hi:+.4f}]" if pairs > 1 else " (1 seed)")
 
 
-def _diff_cell(report: _Report, group: Group, column: str) -> str:
+def _diff_cell(report: Report, group: Group, column: str) -> str:
     diff = report.difference(group, column)
     return "" if diff is None else difference_text(*diff)
 
@@ -154,7 +154,7 @@ def _markdown_row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(" ".join(c.replace("|", "\\|").splitlines()) for c in cells) + " |"
 
 
-def _markdown(report: _Report, notes: list[str], path: Path) -> Path:
+def _markdown(report: Report, notes: list[str], path: Path) -> Path:
     axes = ["method", "M", "τ", "λ", *(["steps"] if report.budgets else []), "seeds"]
     head = [*axes, *(c[1] for c in report.columns),
             *(f"Δ{d} vs {report.against} [95% CI]" for d in report.diffs)]
@@ -198,7 +198,7 @@ def _write_csv(path: Path, rows: Iterable[Sequence[Any]]) -> Path:
     return path
 
 
-def _csv(report: _Report, path: Path) -> Path:
+def _csv(report: Report, path: Path) -> Path:
     rows: list[list[Any]] = [["method", "M", "tau", "lambda", "budget", "seeds", "split", "pair",
                               *(f"{c[0]}_{s}" for c in report.columns for s in ("mean", "std")),
                               *(f"diff_{d}_vs_{report.against.replace(' ', '_')}_{s}" for d in report.diffs
