@@ -13,17 +13,12 @@ __all__ = ["load_model"]
 
 
 def load_model(path: Path) -> torch.nn.Module:
-    """The trained model of a checkpoint, rebuilt from its config and loaded, on CPU."""
+    """The trained model of a checkpoint, rebuilt from its config and model sizes and loaded, on CPU."""
     from sigmanens_dist.config import Config
     from sigmanens_dist.models import build_model
-    from sigmanens_dist.training.checkpoint import consolidated_state_dict
+    from sigmanens_dist.training.checkpoint import read_checkpoint
 
-    weights, state = consolidated_state_dict(path)
-    if "model_args" not in state:
-        raise ValueError(f"{path} does not record the model's class count and input channels (written by an "
-                         "older version); rebuild the model yourself and load the state dict")
-    cfg = Config.model_validate(state["config"]).without_source_weights()
-    model = build_model(cfg, **state["model_args"])
-    model.load_state_dict(weights)
+    ckpt = read_checkpoint(path)
+    model = build_model(Config.model_validate(ckpt.config).without_source_weights(), **ckpt.model_args)
+    model.load_state_dict(ckpt.weights)
     return model.eval()
-

@@ -12,7 +12,16 @@ importable from here, as it was from the single ``config.py``.
 
 from __future__ import annotations
 
-from sigmanens_dist.config.loading import RECIPES, check_paths, flatten, load_config, recipe_path, recipes, save_config
+from sigmanens_dist.config.loading import (
+    RECIPES,
+    check_paths,
+    config_from_dict,
+    flatten,
+    load_config,
+    recipe_path,
+    recipes,
+    save_config,
+)
 from sigmanens_dist.config.messages import ConfigError
 from sigmanens_dist.config.schema import (
     CheckpointConfig,
@@ -30,4 +39,4 @@ from sigmanens_dist.config.schema import (
 
 __all__ = ["RECIPES", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "ModelConfig",
            "OptimConfig", "RegConfig", "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig",
-           "check_paths", "flatten", "load_config", "recipe_path", "recipes", "save_config"]
+           "check_paths", "config_from_dict", "flatten", "load_config", "recipe_path", "recipes", "save_config"]

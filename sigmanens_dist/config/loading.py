@@ -3,6 +3,7 @@ validated against the schema with every problem reported at once; saving it back
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Sequence
@@ -17,7 +18,8 @@ from sigmanens_dist.config.messages import ConfigError, _did_you_mean, _from_pyd
 from sigmanens_dist.config.schema import Config, DataConfig
 from sigmanens_dist.data.datasets import DATASETS, resolve_root
 
-__all__ = ["RECIPES", "check_paths", "flatten", "load_config", "recipe_path", "recipes", "save_config"]
+__all__ = ["RECIPES", "check_paths", "config_from_dict", "flatten", "load_config", "recipe_path", "recipes",
+           "save_config"]
 
 
 _REPLACES = {"train.max_steps": "train.epochs", "train.epochs": "train.max_steps"}
@@ -102,9 +104,22 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = (), *, check
     source = str(path) if path is not None else "<defaults>"
     problems: list[str] = []
     raw = _read_file(path, problems) if path is not None else {}
-    _apply_overrides(raw if raw is not None else {}, overrides, problems)
     if raw is None:  # the file itself is unusable: validating the rest would only add misleading lines
+        _apply_overrides({}, overrides, problems)
         raise ConfigError(source, problems)
+    return _validated(raw, overrides, source, problems, check_data)
+
+
+def config_from_dict(raw: dict[str, Any], overrides: Sequence[str] = (), *, source: str,
+                     check_data: bool = True) -> Config:
+    """A config saved as a dict (a checkpoint's), through the same validation as :func:`load_config`; ``source``
+    names where it came from in the error."""
+    return _validated(copy.deepcopy(raw), overrides, source, [], check_data)
+
+
+def _validated(raw: dict[str, Any], overrides: Sequence[str], source: str, problems: list[str],
+               check_data: bool) -> Config:
+    _apply_overrides(raw, overrides, problems)
     cfg: Config | None = None
     try:
         cfg = Config.model_validate(raw)

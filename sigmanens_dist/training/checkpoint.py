@@ -16,24 +16,18 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from sigmanens_dist.atomic import atomic_write, replace_folder, torch_save
+from sigmanens_dist.distributed.strategies import folder_format
 from sigmanens_dist.distributed.strategies.base import FOLDER_KEY
 from sigmanens_dist.errors import MissingPathError, UsageError
-from sigmanens_dist.safe_load import (
-    RefusedFileError,
-    SafeDCPReader,
-    check_torch_file,
-    dcp_refusals,
-    load_file,
-    written_by_us,
-)
+from sigmanens_dist.safe_load import RefusedFileError, load_file
 
-__all__ = ["CheckpointManager", "capture_rng", "check_folder", "consolidated_ema", "consolidated_state_dict",
-           "resolve_checkpoint", "restore_rng"]
+__all__ = ["Checkpoint", "CheckpointManager", "capture_rng", "check_folder", "consolidated_ema",
+           "consolidated_state_dict", "read_checkpoint", "resolve_checkpoint", "restore_rng"]
 
 log = logging.getLogger(__name__)
 
@@ -198,22 +192,37 @@ def resolve_checkpoint(path: Path | str, what: str = "checkpoint") -> tuple[Path
 
 def check_folder(path: Path, fmt: str) -> None:
     """Raise if a checkpoint folder's shard index is missing, unreadable or could run code when loaded (a truncated,
-    foreign or hostile folder)."""
-    if fmt == "dcp":
-        SafeDCPReader(str(path)).read_metadata()
-    elif fmt == "deepspeed":
-        from sigmanens_dist.distributed.strategies.deepspeed import TAG
-
-        if not (path / TAG).is_dir():
-            raise FileNotFoundError(f"{path} has no complete DeepSpeed checkpoint (no {TAG}/ folder)")
-        for file in sorted((path / TAG).rglob("*.pt")):  # DeepSpeed loads them with weights_only=False
-            check_torch_file(file, written_by_us, "checkpoint")
-    else:
-        raise ValueError(f"{path}: unknown checkpoint folder format {fmt!r}")
+    foreign or hostile folder): the strategy that writes the format knows how."""
+    folder_format(fmt).check_folder(path)
 
 
 def _step_of(path: Path) -> int:
     return int(_STEP_FILE.match(path.name).group(1))
+
+
+class Checkpoint(NamedTuple):
+    """What a checkpoint holds for everything but resume (export, eval, ``model.init_from``), whatever wrote it."""
+
+    config: dict[str, Any]  # the run's resolved config, as saved
+    model_args: dict[str, Any]  # num_classes, in_chans, vocab_size: what the model is rebuilt with
+    weights: dict[str, torch.Tensor]  # the full model state dict, consolidated on one CPU process
+    ema: dict[str, torch.Tensor] | None  # the weight average's, when the run kept one and it was asked for
+    step: int  # optimiser steps taken
+    run_id: str | None  # the MLflow run that wrote it
+
+
+def read_checkpoint(path: Path | str, what: str = "checkpoint", *, with_ema: bool = False) -> Checkpoint:
+    """A checkpoint file or folder of any strategy, consolidated (its EMA too with ``with_ema``); refused in one
+    line when it is not complete, not ours, or lacks the config or model sizes it is rebuilt from."""
+    path = Path(path)
+    weights, state = consolidated_state_dict(path)
+    missing = [key for key in ("config", "model_args") if not isinstance(state.get(key), dict)]
+    if missing:
+        raise UsageError(f"{what} {path} does not record {' and '.join(missing)} (not written by sigmanens train, "
+                         "or by a version before 0.1): rebuild the model yourself and load its state dict")
+    return Checkpoint(state["config"], state["model_args"], weights,
+                      consolidated_ema(path, state) if with_ema else None, int(state["position"]["step"]),
+                      state.get("mlflow_run_id"))
 
 
 def consolidated_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -221,27 +230,13 @@ def consolidated_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict[s
     path = Path(path)
     state = CheckpointManager.read(path)  # refuses an incomplete or foreign checkpoint
     fmt = state.get("format", "file")
-    if fmt == "file":
-        return state["model"], state
-    if fmt == "dcp":
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-
-        with dcp_refusals():
-            return _load_state_dict_from_keys("model", storage_reader=SafeDCPReader(str(path)))["model"], state
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    from sigmanens_dist.distributed.strategies.deepspeed import TAG
-
-    return get_fp32_state_dict_from_zero_checkpoint(str(path), tag=TAG), state
+    return (state["model"] if fmt == "file" else folder_format(fmt).consolidated(path, "model")), state
 
 
 def consolidated_ema(path: Path, state: dict[str, Any]) -> dict[str, torch.Tensor] | None:
-    """The EMA weights of a checkpoint whose run kept an EMA (in ``trainer.pt``, or with the DCP shards), else None."""
-    if state.get("ema") is not None or state.get("format") != "dcp":
+    """The EMA weights of a checkpoint whose run kept an EMA (in the trainer's state, or with the shards), else
+    None."""
+    fmt = state.get("format", "file")
+    if state.get("ema") is not None or fmt == "file":
         return state.get("ema")
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-
-    if not any(k.startswith("ema.") for k in SafeDCPReader(str(path)).read_metadata().state_dict_metadata):
-        return None
-    with dcp_refusals():
-        return _load_state_dict_from_keys("ema", storage_reader=SafeDCPReader(str(path)))["ema"]
+    return folder_format(fmt).consolidated(Path(path), "ema")

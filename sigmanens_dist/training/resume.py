@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from sigmanens_dist.distributed.strategies import CHECKPOINT_FORMATS
 from sigmanens_dist.errors import UsageError
 
 __all__ = ["SAME_RUN_KEYS", "BatchLayout", "check_same_run"]
@@ -65,10 +66,6 @@ def check_same_run(state: dict[str, Any], cfg: Any, layout: BatchLayout) -> Batc
     return resumed
 
 
-# The checkpoint format each strategy writes and reads (the trainer records it as "format"; a DDP file has none).
-_FORMATS = {"ddp": "file", "fsdp": "dcp", "deepspeed": "deepspeed"}
-
-
 def _strategy_problems(state: dict[str, Any], cfg: Any, saved_world: int, world: int) -> list[str]:
     """A checkpoint is read by the strategy that wrote it (a DeepSpeed one also at its ZeRO stage and world size):
     told from its metadata, before any model, engine or process group is built, with the way across."""
@@ -80,7 +77,7 @@ def _strategy_problems(state: dict[str, Any], cfg: Any, saved_world: int, world:
     wants = f"strategy.name={now}" + (f" strategy.zero_stage={now_stage}" if now == "deepspeed" else "")
     across = ("to change strategy, carry the weights across: `sigmanens export <checkpoint> model.pt` (any "
               "strategy's checkpoint) and start a new run with model.init_from=model.pt")
-    if _FORMATS.get(now) != fmt or (now == "deepspeed" and stage != now_stage):
+    if CHECKPOINT_FORMATS.get(now) != fmt or (now == "deepspeed" and stage != now_stage):
         return [f"  - strategy: the checkpoint was written by {wrote} ({fmt} format) and this run uses {wants}; "
                 f"resume with {wrote}, or {across}"]
     if now == "deepspeed" and saved_world != world and stage == 3:

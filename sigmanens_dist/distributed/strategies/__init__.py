@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from sigmanens_dist.distributed.env import DistEnv
@@ -9,26 +10,37 @@ from sigmanens_dist.distributed.strategies.base import OptimizerFactory, Strateg
 from sigmanens_dist.distributed.strategies.ddp import DDPStrategy
 from sigmanens_dist.errors import UsageError
 
-__all__ = ["STRATEGIES", "DDPStrategy", "OptimizerFactory", "Strategy", "build_strategy", "strategy_options"]
+__all__ = ["CHECKPOINT_FORMATS", "STRATEGIES", "DDPStrategy", "OptimizerFactory", "Strategy", "build_strategy",
+           "folder_format", "strategy_class", "strategy_options"]
 
-STRATEGIES = ("ddp", "fsdp", "deepspeed")
+#: name → the module and class of each strategy, imported when asked for (DeepSpeed is an optional extra)
+_CLASSES = {"ddp": ("sigmanens_dist.distributed.strategies.ddp", "DDPStrategy"),
+            "fsdp": ("sigmanens_dist.distributed.strategies.fsdp", "FSDPStrategy"),
+            "deepspeed": ("sigmanens_dist.distributed.strategies.deepspeed", "DeepSpeedStrategy")}
+STRATEGIES = tuple(_CLASSES)
+#: The checkpoint format each strategy writes and reads (its ``checkpoint_format``), known without importing it: a
+#: checkpoint's metadata names its format, and resume tells a strategy's checkpoint from another's by it.
+CHECKPOINT_FORMATS = {"ddp": "file", "fsdp": "dcp", "deepspeed": "deepspeed"}
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    if name not in _CLASSES:
+        raise UsageError(f"strategy.name={name!r} is not available; available: {', '.join(map(repr, STRATEGIES))}")
+    module, cls = _CLASSES[name]
+    return getattr(importlib.import_module(module), cls)
+
+
+def folder_format(fmt: str) -> type[Strategy]:
+    """The strategy that writes and reads checkpoint folders of format ``fmt`` ("dcp", "deepspeed")."""
+    names = [name for name, written in CHECKPOINT_FORMATS.items() if written == fmt and fmt != "file"]
+    if not names:
+        raise ValueError(f"unknown checkpoint folder format {fmt!r}")
+    return strategy_class(names[0])
 
 
 def build_strategy(name: str, env: DistEnv, *, amp: str = "none", options: dict[str, Any] | None = None) -> Strategy:
-    """The strategy ``name`` with its ``options`` (``StrategyConfig.options()``); DeepSpeed is imported only when
-    asked for (an optional extra)."""
-    options = options or {}
-    if name == "ddp":
-        return DDPStrategy(env, amp=amp, **options)
-    if name == "fsdp":
-        from sigmanens_dist.distributed.strategies.fsdp import FSDPStrategy
-
-        return FSDPStrategy(env, amp=amp, **options)
-    if name == "deepspeed":
-        from sigmanens_dist.distributed.strategies.deepspeed import DeepSpeedStrategy
-
-        return DeepSpeedStrategy(env, amp=amp, **options)
-    raise UsageError(f"strategy.name={name!r} is not available; available: {', '.join(map(repr, STRATEGIES))}")
+    """The strategy ``name`` with its ``options`` (:func:`strategy_options`)."""
+    return strategy_class(name)(env, amp=amp, **(options or {}))
 
 
 def strategy_options(cfg: Any, *, elastic: bool = False) -> dict[str, Any]:

@@ -48,6 +48,18 @@ class Strategy(ABC):
     #: Parameters live sharded across ranks (FSDP2): a weight average keeps per-shard shadows, not a model copy.
     sharded_parameters: ClassVar[bool] = False
 
+    # -- the checkpoint format, read without a process group (export, eval, init_from) ----------------------------
+    @classmethod
+    def check_folder(cls, folder: Path) -> None:
+        """Raise if ``folder`` is not a complete checkpoint of this folder format, or would run code when read."""
+        raise NotImplementedError(f"strategy {cls.name!r} writes one file (checkpoint_format='file')")
+
+    @classmethod
+    def consolidated(cls, folder: Path, part: str) -> dict[str, torch.Tensor] | None:
+        """Part ``part`` (``"model"``, ``"ema"``) of a folder checkpoint as one full state dict on one CPU process,
+        or None when this format keeps that part elsewhere or the run had none."""
+        raise NotImplementedError(f"strategy {cls.name!r} writes one file (checkpoint_format='file')")
+
     def __init__(self, env: DistEnv, *, amp: str = "none") -> None:
         self.env, self.amp = env, amp
         self.model: nn.Module | None = None

@@ -41,6 +41,7 @@ from sigmanens_dist.atomic import replace_folder
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.distributed.strategies.base import FOLDER_KEY, OptimizerFactory, Strategy
 from sigmanens_dist.errors import UsageError
+from sigmanens_dist.safe_load import check_torch_file, written_by_us
 
 __all__ = ["DeepSpeedStrategy", "build_ds_config", "merge_config"]
 
@@ -104,6 +105,23 @@ class _EngineCall(nn.Module):
 class DeepSpeedStrategy(Strategy):
     name = "deepspeed"
     checkpoint_format = "deepspeed"
+
+    @classmethod
+    def check_folder(cls, folder: Path) -> None:
+        if not (folder / TAG).is_dir():
+            raise FileNotFoundError(f"{folder} has no complete DeepSpeed checkpoint (no {TAG}/ folder)")
+        # DeepSpeed loads its files (the engine's, and the universal form made for an elastic resume) with
+        # weights_only=False: each is vetted as torch would read it
+        for file in sorted(p for p in folder.rglob("*.pt") if p.parent != folder):
+            check_torch_file(file, written_by_us, "checkpoint")
+
+    @classmethod
+    def consolidated(cls, folder: Path, part: str) -> dict[str, torch.Tensor] | None:
+        if part != "model":
+            return None  # the trainer keeps the EMA in trainer.pt beside the engine's files
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=TAG)
 
     def __init__(self, env: DistEnv, *, amp: str = "none", zero_stage: int = 2, config_file: Path | None = None,
                  per_rank_batch: int = 1, grad_accum: int = 1, clip_grad: float | None = None,

@@ -63,6 +63,19 @@ class FSDPStrategy(Strategy):
     checkpoint_format = "dcp"
     sharded_parameters = True  # the EMA keeps shadows of the local shards, saved in the DCP checkpoint
 
+    @classmethod
+    def check_folder(cls, folder: Path) -> None:
+        SafeDCPReader(str(folder)).read_metadata()  # DCP's index, through the allow-list
+
+    @classmethod
+    def consolidated(cls, folder: Path, part: str) -> dict[str, torch.Tensor] | None:
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+        if not any(k.startswith(f"{part}.") for k in SafeDCPReader(str(folder)).read_metadata().state_dict_metadata):
+            return None
+        with dcp_refusals():
+            return _load_state_dict_from_keys(part, storage_reader=SafeDCPReader(str(folder)))[part]
+
     def __init__(self, env: DistEnv, *, amp: str = "none", reshard_after_forward: bool = True,
                  replicate: int = 1) -> None:
         if amp == "fp16":
