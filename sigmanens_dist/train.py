@@ -37,7 +37,7 @@ from sigmanens_dist.config import Config, flatten, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.data.member_streams import member_major, member_train_stream
 from sigmanens_dist.distributed.env import DistEnv, all_gather_object, init_distributed
-from sigmanens_dist.distributed.strategies import build_strategy, strategy_options
+from sigmanens_dist.distributed.strategies import build_strategy, strategy_class, strategy_options
 from sigmanens_dist.errors import USAGE_MARKER, RunExistsError, UsageError
 from sigmanens_dist.evaluation.metrics import EnsembleMetrics
 from sigmanens_dist.evaluation.plots import reliability_diagram
@@ -78,7 +78,8 @@ class Trainer:
     """One training run, from a validated :class:`Config`."""
 
     def __init__(self, cfg: Config) -> None:
-        self.env = env = init_distributed(cfg.strategy.backend, group_of_one=cfg.strategy.name == "deepspeed")
+        self.env = env = init_distributed(cfg.strategy.backend,
+                                          group_of_one=strategy_class(cfg.strategy.name).needs_process_group)
         _setup_logging(env)
         _quiet_known_warnings()
         self.run_dir = Path(cfg.run_dir)
@@ -276,8 +277,8 @@ class Trainer:
         rng = all_gather_object(capture_rng(), self.env)
         self.strategy.sync_buffers()
         trainer_state = {"scheduler": self.scheduler.state_dict(),
-                         # a folder strategy saves the EMA with its shards (FSDP2: DCP) or in trainer.pt
-                         "ema": None if self.ema is None or self.strategy.checkpoint_format == "dcp"
+                         # sharded parameters (FSDP2) keep their EMA shadows with the shards; the others here
+                         "ema": None if self.ema is None or self.strategy.sharded_parameters
                          else self.ema.state_dict(self.model), "rng": rng,
                          "position": asdict(self.pos), "batch": asdict(self.layout),
                          "config": self.cfg.model_dump(mode="json"), "mlflow_run_id": self.run_id,

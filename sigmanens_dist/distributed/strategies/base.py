@@ -45,8 +45,11 @@ class Strategy(ABC):
     name: str = "base"
     #: "file": one ``step_N.pt`` written by rank 0; "dcp" / "deepspeed": a folder every rank writes its shards into.
     checkpoint_format: str = "file"
-    #: Parameters live sharded across ranks (FSDP2): a weight average keeps per-shard shadows, not a model copy.
+    #: Parameters live sharded across ranks (FSDP2): a weight average keeps per-shard shadows, not a model copy,
+    #: saved with the shards.
     sharded_parameters: ClassVar[bool] = False
+    #: The engine needs a process group even on one process (DeepSpeed's): one of one rank is made for it.
+    needs_process_group: ClassVar[bool] = False
 
     # -- the checkpoint format, read without a process group (export, eval, init_from) ----------------------------
     @classmethod

@@ -105,6 +105,7 @@ class _EngineCall(nn.Module):
 class DeepSpeedStrategy(Strategy):
     name = "deepspeed"
     checkpoint_format = "deepspeed"
+    needs_process_group = True
 
     @classmethod
     def check_folder(cls, folder: Path) -> None:
