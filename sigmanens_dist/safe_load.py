@@ -60,10 +60,9 @@ def load_file(path: Path | str | IO[bytes], what: str, *, label: str | None = No
             found = re.search(r"GLOBAL (\S+)", str(err))
             if found is None:  # not a name torch's safe unpickler blocked: bytes it cannot parse (corrupt, foreign)
                 raise _unreadable(what, label or path, err) from None
-            raise RefusedFileError(
-                f"{what} {label or path}: refused: it holds {found.group(1)} besides tensors and plain values, and "
-                "unpickling it could run any code. If you trust the file, re-save its tensors "
-                "(torch.save(torch.load(f, weights_only=False)['state_dict'], 'weights.pt')) and give that") from None
+            refusal = _refused(what, label or path, found.group(1), " besides tensors and plain values")
+            raise RefusedFileError(f"{refusal}. If you trust the file, re-save its tensors (torch.save(torch.load(f, "
+                                   "weights_only=False)['state_dict'], 'weights.pt')) and give that") from None
         except (RuntimeError, EOFError, ValueError, TypeError, OverflowError, MemoryError, KeyError,
                 AttributeError, IndexError, UnicodeDecodeError) as err:
             raise _unreadable(what, label or path, err) from None
@@ -95,6 +94,7 @@ _WRITTEN_GLOBALS = frozenset({
     "torch.distributed.checkpoint.filesystem._StorageInfo"})
 _DATA_CLASS_MODULES = ("torch.distributed.checkpoint.metadata", "deepspeed.runtime.zero.config",
                        "deepspeed.runtime.fp16.loss_scaler", "deepspeed.utils.tensor_fragment", "numpy.dtypes")
+
 
 def written_by_us(name: str) -> bool:
     """Whether a pickle GLOBAL is one that this project's checkpoints contain: one of ``_WRITTEN_GLOBALS``, a torch
