@@ -159,7 +159,7 @@ def _free_or_ours(run_dir: Path) -> bool:
     import fcntl
     import os
 
-    from sigmanens_dist.training.run_lock import LOCK_FILE
+    from sigmanens_dist.training.run_lock import LOCK_FILE, holder
 
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -170,18 +170,9 @@ def _free_or_ours(run_dir: Path) -> bool:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
     except BlockingIOError:
-        return _holder_is_me(run_dir / LOCK_FILE)
+        return holder(run_dir).get("pid") == os.getpid()
     finally:
         os.close(fd)
-
-
-def _holder_is_me(path: Path) -> bool:
-    import os
-
-    try:
-        return json.loads(path.read_text()).get("pid") == os.getpid()
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def clear_marker(run_dir: Path) -> None:

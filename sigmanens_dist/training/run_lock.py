@@ -24,7 +24,7 @@ from sigmanens_dist.errors import UsageError
 if TYPE_CHECKING:  # torch only where a trainer takes the lock: the preemption guard reads LOCK_FILE from here
     from sigmanens_dist.distributed.env import DistEnv
 
-__all__ = ["LOCK_FILE", "RunLock", "RunLockedError", "own_run_dir", "run_containing"]
+__all__ = ["LOCK_FILE", "RunLock", "RunLockedError", "holder", "own_run_dir", "run_containing"]
 
 LOCK_FILE = ".lock"
 
@@ -52,18 +52,18 @@ class RunLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                holder = _holder(self.path)
-                for _ in range(20):  # the holder writes its name right after taking the lock
-                    if holder:
+                owner = holder(self.run_dir)
+                for _ in range(20):  # the owner writes its name right after taking the lock
+                    if owner:
                         break
                     time.sleep(0.05)
-                    holder = _holder(self.path)
+                    owner = holder(self.run_dir)
                 job = os.environ.get("SLURM_JOB_ID")
-                if job and holder.get("slurm_job_id") == job and time.monotonic() < deadline:
+                if job and owner.get("slurm_job_id") == job and time.monotonic() < deadline:
                     time.sleep(1.0)  # our own previous attempt is still finishing its checkpoint
                     continue
                 os.close(fd)
-                raise RunLockedError(f"run_dir={self.run_dir} is in use by {_describe(holder)}: one process owns a "
+                raise RunLockedError(f"run_dir={self.run_dir} is in use by {_describe(owner)}: one process owns a "
                                      f"run directory at a time; wait for it to end, or use another run_dir") from None
         info = {"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -127,17 +127,18 @@ def _make_run_dir(run_dir: Path) -> None:
         raise UsageError(f"run_dir={run_dir} is not writable (read-only file system or permissions)")
 
 
-def _holder(path: Path) -> dict[str, Any]:
+def holder(run_dir: Path) -> dict[str, Any]:
+    """What the owner of ``run_dir`` wrote of itself (pid, host, purpose, slurm_job_id, since); {} when unknown."""
     with contextlib.suppress(OSError, ValueError):
-        info = json.loads(path.read_text() or "{}")
+        info = json.loads((Path(run_dir) / LOCK_FILE).read_text() or "{}")
         if isinstance(info, dict):
             return info
     return {}
 
 
-def _describe(holder: dict[str, Any]) -> str:
-    if not holder:
+def _describe(owner: dict[str, Any]) -> str:
+    if not owner:
         return "another process (it has not written its name yet)"
-    job = f", Slurm job {holder['slurm_job_id']}" if holder.get("slurm_job_id") else ""
-    return (f"{holder.get('purpose', 'a process')} PID {holder.get('pid')} on host {holder.get('host')}{job}, "
-            f"since {holder.get('since')}")
+    job = f", Slurm job {owner['slurm_job_id']}" if owner.get("slurm_job_id") else ""
+    return (f"{owner.get('purpose', 'a process')} PID {owner.get('pid')} on host {owner.get('host')}{job}, "
+            f"since {owner.get('since')}")
