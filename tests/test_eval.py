@@ -296,3 +296,23 @@ def test_eval_config_errors(overrides: list[str], match: str) -> None:
 
     with pytest.raises(ConfigError, match=match):
         load_config(None, overrides, check_data=False)
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_calibration_and_conformal_end_to_end(trained: Path, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`--calibration temperature --conformal 0.1` through the CLI: fitted on the 300 validation samples, scored on
+    the 300 test samples, clean and under shift (tests/test_posthoc.py proves the fit never reads the test split)."""
+    out = tmp_path / "out"
+    assert eval_main(["--checkpoint", str(trained / "checkpoints" / "best.pt"), "--out", str(out), "--no-mlflow",
+                      "--no-sub-ensembles", "--corruptions", "contrast", "--severities", "1", "--calibration",
+                      "temperature", "--conformal", "0.1"]) == 0
+    for part in json.loads((out / "eval.json").read_text())["weights"].values():
+        cal, conf = part["calibration"], part["conformal"]
+        assert cal["num_fit"] == 300 and cal["val_nll_after"] <= cal["val_nll_before"]
+        assert set(cal["shift"]["contrast"]) == {"1"}
+        for r in conf["methods"].values():
+            assert r["coverage"] > 0.8 and len(r["per_class"]) == 10 and "mean" in r["shift"]
+    printed = capsys.readouterr().out
+    assert "Temperature scaling: T = " in printed and "Conformal sets at α = 0.1" in printed

@@ -3,6 +3,7 @@
     sigmanens eval --checkpoint runs/x/checkpoints/best.pt
     sigmanens eval --checkpoint best.pt --corruptions all --severities 1-5 --ood digits --members 2
     sigmanens eval --checkpoint best.pt --data root=/data/cifar10 --ood svhn --ood-root /data/svhn
+    sigmanens eval --checkpoint best.pt --calibration temperature --conformal 0.1 --corruptions all
 
 Writes eval.json, eval.md and PNG plots into --out (default: eval_<checkpoint name>/ beside the checkpoint) and logs
 them to the MLflow run that wrote the checkpoint. Under torchrun every rank scores its share of each pass (every
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from sigmanens_dist.distributed.env import DistEnv
     from sigmanens_dist.training.run_lock import RunLock
 
-__all__ = ["main", "parse_corruptions", "parse_severities"]
+__all__ = ["main", "parse_alpha", "parse_corruptions", "parse_severities"]
 
 
 def parse_severities(text: str) -> list[int]:
@@ -56,6 +57,20 @@ def parse_corruptions(text: str | None) -> list[str]:
     return ["all"] if "all" in names else names
 
 
+def parse_alpha(text: str | None) -> float | None:
+    """``--conformal``'s miscoverage α: a number strictly between 0 and 1."""
+    if text is None:
+        return None
+    try:
+        alpha = float(text)
+    except ValueError:
+        alpha = float("nan")
+    if not 0 < alpha < 1:  # NaN fails it too
+        raise ValueError(f"--conformal {text!r}: give the miscoverage α as a number strictly between 0 and 1 "
+                         "(e.g. 0.1)")
+    return alpha
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="sigmanens eval", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,6 +88,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--members", type=int, help="score the first K members (default: all M)")
     ap.add_argument("--no-sub-ensembles", action="store_true",
                     help="score only the K-member ensemble, not k = 1..K-1 (each is one more pass of the eval set)")
+    ap.add_argument("--calibration", choices=["none", "temperature"], default="none",
+                    help="temperature: fit one temperature on the validation split, report every metric before and "
+                         "after (test set and shift)")
+    ap.add_argument("--conformal", metavar="ALPHA",
+                    help="split conformal sets (thr, aps, raps) calibrated on the validation split at miscoverage "
+                         "ALPHA in (0, 1), e.g. 0.1: coverage and mean set size, clean, under shift and per class")
     ap.add_argument("--batch-size", type=int, help="default: the run's train.batch_size")
     ap.add_argument("--out", type=Path, help="output folder (default: eval_<checkpoint name>/ beside it)")
     ap.add_argument("--no-mlflow", action="store_true", help="do not log to the run's MLflow run")
@@ -110,6 +131,7 @@ def _run(args: argparse.Namespace) -> int:
     # the first forward pass.
     corruptions = parse_corruptions(args.corruptions)
     severities = parse_severities(args.severities)
+    alpha = parse_alpha(args.conformal)
     if args.members is not None and args.members < 1:
         raise ValueError(f"--members {args.members}: must be ≥ 1")
     overrides = [kv if kv.startswith("data.") else f"data.{kv}" for kv in args.data]
@@ -121,7 +143,8 @@ def _run(args: argparse.Namespace) -> int:
         cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"enabled": False})})
     options = EvalConfig(split=args.split, corruptions=corruptions, severities=severities, ood=args.ood,
                          ood_root=args.ood_root, members=args.members, sub_ensembles=not args.no_sub_ensembles,
-                         batch_size=args.batch_size, imagenet_c=args.imagenet_c)
+                         batch_size=args.batch_size, imagenet_c=args.imagenet_c, calibration=args.calibration,
+                         conformal=alpha)
     check_options(cfg, loaded.model, options)
     env = None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched by torchrun: shard every pass over the ranks

@@ -270,6 +270,8 @@ class EvalConfig(_Section):
     sub_ensembles: bool = True  # also score k = 1..K-1 (one more pass of the eval set each; the M-scaling table)
     imagenet_c: Path | None = None  # a pre-generated ImageNet-C folder: <dir>/<corruption>/<severity>/<class>/<img>
     batch_size: Int | None = Field(None, ge=1)  # None: train.batch_size
+    calibration: Literal["none", "temperature"] = "none"  # temperature: fitted on the val split, scored before/after
+    conformal: float | None = Field(None, gt=0, lt=1)  # miscoverage α of split conformal sets calibrated on val
 
     @field_validator("corruptions")
     @classmethod

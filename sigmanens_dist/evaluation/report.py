@@ -85,6 +85,7 @@ def markdown(report: dict[str, Any]) -> str:
             for name, by_sev in part["shift"].items():
                 lines.append(f"| {name} | " + " | ".join(
                     " / ".join(_fmt(v[k]) for k in SHIFT_KEYS) for v in by_sev.values()) + " |")
+        lines += _calibration_md(part.get("calibration"), part) + _conformal_md(part.get("conformal"))
         if "ood" in part:
             ood = part["ood"]
             lines += ["", f"### OOD: {ood['set']} ({ood['num_out']} OOD vs {ood['num_in']} in-distribution, OOD "
@@ -96,6 +97,51 @@ def markdown(report: dict[str, Any]) -> str:
                              f"{_fmt(r['fpr95'])} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _calibration_md(cal: dict[str, Any] | None, part: dict[str, Any]) -> list[str]:
+    """Before and after temperature scaling: the ensemble and the mean member, clean and mean under shift."""
+    if cal is None:
+        return []
+    lines = ["", f"### Temperature scaling: T = {cal['temperature']:.4f}, fitted on {cal['num_fit']} validation "
+                 f"samples (val NLL {_fmt(cal['val_nll_before'])} → {_fmt(cal['val_nll_after'])})", "",
+             "| test | " + " | ".join(SUB_KEYS) + " |", "|---|" + "---:|" * len(SUB_KEYS)]
+    for label, prefix in (("ensemble", ""), ("mean of members", "member_mean/")):
+        for when, values in (("before", part["metrics"]), ("after", cal["metrics"])):
+            lines.append(f"| {label}, {when} | " + " | ".join(_fmt(values[prefix + k]) for k in SUB_KEYS) + " |")
+    if "mean" in cal["shift"]:
+        lines += ["", "Under shift, mean over corruptions (acc / NLL / ECE):", "", "| severity | before | after |",
+                  "|---|---|---|"]
+        for severity, after in cal["shift"]["mean"].items():
+            before = part["shift"]["mean"][severity]
+            lines.append(f"| s{severity} | " + " | ".join(" / ".join(_fmt(v[k]) for k in SHIFT_KEYS)
+                                                        for v in (before, after)) + " |")
+    return lines
+
+
+def _conformal_md(conf: dict[str, Any] | None, worst: int = 10) -> list[str]:
+    """Coverage and mean set size per method: clean, mean under shift, and the classes of lowest coverage."""
+    if conf is None:
+        return []
+    methods = conf["methods"]
+    shift = "mean" in next(iter(methods.values()))["shift"]
+    lines = ["", f"### Conformal sets: α = {conf['alpha']}, calibrated on {conf['num_calibration']} validation "
+                 f"samples (target coverage {1 - conf['alpha']:.4f})", "",
+             "| method | q̂ | coverage | mean set size |" + (" under shift: coverage / size |" if shift else ""),
+             "|---|---:|---:|---:|" + ("---|" if shift else "")]
+    for method, r in methods.items():
+        row = f"| {method} | {_fmt(r['qhat'])} | {_fmt(r['coverage'])} | {_fmt(r['set_size'])} |"
+        if shift:
+            row += " " + ", ".join(f"s{s} {_fmt(v['coverage'])} / {_fmt(v['set_size'])}"
+                                   for s, v in r["shift"]["mean"].items()) + " |"
+        lines.append(row)
+    lines += ["", f"Per class, the {worst} of lowest coverage (all in eval.json):", "",
+              "| method | class (n): coverage / set size |", "|---|---|"]
+    for method, r in methods.items():
+        ranked = sorted((c for c in r["per_class"] if c["n"]), key=lambda c: c["coverage"])[:worst]
+        lines.append(f"| {method} | " + ", ".join(f"{c['class']} ({c['n']}): {_fmt(c['coverage'])} / "
+                                                  f"{_fmt(c['set_size'])}" for c in ranked) + " |")
+    return lines
 
 
 def flat_metrics(report: dict[str, Any]) -> dict[str, float]:
@@ -114,6 +160,16 @@ def flat_metrics(report: dict[str, Any]) -> dict[str, float]:
                 out |= {f"{base}/ood_{part['ood']['set']}/{score}/{k}": v for k, v in part["ood"][score].items()}
         if "sharing" in part:
             out[f"{base}/sharing/members_on"] = part["sharing"]["all"]
+        if "calibration" in part:
+            cal = part["calibration"]
+            out[f"{base}/calibrated/temperature"] = cal["temperature"]
+            out |= {f"{base}/calibrated/{k}": v for k, v in cal["metrics"].items()}
+            for severity, values in cal["shift"].get("mean", {}).items():
+                out |= {f"{base}/calibrated/shift/mean/s{severity}/{k}": v for k, v in values.items()}
+        for method, r in part.get("conformal", {}).get("methods", {}).items():
+            out |= {f"{base}/conformal/{method}/{k}": r[k] for k in ("qhat", "coverage", "set_size")}
+            for severity, values in r["shift"].get("mean", {}).items():
+                out |= {f"{base}/conformal/{method}/shift/mean/s{severity}/{k}": v for k, v in values.items()}
     return {k: float(v) for k, v in out.items()}
 
 

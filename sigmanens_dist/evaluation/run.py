@@ -8,6 +8,8 @@ For each set of weights (raw, and EMA when the run kept one) :func:`run_eval` ru
 * corruptions (CIFAR-C style, applied to [0, 1] pixels before normalisation) at each severity, or a pre-generated
   ImageNet-C folder;
 * OOD detection against an OOD set (OOD positive) for the max-softmax, entropy and mutual-information scores;
+* when asked, a temperature and conformal thresholds fitted on the validation split (:mod:`.posthoc`), scored with
+  the K-member ensemble on the test and shift passes;
 
 then writes ``eval.json``, ``eval.md`` and PNG plots into ``out_dir`` and logs them to the run's MLflow run (those
 outputs: :mod:`sigmanens_dist.evaluation.report`).
@@ -30,6 +32,7 @@ from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.evaluation.load import method_of
 from sigmanens_dist.evaluation.ood import score_ood
+from sigmanens_dist.evaluation.posthoc import PostHoc, fit_posthoc
 from sigmanens_dist.evaluation.report import SHIFT_KEYS, SUB_KEYS, _log_mlflow, _plots, _write, flat_metrics, markdown
 from sigmanens_dist.evaluation.scoring import Transform, score_pass
 from sigmanens_dist.methods.base import EnsembleMethod
@@ -97,6 +100,13 @@ def check_options(cfg: Config, model: EnsembleMethod, options: EvalConfig) -> li
             problems.append(f"--imagenet-c {options.imagenet_c}: no such folder")
         else:
             problems.extend(_imagenet_c_problems(Path(options.imagenet_c), names, options.severities))
+    if options.calibration != "none" or options.conformal is not None:
+        asked = "--calibration/--conformal (fitted on the validation split)"
+        if options.split == "val":
+            problems.append(f"{asked} cannot be scored on the split they are fitted on: use --split test")
+        elif cfg.data.val_from_test:
+            problems.append(f"{asked}: this run validates on the test set (data.val_from_test), so fitting would read "
+                            "the test set; give it a validation split (data.val_split)")
     if problems:
         raise ValueError("sigmanens eval: " + "; ".join(problems))
     return names
@@ -142,12 +152,18 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
     for variant, weights in variants.items():
         part: dict[str, Any] = {"sub_ensembles": []}
         scored = None
+        full = sub_ensemble(weights, range(k_max))
+        posthoc = (fit_posthoc(full, data.val, options, device, variant)  # before any test batch is read
+                   if options.calibration != "none" or options.conformal is not None else None)
         # methods that cannot run k of their members, and runs that ask for the full ensemble only, score k = K
         ks = range(1, k_max + 1) if options.sub_ensembles and weights.supports_sub_ensembles else [k_max]
         for k in ks:
             sub = sub_ensemble(weights, range(k))
+            extra = posthoc.metrics(data.num_classes, k, sync) if posthoc is not None and k == k_max else {}
             metrics, seconds = score_pass(sub, eval_set(), data.num_classes, device,
-                                          f"{variant} {options.split} k={k}", sync=sync)
+                                          f"{variant} {options.split} k={k}", sync=sync, also=list(extra.values()))
+            if extra:
+                posthoc.record(extra)
             values = metrics.compute()
             n = values["num_samples"]
             part["sub_ensembles"].append({"k": k, **{key: values[key] for key in SUB_KEYS},
@@ -156,11 +172,12 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
                 part["metrics"], scored = values, metrics
         scores = scored.scores()
         if names or options.imagenet_c:
-            part["shift"] = _shift(cfg, options, names, sub_ensemble(weights, range(k_max)), eval_set, data.num_classes,
-                                   device, variant, batch, sync)
+            part["shift"] = _shift(cfg, options, names, full, eval_set, data.num_classes, device, variant, batch, sync,
+                                   posthoc)
+        if posthoc is not None:
+            part |= posthoc.parts
         if ood_batches is not None:
-            part["ood"] = score_ood(sub_ensemble(weights, range(k_max)), scores, ood_batches, data.num_classes, device,
-                               variant, options.ood)
+            part["ood"] = score_ood(full, scores, ood_batches, data.num_classes, device, variant, options.ood)
         sharing = weights.sharing()
         if sharing is not None:
             part["sharing"] = sharing
@@ -185,26 +202,38 @@ def _notes(cfg: Config, options: EvalConfig) -> list[str]:
 
 
 def _shift(cfg: Config, options: EvalConfig, names: list[str], model: nn.Module, eval_set: Callable[[], Iterable],
-           num_classes: int, device: torch.device, variant: str, batch: int, sync: bool) -> dict[str, Any]:
-    """``{corruption: {severity: {acc, nll, ece}}, "mean": {severity: …}}`` over the corruptions asked for."""
+           num_classes: int, device: torch.device, variant: str, batch: int, sync: bool, posthoc: PostHoc | None
+           ) -> dict[str, Any]:
+    """``{corruption: {severity: {acc, nll, ece}}, "mean": {severity: …}}`` over the corruptions asked for; the
+    calibrated and conformal scores of the same passes go to ``posthoc``."""
     out: dict[str, Any] = {}
+    members = model.num_members
     if options.imagenet_c is not None:
         for name, severity, dataset in _imagenet_c_sets(cfg, Path(options.imagenet_c), names, options.severities):
             loader = DataLoader(dataset, batch_size=batch, num_workers=cfg.data.num_workers)
             # not sharded: every rank scores the whole folder, so nothing is synced (or counted twice)
-            metrics, _ = score_pass(model, loader, num_classes, device, f"{variant} {name} s{severity}")
+            extra = posthoc.metrics(num_classes, members, False) if posthoc is not None else {}
+            metrics, _ = score_pass(model, loader, num_classes, device, f"{variant} {name} s{severity}",
+                                    also=list(extra.values()))
             out.setdefault(name, {})[str(severity)] = _pick(metrics.compute(), SHIFT_KEYS)
+            if posthoc is not None:
+                posthoc.record(extra, name, severity)
     else:
         mean, std = DATASETS[cfg.data.dataset].mean, DATASETS[cfg.data.dataset].std
         for name in names:
             for severity in options.severities:
                 transform = _corruption(name, severity, mean, std, cfg.seed)
+                extra = posthoc.metrics(num_classes, members, sync) if posthoc is not None else {}
                 metrics, _ = score_pass(model, eval_set(), num_classes, device, f"{variant} {name} s{severity}",
-                                        transform, sync=sync)
+                                        transform, sync=sync, also=list(extra.values()))
                 out.setdefault(name, {})[str(severity)] = _pick(metrics.compute(), SHIFT_KEYS)
+                if posthoc is not None:
+                    posthoc.record(extra, name, severity)
     corruptions = list(out)
     out["mean"] = {str(s): {key: sum(out[c][str(s)][key] for c in corruptions) / len(corruptions)
                             for key in SHIFT_KEYS} for s in options.severities}
+    if posthoc is not None:
+        posthoc.finish_shift(options.severities)
     return out
 
 

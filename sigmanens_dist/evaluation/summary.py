@@ -73,6 +73,7 @@ def summary(report: dict[str, Any]) -> str:
             console.print(f"\nUnder shift: mean over {len(corruptions)} corruption(s), per corruption in eval.md",
                           style="bold", highlight=False)
             console.print(table)
+        _posthoc(console, part)
         if "ood" in part:
             ood = part["ood"]
             table = _table("score", ["AUROC ↑", "AUPR-in ↑", "AUPR-out ↑", "FPR@95TPR ↓"])
@@ -83,6 +84,26 @@ def summary(report: dict[str, Any]) -> str:
                           "positive)", style="bold", highlight=False)
             console.print(table)
     return "\n".join(line.rstrip() for line in [*head, *buf.getvalue().rstrip().splitlines()])
+
+
+def _posthoc(console: Any, part: dict[str, Any]) -> None:
+    """The ensemble before and after temperature scaling, and each conformal method's coverage and set size."""
+    if "calibration" in part:
+        cal = part["calibration"]
+        table = _table("ensemble", [LABELS[k] for k in KEYS])
+        for when, values in (("before", part["metrics"]), ("after", cal["metrics"])):
+            table.add_row(when, *(_fmt(values[k]) for k in KEYS))
+        console.print(f"\nTemperature scaling: T = {cal['temperature']:.4f}, fitted on {cal['num_fit']} validation "
+                      "samples (under shift in eval.md)", style="bold", highlight=False)
+        console.print(table)
+    if "conformal" in part:
+        conf = part["conformal"]
+        table = _table("method", ["coverage", "mean set size"])
+        for method, r in conf["methods"].items():
+            table.add_row(method, _fmt(r["coverage"]), _fmt(r["set_size"]))
+        console.print(f"\nConformal sets at α = {conf['alpha']} (per class and under shift in eval.md)", style="bold",
+                      highlight=False)
+        console.print(table)
 
 
 def written(out: Path) -> str:

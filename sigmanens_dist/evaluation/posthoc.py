@@ -1,0 +1,97 @@
+"""What ``sigmanens eval --calibration temperature`` and ``--conformal α`` add to a report: fitted on the validation
+split (one pass, before any test batch is read), then scored alongside every test and shift pass of the K-member
+ensemble (the same forward pass feeds :class:`TemperedMetrics` and :class:`ConformalSets`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torchmetrics import Metric
+
+from sigmanens_dist.config import EvalConfig
+from sigmanens_dist.evaluation.calibration import TemperedMetrics, ensemble_nll, fit_temperature
+from sigmanens_dist.evaluation.conformal import METHODS, ConformalSets, class_scores, conformal_quantile
+from sigmanens_dist.evaluation.metrics import ensemble_log_probs
+from sigmanens_dist.evaluation.report import SHIFT_KEYS
+from sigmanens_dist.evaluation.scoring import collect_logits
+
+__all__ = ["PostHoc", "fit_posthoc"]
+
+CONFORMAL_KEYS = ("coverage", "set_size")
+
+
+@dataclass
+class PostHoc:
+    """The fitted temperature (1.0 when not asked for) and conformal thresholds (method -> q̂, empty when not asked
+    for), and the report parts they fill: ``part["calibration"]`` and ``part["conformal"]``."""
+
+    temperature: float
+    calibrate: bool
+    thresholds: dict[str, float]
+    parts: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def metrics(self, num_classes: int, num_members: int, sync: bool) -> dict[str, Metric]:
+        """Fresh metrics for one pass of the K-member ensemble."""
+        out: dict[str, Metric] = {}
+        if self.calibrate:
+            out["calibration"] = TemperedMetrics(self.temperature, num_classes, num_members, sync_on_compute=sync)
+        if self.thresholds:
+            out["conformal"] = ConformalSets(self.thresholds, num_classes, self.temperature, sync_on_compute=sync)
+        return out
+
+    def record(self, metrics: dict[str, Metric], corruption: str | None = None, severity: int = 0) -> None:
+        """Put a pass's results into the parts: the clean test pass (``corruption`` None) or one shift pass."""
+        for name, metric in metrics.items():
+            values = metric.compute()
+            if name == "calibration":
+                if corruption is None:
+                    self.parts[name]["metrics"] = values
+                else:
+                    self.parts[name]["shift"].setdefault(corruption, {})[str(severity)] = {
+                        k: values[k] for k in SHIFT_KEYS}
+                continue
+            for method, result in values.items():
+                target = self.parts[name]["methods"][method]
+                if corruption is None:
+                    target |= result
+                else:
+                    target["shift"].setdefault(corruption, {})[str(severity)] = {k: result[k] for k in CONFORMAL_KEYS}
+
+    def finish_shift(self, severities: list[int]) -> None:
+        """The mean over corruptions per severity, as ``part["shift"]["mean"]``."""
+        tables = ([self.parts["calibration"]["shift"]] if self.calibrate else []) + [
+            m["shift"] for m in self.parts.get("conformal", {}).get("methods", {}).values()]
+        for table in tables:
+            names = list(table)
+            if names:
+                keys = list(table[names[0]][str(severities[0])])
+                table["mean"] = {str(s): {k: sum(table[c][str(s)][k] for c in names) / len(names) for k in keys}
+                                 for s in severities}
+
+
+def fit_posthoc(model: nn.Module, val: Callable[[], Iterable[Any]], options: EvalConfig, device: torch.device,
+                desc: str) -> PostHoc:
+    """Fit what ``options`` asks for on the validation pass ``val`` alone: the temperature first (NLL of the
+    ensemble, every member's logits / T), then the conformal thresholds on the calibrated probabilities."""
+    logits, target = collect_logits(model, val(), device, f"{desc} fit on val")
+    calibrate = options.calibration == "temperature"
+    temperature = fit_temperature(logits, target) if calibrate else 1.0
+    parts: dict[str, dict[str, Any]] = {}
+    if calibrate:
+        parts["calibration"] = {"method": "temperature", "temperature": temperature, "fitted_on": "val",
+                                "num_fit": len(target), "val_nll_before": float(ensemble_nll(logits, target)),
+                                "val_nll_after": float(ensemble_nll(logits, target, temperature)), "shift": {}}
+    thresholds: dict[str, float] = {}
+    if options.conformal is not None:
+        probs = ensemble_log_probs(logits / temperature).exp()
+        for method in METHODS:
+            true_class = class_scores(probs, method).gather(-1, target[:, None])[:, 0]
+            thresholds[method] = conformal_quantile(true_class, options.conformal)
+        parts["conformal"] = {"alpha": options.conformal, "calibrated_on": "val", "num_calibration": len(target),
+                              "temperature": temperature if calibrate else None,
+                              "methods": {m: {"qhat": q, "shift": {}} for m, q in thresholds.items()}}
+    return PostHoc(temperature, calibrate, thresholds, parts)

@@ -1,0 +1,199 @@
+"""Post-hoc temperature scaling and split conformal sets (`sigmanens eval --calibration temperature --conformal α`):
+the fit on synthetic logits, coverage on synthetic calibrated data, that fitting reads the validation split only,
+and the errors raised before any work."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+import sigmanens_dist.data.loaders as loaders
+import sigmanens_dist.evaluation.run as run
+from sigmanens_dist.cli.eval import main as eval_main
+from sigmanens_dist.config import ConfigError, EvalConfig, load_config
+from sigmanens_dist.evaluation.calibration import TemperedMetrics, ensemble_nll, fit_temperature
+from sigmanens_dist.evaluation.conformal import ConformalSets, class_scores, conformal_quantile
+from sigmanens_dist.evaluation.metrics import SampleMetrics
+from sigmanens_dist.evaluation.report import flat_metrics
+from sigmanens_dist.models import build_model
+
+
+# -- temperature -----------------------------------------------------------------------------------------------------
+def test_fit_recovers_the_temperature_of_overconfident_members() -> None:
+    g = torch.Generator().manual_seed(0)
+    true = 1.5 * torch.randn(2, 4000, 5, generator=g)  # two members; labels drawn from their mean softmax
+    target = torch.multinomial(true.softmax(-1).mean(0), 1, generator=g)[:, 0]
+    temperature = fit_temperature(3 * true, target)  # members three times too confident
+    assert temperature == pytest.approx(3.0, rel=0.1)
+    assert ensemble_nll(3 * true, target, temperature) < ensemble_nll(3 * true, target)
+    assert fit_temperature(true, target) == pytest.approx(1.0, rel=0.1)  # calibrated already: T stays near 1
+
+
+def test_tempered_metrics_score_the_scaled_logits() -> None:
+    g = torch.Generator().manual_seed(1)
+    logits, target = torch.randn(3, 50, 4, generator=g), torch.randint(0, 4, (50,), generator=g)
+    tempered, plain = TemperedMetrics(2.5, 4, 3), SampleMetrics(4, 3)
+    tempered.update(logits, target)
+    plain.update(logits / 2.5, target)
+    assert tempered.compute() == pytest.approx(plain.compute())
+
+
+# -- conformal -------------------------------------------------------------------------------------------------------
+def test_quantile_and_scores_by_hand() -> None:
+    scores = torch.arange(1.0, 11.0)  # n = 10
+    assert conformal_quantile(scores, 0.1) == 10.0  # ⌈11 · 0.9⌉ = 10th smallest
+    assert conformal_quantile(scores, 0.2) == 9.0  # ⌈8.8⌉ = 9
+    assert conformal_quantile(scores, 0.05) == math.inf  # ⌈10.45⌉ = 11 > n: every class
+    probs = torch.tensor([[0.1, 0.6, 0.3]])
+    torch.testing.assert_close(class_scores(probs, "thr"), torch.tensor([[0.9, 0.4, 0.7]]))
+    torch.testing.assert_close(class_scores(probs, "aps"), torch.tensor([[1.0, 0.6, 0.9]]))
+    wide = torch.full((1, 8), 1 / 8)  # RAPS adds 0.01 per rank beyond 5
+    assert class_scores(wide, "raps")[0, -1].item() == pytest.approx(1.0 + 3 * 0.01)
+    with pytest.raises(ValueError, match="conformal method 'lac': choose from thr, aps, raps"):
+        class_scores(probs, "lac")
+
+
+def _calibrated(n: int, k: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits (1, n, K) whose softmax is the true label distribution: perfectly calibrated data."""
+    logits = 2 * torch.randn(1, n, k, generator=g)
+    return logits, torch.multinomial(logits[0].softmax(-1), 1, generator=g)[:, 0]
+
+
+@pytest.mark.parametrize("alpha", [0.1, 0.05])
+def test_split_conformal_covers_and_thr_is_smallest(alpha: float) -> None:
+    g = torch.Generator().manual_seed(2)
+    coverage: dict[str, list[float]] = {"thr": [], "aps": [], "raps": []}
+    sizes: dict[str, list[float]] = {m: [] for m in coverage}
+    for _ in range(20):  # 20 random calibration/test splits: coverage is ≥ 1 − α in expectation over them
+        cal_logits, cal_y = _calibrated(500, 10, g)
+        probs = cal_logits[0].softmax(-1)
+        q = {m: conformal_quantile(class_scores(probs, m).gather(-1, cal_y[:, None])[:, 0], alpha) for m in coverage}
+        sets = ConformalSets(q, 10)
+        sets.update(*_calibrated(2000, 10, g))
+        for m, r in sets.compute().items():
+            coverage[m].append(r["coverage"])
+            sizes[m].append(r["set_size"])
+    for m in coverage:
+        mean = sum(coverage[m]) / len(coverage[m])
+        # E[coverage] ∈ [1 − α, 1 − α + 1/(n+1)]; the mean of 20 × 2000 test samples has sd < 0.003
+        assert 1 - alpha - 0.01 <= mean <= 1 - alpha + 1 / 501 + 0.01, (m, mean)
+    assert sum(sizes["thr"]) < sum(sizes["raps"]) <= sum(sizes["aps"]) + 1e-6
+
+
+def test_per_class_coverage_and_size() -> None:
+    sets = ConformalSets({"thr": 0.5}, 3)  # the class of probability ≥ 0.5, if any
+    logits = torch.tensor([[[0.9, 0.05, 0.05], [0.2, 0.7, 0.1], [0.4, 0.3, 0.3]]]).log()
+    sets.update(logits, torch.tensor([0, 0, 1]))
+    r = sets.compute()["thr"]
+    assert r["coverage"] == pytest.approx(1 / 3) and r["set_size"] == pytest.approx(2 / 3)
+    by_class = {c["class"]: c for c in r["per_class"]}
+    assert by_class[0]["n"] == 2 and by_class[0]["coverage"] == pytest.approx(0.5)
+    assert by_class[1]["coverage"] == 0.0 and by_class[1]["set_size"] == 0.0
+    assert by_class[2]["n"] == 0 and math.isnan(by_class[2]["coverage"])
+
+
+# -- in sigmanens eval -----------------------------------------------------------------------------------------------
+def _images(folder: Path, classes: list[str], n: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for c in classes:
+        (folder / c).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            Image.fromarray((torch.rand(12, 12, 3, generator=g) * 255).byte().numpy()).save(folder / c / f"{i}.png")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    tmp = tmp_path_factory.mktemp("posthoc")
+    _images(tmp / "imgs" / "train", ["cat", "dog"], 20, 0)
+    _images(tmp / "imgs" / "val", ["cat", "dog"], 6, 1)
+    for severity in (1, 2):
+        _images(tmp / "imagenet-c" / "fog" / str(severity), ["cat", "dog"], 3, 10 + severity)
+    cfg = load_config(None, ["data.dataset=imagefolder", f"data.root={tmp / 'imgs'}", "data.img_size=12",
+                             "data.val_split=16", "data.num_workers=0", "model.name=test_resnet",
+                             "model.num_members=2", "train.batch_size=4", "tracking.enabled=false"])
+    torch.manual_seed(0)
+    return cfg, build_model(cfg, 2, 3).eval(), tmp
+
+
+def test_eval_fits_on_val_only_and_reports_before_and_after(setup: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg, model, tmp = setup
+    options = EvalConfig(calibration="temperature", conformal=0.2, imagenet_c=tmp / "imagenet-c", severities=[1, 2],
+                         sub_ensembles=False)
+    real_build, real_fit = loaders.build_data, run.fit_posthoc
+    fitting: list[bool] = []
+    noise = torch.Generator().manual_seed(3)
+
+    def build(*args: object, **kwargs: object) -> loaders.Data:
+        data = real_build(*args, **kwargs)
+
+        def test() -> object:
+            if fitting:  # a dataset wrapper that refuses to be read while fitting
+                raise AssertionError("the test split was read while fitting on the validation split")
+            if build.garbage:  # type: ignore[attr-defined]
+                return [(torch.randn(6, 3, 12, 12, generator=noise), torch.randint(0, 2, (6,), generator=noise))]
+            return data.test()
+
+        return dataclasses.replace(data, test=test)
+
+    def fit(*args: object, **kwargs: object) -> object:
+        fitting.append(True)
+        try:
+            return real_fit(*args, **kwargs)
+        finally:
+            fitting.clear()
+
+    build.garbage = False  # type: ignore[attr-defined]
+    monkeypatch.setattr(loaders, "build_data", build)
+    monkeypatch.setattr(run, "fit_posthoc", fit)
+    raw = run.run_eval(cfg, model, options=options, out_dir=tmp / "a")["weights"]["raw"]
+    build.garbage = True  # type: ignore[attr-defined]
+    other = run.run_eval(cfg, model, options=options, out_dir=tmp / "b")["weights"]["raw"]
+
+    cal, conf = raw["calibration"], raw["conformal"]
+    assert cal["fitted_on"] == "val" and cal["num_fit"] == 16 and cal["val_nll_after"] <= cal["val_nll_before"]
+    assert cal["metrics"]["num_samples"] == 12 == raw["metrics"]["num_samples"]
+    assert set(cal["shift"]) == {"fog", "mean"} and set(cal["shift"]["mean"]) == {"1", "2"}
+    assert set(conf["methods"]) == {"thr", "aps", "raps"} and conf["temperature"] == cal["temperature"]
+    thr = conf["methods"]["thr"]
+    assert 0 <= thr["coverage"] <= 1 and 0 <= thr["set_size"] <= 2 and len(thr["per_class"]) == 2
+    assert set(thr["shift"]["fog"]) == {"1", "2"} and "mean" in thr["shift"]
+    # what is fitted depends on the validation split alone: a test split of noise changes the scores, not the fit
+    assert other["calibration"]["temperature"] == cal["temperature"]
+    assert other["conformal"]["methods"]["aps"]["qhat"] == conf["methods"]["aps"]["qhat"]
+    assert other["calibration"]["metrics"]["nll"] != cal["metrics"]["nll"]
+    md = (tmp / "a" / "eval.md").read_text()
+    assert "### Temperature scaling: T = " in md and "### Conformal sets: α = 0.2" in md
+    flat = flat_metrics({"split": "test", "weights": {"raw": raw}})
+    assert {"eval/test/raw/calibrated/nll", "eval/test/raw/conformal/aps/coverage"} <= set(flat)
+
+
+def test_fitting_on_the_scored_split_is_refused(setup: tuple) -> None:
+    cfg, model, _ = setup
+    with pytest.raises(ValueError, match=r"cannot be scored on the split they are fitted on: use --split test"):
+        run.check_options(cfg, model, EvalConfig(split="val", calibration="temperature"))
+    leaky = cfg.model_copy(update={"data": cfg.data.model_copy(update={"val_from_test": True})})
+    with pytest.raises(ValueError, match=r"fitting would read the test set"):
+        run.check_options(leaky, model, EvalConfig(conformal=0.1))
+
+
+@pytest.mark.parametrize("alpha", ["0", "1", "-0.1", "1.5", "abc", "nan"])
+def test_bad_alpha_is_one_error_before_any_work(alpha: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                               ) -> None:
+    # the checkpoint does not exist either: α is checked first, before anything is read
+    assert eval_main(["--checkpoint", str(tmp_path / "none.pt"), "--conformal", alpha]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"sigmanens eval: error: --conformal {alpha!r}: give the miscoverage α as a number strictly "
+                   "between 0 and 1 (e.g. 0.1)"]
+
+
+def test_eval_config_checks_alpha_and_calibration() -> None:
+    with pytest.raises(ConfigError, match=r"eval.conformal"):
+        load_config(None, ["eval.conformal=1"], check_data=False)
+    with pytest.raises(ConfigError, match=r"eval.calibration"):
+        load_config(None, ["eval.calibration=platt"], check_data=False)
+    assert load_config(None, ["eval.conformal=0.05"], check_data=False).eval.conformal == 0.05
