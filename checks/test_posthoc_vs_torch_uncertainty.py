@@ -34,7 +34,7 @@ def test_temperature_matches_their_scaler() -> None:
     logits, target = _data(3000, 0)
     theirs = tu.TemperatureScaler(model=nn.Identity(), max_iter=200)
     theirs.fit(DataLoader(TensorDataset(logits, target), batch_size=500), progress=False)
-    t_theirs = float(theirs.temperature[0])
+    t_theirs = float(theirs.temperature[0].detach())
     t_ours = fit_temperature(logits[None], target)
     assert t_ours == pytest.approx(t_theirs, rel=0.02)
     # ours is at the minimum: no worse on the fitting data than theirs
