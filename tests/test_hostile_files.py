@@ -164,12 +164,13 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where", ["dcp .metadata", "dcp shard entry", "deepspeed"])
-def test_every_command_refuses_a_hostile_checkpoint_folder(tmp_path: Path, where: str) -> None:
-    """The issue's case: a malicious pickle with a zip appended (and the other formats' ways in), through each
-    command a user runs: export, eval, model.init_from and resume=auto all exit 2 in one line; nothing ran."""
+@pytest.mark.parametrize("where", ["file", "dcp .metadata", "dcp shard entry", "deepspeed"])
+def test_every_command_refuses_a_hostile_checkpoint(tmp_path: Path, where: str) -> None:
+    """The issue's case: a malicious pickle with a zip appended (and the other formats' ways in; a file checkpoint
+    as torch.save writes one), through each command a user runs: export, eval, model.init_from and resume=auto all
+    exit 2 in one line; nothing ran."""
     marker = tmp_path / "ran"
-    hostile = _variants(marker)["posix.system/zip tail"]
+    hostile = _variants(marker)["posix.system/torch zip" if where == "file" else "posix.system/zip tail"]
     run = tmp_path / "run"
     if where == "dcp shard entry":
         folder = _dcp_folder(run, entry=_objects(marker)["posix.system"])
