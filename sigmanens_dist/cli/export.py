@@ -6,6 +6,10 @@ CKPT is a ``step_N.pt`` file (DDP), a DCP folder (FSDP2) or a DeepSpeed folder (
 ``convert_to_sigma_ensemble`` + ``load_state_dict`` accept) or, with ``--member K``, member K as a plain state dict of
 the source architecture (``SigmaEnsemble.member(K)``) that ``timm.create_model(name, **kwargs)`` loads directly.
 
+``sigmanens export RUN --program OUT [--members LIST] [--calibration temperature|none]`` writes instead one
+``torch.export`` program (a .pt2 file) of the ensemble, its normalisation and temperature, that a process with torch
+alone loads and calls (docs/deploy.md).
+
 OUT is written atomically and never over the checkpoint being exported; a file already there is replaced only with
 ``--force``.
 """
@@ -32,10 +36,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint", type=Path, help="step_N.pt file, a DCP / DeepSpeed step folder, or a run directory "
                                                   "(its best checkpoint, else its newest)")
-    ap.add_argument("out", type=Path, help="where to write the state dict (torch.save)")
+    ap.add_argument("out", type=Path, nargs="?", help="where to write the state dict (torch.save)")
     ap.add_argument("--member", type=int, help="write only member K as a plain model of the source architecture")
+    ap.add_argument("--program", type=Path, metavar="OUT", help="write a torch.export program (.pt2) instead")
+    ap.add_argument("--members", metavar="LIST", help="with --program: only these members, e.g. 0,1 (a sub-ensemble)")
+    ap.add_argument("--calibration", choices=("temperature", "none"), default="none",
+                    help="with --program: divide member logits by a temperature fitted on the validation split")
     ap.add_argument("--force", action="store_true", help="replace OUT if it exists (never the checkpoint itself)")
     args = ap.parse_args(argv)
+    if (args.out is None) == (args.program is None) or (args.program is not None and args.member is not None):
+        return _usage("give OUT (a state dict, optionally --member K) or --program OUT, one of the two")
+    if args.program is None and (args.members is not None or args.calibration != "none"):
+        return _usage("--members and --calibration go with --program OUT")
+    out = args.out or args.program
     from sigmanens_dist.atomic import torch_save  # after parsing: `sigmanens export --help` answers without torch
     from sigmanens_dist.export import load_model
     from sigmanens_dist.training.checkpoint import consolidated_state_dict, resolve_checkpoint
@@ -43,9 +56,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     lock = None
     try:
         checkpoint, which = resolve_checkpoint(args.checkpoint, "checkpoint")
-        _check_out(args.out, checkpoint, args.force)
-        lock = _own_run(args.out)
+        _check_out(out, checkpoint, args.force)
+        lock = _own_run(out)
         print(f"exporting {which}")
+        if args.program is not None:
+            from sigmanens_dist.evaluation.program import export_program
+
+            meta = export_program(checkpoint, out, args.members, args.calibration)
+            print(f"wrote a program of {len(meta['members'])} members (T={meta['temperature']:.4g}) to {out}")
+            return 0
         if args.member is None:
             weights, _ = consolidated_state_dict(checkpoint)
         else:
@@ -57,13 +76,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             weights = model.member(args.member).state_dict()
         torch_save(weights, args.out)
     except UsageError as err:
-        print(f"sigmanens export: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+        return _usage(str(err))
     finally:
         if lock is not None:
             lock.release()
     print(f"wrote {len(weights)} tensors to {args.out}")
     return 0
+
+
+def _usage(message: str) -> int:
+    """A user's mistake: one line, exit 2."""
+    print(f"sigmanens export: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def _own_run(out: Path) -> RunLock | None:
