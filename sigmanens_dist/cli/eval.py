@@ -20,13 +20,8 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sigmanens_dist.data.corruption_table import CORRUPTIONS, SEVERITIES, unknown
-
-if TYPE_CHECKING:
-    from sigmanens_dist.distributed.env import DistEnv
-    from sigmanens_dist.training.run_lock import RunLock
 
 __all__ = ["main", "parse_alpha", "parse_corruptions", "parse_severities"]
 
@@ -108,17 +103,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def _own_run(out: Path, env: DistEnv | None) -> RunLock | None:
-    """An eval that writes into a run directory (the default ``--out`` is beside the checkpoint) owns it meanwhile: a
-    trainer still rotating those checkpoints refuses it, in one line naming the trainer."""
-    from sigmanens_dist.training.run_lock import RunLock, own_run_dir, run_containing
-
-    run_dir = run_containing(out / "eval.json")
-    if run_dir is None:
-        return None
-    return own_run_dir(run_dir, env, "eval") if env is not None else RunLock(run_dir, "eval").acquire()
-
-
 def _run(args: argparse.Namespace) -> int:
     import torch  # here, not at the top: `sigmanens eval --help` answers without it
 
@@ -126,6 +110,7 @@ def _run(args: argparse.Namespace) -> int:
     from sigmanens_dist.evaluation.load import load_for_eval
     from sigmanens_dist.evaluation.run import check_options, run_eval
     from sigmanens_dist.training.checkpoint import resolve_checkpoint
+    from sigmanens_dist.training.run_lock import own_run_containing
 
     # Everything that can be checked without the checkpoint first, then the checkpoint, then the rest: all before
     # the first forward pass.
@@ -156,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
     model = loaded.model.to(device)
     ema = loaded.ema.to(device) if loaded.ema is not None else None
     out = args.out or checkpoint.parent / f"eval_{checkpoint.stem}"
-    lock = _own_run(out, env)
+    lock = own_run_containing(out / "eval.json", "eval", env)  # the default --out is beside the checkpoint
     try:
         report = run_eval(cfg, model, ema, options, out_dir=out, run_id=loaded.run_id, step=loaded.step,
                           checkpoint=checkpoint.resolve(), env=env)

@@ -21,12 +21,8 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sigmanens_dist.errors import EXIT_USAGE, UsageError
-
-if TYPE_CHECKING:
-    from sigmanens_dist.training.run_lock import RunLock
 
 __all__ = ["main"]
 
@@ -52,12 +48,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sigmanens_dist.atomic import torch_save  # after parsing: `sigmanens export --help` answers without torch
     from sigmanens_dist.export import load_model
     from sigmanens_dist.training.checkpoint import consolidated_state_dict, resolve_checkpoint
+    from sigmanens_dist.training.run_lock import own_run_containing
 
     lock = None
     try:
         checkpoint, which = resolve_checkpoint(args.checkpoint, "checkpoint")
         _check_out(out, checkpoint, args.force)
-        lock = _own_run(out)
+        lock = own_run_containing(out, "export")
         print(f"exporting {which}")
         if args.program is not None:
             from sigmanens_dist.evaluation.program import export_program
@@ -88,15 +85,6 @@ def _usage(message: str) -> int:
     """A user's mistake: one line, exit 2."""
     print(f"sigmanens export: error: {message}", file=sys.stderr)
     return EXIT_USAGE
-
-
-def _own_run(out: Path) -> RunLock | None:
-    """Writing into a run directory (``export R/checkpoints/best.pt R/model.pt``) waits for no one: while a trainer
-    owns the run, the export is refused in one line naming it."""
-    from sigmanens_dist.training.run_lock import RunLock, run_containing
-
-    run_dir = run_containing(out)
-    return None if run_dir is None else RunLock(run_dir, "export").acquire()
 
 
 def _check_out(out: Path, checkpoint: Path, force: bool) -> None:

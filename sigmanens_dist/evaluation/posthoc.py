@@ -16,7 +16,7 @@ from sigmanens_dist.config import EvalConfig
 from sigmanens_dist.evaluation.calibration import TemperedMetrics, ensemble_nll, fit_temperature
 from sigmanens_dist.evaluation.conformal import METHODS, ConformalSets, class_scores, conformal_quantile
 from sigmanens_dist.evaluation.metrics import ensemble_log_probs
-from sigmanens_dist.evaluation.report import SHIFT_KEYS
+from sigmanens_dist.evaluation.report import SHIFT_KEYS, shift_mean
 from sigmanens_dist.evaluation.scoring import collect_logits
 
 __all__ = ["PostHoc", "fit_posthoc"]
@@ -66,11 +66,8 @@ class PostHoc:
         tables = ([self.parts["calibration"]["shift"]] if self.calibrate else []) + [
             m["shift"] for m in self.parts.get("conformal", {}).get("methods", {}).values()]
         for table in tables:
-            names = list(table)
-            if names:
-                keys = list(table[names[0]][str(severities[0])])
-                table["mean"] = {str(s): {k: sum(table[c][str(s)][k] for c in names) / len(names) for k in keys}
-                                 for s in severities}
+            if table:
+                table["mean"] = shift_mean(table, severities)
 
 
 def fit_posthoc(model: nn.Module, val: Callable[[], Iterable[Any]], options: EvalConfig, device: torch.device,

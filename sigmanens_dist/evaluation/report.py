@@ -16,11 +16,19 @@ from sigmanens_dist.config import Config
 from sigmanens_dist.evaluation.ood import OOD_SCORES
 from sigmanens_dist.methods.base import EnsembleMethod
 
-__all__ = ["SHIFT_KEYS", "SUB_KEYS", "flat_metrics", "markdown"]
+__all__ = ["SHIFT_KEYS", "SUB_KEYS", "flat_metrics", "markdown", "shift_mean"]
 
 log = logging.getLogger("sigmanens")
 
 SHIFT_KEYS = ("acc", "nll", "ece")
+
+
+def shift_mean(table: dict[str, dict[str, dict[str, float]]], severities: list[int]) -> dict[str, dict[str, float]]:
+    """``{severity: {key: mean over corruptions}}`` of a ``{corruption: {severity: {key: value}}}`` table: the "mean"
+    row of every shift table in a report (the plain scores, the calibrated ones, each conformal method's)."""
+    names = list(table)
+    keys = list(table[names[0]][str(severities[0])])
+    return {str(s): {k: sum(table[c][str(s)][k] for c in names) / len(names) for k in keys} for s in severities}
 SUB_KEYS = ("acc", "nll", "ece", "aece", "brier", "aurc")
 
 

@@ -33,7 +33,16 @@ from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.evaluation.load import method_of
 from sigmanens_dist.evaluation.ood import score_ood
 from sigmanens_dist.evaluation.posthoc import PostHoc, fit_posthoc
-from sigmanens_dist.evaluation.report import SHIFT_KEYS, SUB_KEYS, _log_mlflow, _plots, _write, flat_metrics, markdown
+from sigmanens_dist.evaluation.report import (
+    SHIFT_KEYS,
+    SUB_KEYS,
+    _log_mlflow,
+    _plots,
+    _write,
+    flat_metrics,
+    markdown,
+    shift_mean,
+)
 from sigmanens_dist.evaluation.scoring import Transform, score_pass
 from sigmanens_dist.methods.base import EnsembleMethod
 
@@ -229,9 +238,7 @@ def _shift(cfg: Config, options: EvalConfig, names: list[str], model: nn.Module,
                 out.setdefault(name, {})[str(severity)] = _pick(metrics.compute(), SHIFT_KEYS)
                 if posthoc is not None:
                     posthoc.record(extra, name, severity)
-    corruptions = list(out)
-    out["mean"] = {str(s): {key: sum(out[c][str(s)][key] for c in corruptions) / len(corruptions)
-                            for key in SHIFT_KEYS} for s in options.severities}
+    out["mean"] = shift_mean(out, options.severities)
     if posthoc is not None:
         posthoc.finish_shift(options.severities)
     return out

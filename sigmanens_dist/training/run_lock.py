@@ -24,7 +24,8 @@ from sigmanens_dist.errors import UsageError
 if TYPE_CHECKING:  # torch only where a trainer takes the lock: the preemption guard reads LOCK_FILE from here
     from sigmanens_dist.distributed.env import DistEnv
 
-__all__ = ["LOCK_FILE", "RunLock", "RunLockedError", "holder", "own_run_dir", "run_containing"]
+__all__ = ["LOCK_FILE", "RunLock", "RunLockedError", "holder", "own_run_containing", "own_run_dir",
+           "run_containing"]
 
 LOCK_FILE = ".lock"
 
@@ -111,6 +112,16 @@ def run_containing(path: Path) -> Path | None:
         if (folder / "config.yaml").is_file() and (folder / "checkpoints").is_dir():
             return folder
     return None
+
+
+def own_run_containing(path: Path, purpose: str, env: DistEnv | None = None) -> RunLock | None:
+    """The lock of the run directory ``path`` would be written into (None when it is in none): a command that writes
+    there (eval's report, an export) owns the run meanwhile, so a trainer still rotating its checkpoints refuses it
+    in one line naming the trainer. Under several ranks (``env``) rank 0 holds it and every rank gets the refusal."""
+    run_dir = run_containing(path)
+    if run_dir is None:
+        return None
+    return own_run_dir(run_dir, env, purpose) if env is not None else RunLock(run_dir, purpose).acquire()
 
 
 def _make_run_dir(run_dir: Path) -> None:
