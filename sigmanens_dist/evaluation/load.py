@@ -17,13 +17,14 @@ __all__ = ["EvalCheckpoint", "load_for_eval", "method_of"]
 
 
 class EvalCheckpoint(NamedTuple):
-    """What evaluation needs from a checkpoint; unpacks as ``cfg, model, ema, run_id, step = …``."""
+    """What evaluation needs from a checkpoint; unpacks as ``cfg, model, ema, run_id, step, model_args = …``."""
 
     cfg: Config
     model: nn.Module  # the raw weights, in eval mode
     ema: nn.Module | None  # the EMA weights when the run kept an EMA
     run_id: str | None  # the MLflow run that wrote the checkpoint
     step: int  # optimiser steps the checkpoint had taken
+    model_args: dict[str, Any]  # the sizes the model was rebuilt with (num_classes, in_chans, vocab_size)
 
 
 def method_of(cfg: Config) -> str:
@@ -46,7 +47,7 @@ def load_for_eval(path: Path | str, overrides: Sequence[str] = ()) -> EvalCheckp
                          f"{err}") from err
     model = _build(cfg, ckpt.model_args, ckpt.weights, path, "model")
     ema = None if ckpt.ema is None else _build(cfg, ckpt.model_args, ckpt.ema, path, "ema")
-    return EvalCheckpoint(cfg, model, ema, ckpt.run_id, ckpt.step)
+    return EvalCheckpoint(cfg, model, ema, ckpt.run_id, ckpt.step, ckpt.model_args)
 
 
 def _build(cfg: Config, model_args: dict[str, Any], weights: dict[str, Any], path: Path, key: str) -> nn.Module:

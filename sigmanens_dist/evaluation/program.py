@@ -78,21 +78,19 @@ def _normalisation(cfg: Any, in_chans: int) -> tuple[list[float], list[float]]:
 
 
 def _temperature(cfg: Any, model: nn.Module) -> dict[str, Any]:
-    """T fitted on the validation split with eval's own pass and fit (never the test set)."""
+    """T fitted on the validation split by eval's own fit (:func:`fit_posthoc`: never the test set)."""
+    from sigmanens_dist.config import EvalConfig
     from sigmanens_dist.data.loaders import build_data
     from sigmanens_dist.distributed.env import DistEnv
-    from sigmanens_dist.evaluation.calibration import ensemble_nll, fit_temperature
-    from sigmanens_dist.evaluation.scoring import collect_logits
+    from sigmanens_dist.evaluation.posthoc import fit_posthoc
 
     if cfg.data.val_from_test:
         raise UsageError("--calibration temperature: this run validates on the test set (data.val_from_test); give "
                          "it a validation split (data.val_split)")
     device = torch.device("cpu")
     data = build_data(cfg.data, cfg.eval.batch_size or cfg.train.batch_size, cfg.seed, DistEnv(0, 1, 0, device))
-    logits, target = collect_logits(model, data.val(), device, "temperature fit on val")
-    t = fit_temperature(logits, target)
-    return {"temperature": t, "fitted_on": "val", "num_fit": len(target), "val_nll_before": float(
-        ensemble_nll(logits, target)), "val_nll_after": float(ensemble_nll(logits, target, t))}
+    fitted = fit_posthoc(model, data.val, EvalConfig(calibration="temperature"), device, "program")
+    return {k: v for k, v in fitted.parts["calibration"].items() if k not in ("method", "shift")}
 
 
 def export_program(checkpoint: Path, out: Path, members: str | None = None,
@@ -104,13 +102,14 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
     from sigmanens_dist.evaluation.load import load_for_eval, method_of
     from sigmanens_dist.evaluation.run import sub_ensemble
 
-    cfg, full, _, run_id, step = load_for_eval(checkpoint)
+    loaded = load_for_eval(checkpoint)
+    cfg, full = loaded.cfg, loaded.model
     chosen = parse_members(members, full.num_members)
     if chosen is not None and not full.supports_sub_ensembles:
         raise UsageError(f"--members: model.method={method_of(cfg)!r} cannot run a sub-ensemble; export all members")
     chosen = chosen or list(range(full.num_members))
     model = sub_ensemble(full, chosen).eval()
-    in_chans = int(cfg.model.in_chans or _model_arg(checkpoint, "in_chans"))
+    in_chans = int(cfg.model.in_chans or loaded.model_args["in_chans"])  # what build_model gave the backbone
     mean, std = _normalisation(cfg, in_chans)
     fit = _temperature(cfg, model) if calibration == "temperature" else {"temperature": 1.0}
     size = cfg.data.img_size or _default_size(cfg)
@@ -122,18 +121,11 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
     meta = {"format": "sigmanens-program/1", "num_classes": int(head(example[:1])["probabilities"].shape[-1]),
             "input": {"shape": ["B", in_chans, size, size], "dtype": "float32", "range": [0.0, 1.0]},
             "normalisation": {"mean": mean, "std": std}, "members": chosen, "trained_members": full.num_members,
-            "method": method_of(cfg), "tau": cfg.reg.tau, "run_id": run_id, "step": step,
+            "method": method_of(cfg), "tau": cfg.reg.tau, "run_id": loaded.run_id, "step": loaded.step,
             "dataset": cfg.data.dataset, "package_version": sigmanens_dist.__version__, "calibration": calibration,
             **fit, "outputs": list(OUTPUTS)}
     atomic_write(out, lambda f: torch.export.save(program, f, extra_files={METADATA_FILE: json.dumps(meta)}))
     return meta
-
-
-def _model_arg(checkpoint: Path, key: str) -> Any:
-    """A model size the config leaves to the data (``in_chans``), as the checkpoint recorded it."""
-    from sigmanens_dist.training.checkpoint import read_checkpoint
-
-    return read_checkpoint(checkpoint).model_args[key]
 
 
 def _default_size(cfg: Any) -> int:
