@@ -309,7 +309,7 @@ def test_calibration_and_conformal_end_to_end(trained: Path, tmp_path: Path,
                       "--no-sub-ensembles", "--corruptions", "contrast", "--severities", "1", "--calibration",
                       "temperature", "--conformal", "0.1"]) == 0
     for part in json.loads((out / "eval.json").read_text())["weights"].values():
-        cal, conf = part["calibration"], part["conformal"]
+        cal, (conf,) = part["calibration"], part["conformal"]
         assert cal["num_fit"] == 300 and cal["val_nll_after"] <= cal["val_nll_before"]
         assert set(cal["shift"]["contrast"]) == {"1"}
         for r in conf["methods"].values():

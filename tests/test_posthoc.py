@@ -122,8 +122,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple:
 
 def test_eval_fits_on_val_only_and_reports_before_and_after(setup: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg, model, tmp = setup
-    options = EvalConfig(calibration="temperature", conformal=0.2, imagenet_c=tmp / "imagenet-c", severities=[1, 2],
-                         sub_ensembles=False)
+    options = EvalConfig(calibration="temperature", conformal=[0.2, 0.5], imagenet_c=tmp / "imagenet-c",
+                         severities=[1, 2], sub_ensembles=False)
     real_build, real_fit = loaders.build_data, run.fit_posthoc
     fitting: list[bool] = []
     noise = torch.Generator().manual_seed(3)
@@ -154,7 +154,7 @@ def test_eval_fits_on_val_only_and_reports_before_and_after(setup: tuple, monkey
     build.garbage = True  # type: ignore[attr-defined]
     other = run.run_eval(cfg, model, options=options, out_dir=tmp / "b")["weights"]["raw"]
 
-    cal, conf = raw["calibration"], raw["conformal"]
+    cal, (conf, loose) = raw["calibration"], raw["conformal"]
     assert cal["fitted_on"] == "val" and cal["num_fit"] == 16 and cal["val_nll_after"] <= cal["val_nll_before"]
     assert cal["metrics"]["num_samples"] == 12 == raw["metrics"]["num_samples"]
     assert set(cal["shift"]) == {"fog", "mean"} and set(cal["shift"]["mean"]) == {"1", "2"}
@@ -162,14 +162,20 @@ def test_eval_fits_on_val_only_and_reports_before_and_after(setup: tuple, monkey
     thr = conf["methods"]["thr"]
     assert 0 <= thr["coverage"] <= 1 and 0 <= thr["set_size"] <= 2 and len(thr["per_class"]) == 2
     assert set(thr["shift"]["fog"]) == {"1", "2"} and "mean" in thr["shift"]
+    # a second α from the same pass: a larger miscoverage, a lower threshold and sets no larger
+    assert (conf["alpha"], loose["alpha"]) == (0.2, 0.5)
+    for method, r in loose["methods"].items():
+        assert r["qhat"] <= conf["methods"][method]["qhat"] and r["set_size"] <= conf["methods"][method]["set_size"]
     # what is fitted depends on the validation split alone: a test split of noise changes the scores, not the fit
     assert other["calibration"]["temperature"] == cal["temperature"]
-    assert other["conformal"]["methods"]["aps"]["qhat"] == conf["methods"]["aps"]["qhat"]
+    assert other["conformal"][0]["methods"]["aps"]["qhat"] == conf["methods"]["aps"]["qhat"]
     assert other["calibration"]["metrics"]["nll"] != cal["metrics"]["nll"]
     md = (tmp / "a" / "eval.md").read_text()
-    assert "### Temperature scaling: T = " in md and "### Conformal sets: α = 0.2" in md
+    assert "### Temperature scaling: T = " in md
+    assert "### Conformal sets: α = 0.2" in md and "### Conformal sets: α = 0.5" in md
     flat = flat_metrics({"split": "test", "weights": {"raw": raw}})
-    assert {"eval/test/raw/calibrated/nll", "eval/test/raw/conformal/aps/coverage"} <= set(flat)
+    assert {"eval/test/raw/calibrated/nll", "eval/test/raw/conformal/a0.2/aps/coverage",
+            "eval/test/raw/conformal/a0.5/thr/set_size"} <= set(flat)
 
 
 def test_fitting_on_the_scored_split_is_refused(setup: tuple) -> None:
@@ -178,17 +184,17 @@ def test_fitting_on_the_scored_split_is_refused(setup: tuple) -> None:
         run.check_options(cfg, model, EvalConfig(split="val", calibration="temperature"))
     leaky = cfg.model_copy(update={"data": cfg.data.model_copy(update={"val_from_test": True})})
     with pytest.raises(ValueError, match=r"fitting would read the test set"):
-        run.check_options(leaky, model, EvalConfig(conformal=0.1))
+        run.check_options(leaky, model, EvalConfig(conformal=[0.1]))
 
 
-@pytest.mark.parametrize("alpha", ["0", "1", "-0.1", "1.5", "abc", "nan"])
+@pytest.mark.parametrize("alpha", ["0", "1", "-0.1", "1.5", "abc", "nan", "0.1,", "0.1,2"])
 def test_bad_alpha_is_one_error_before_any_work(alpha: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                                ) -> None:
     # the checkpoint does not exist either: α is checked first, before anything is read
     assert eval_main(["--checkpoint", str(tmp_path / "none.pt"), "--conformal", alpha]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"sigmanens eval: error: --conformal {alpha!r}: give the miscoverage α as a number strictly "
-                   "between 0 and 1 (e.g. 0.1)"]
+                   "between 0 and 1 (e.g. 0.1), or several separated by commas (0.1,0.05)"]
 
 
 def test_eval_config_checks_alpha_and_calibration() -> None:
@@ -196,4 +202,13 @@ def test_eval_config_checks_alpha_and_calibration() -> None:
         load_config(None, ["eval.conformal=1"], check_data=False)
     with pytest.raises(ConfigError, match=r"eval.calibration"):
         load_config(None, ["eval.calibration=platt"], check_data=False)
-    assert load_config(None, ["eval.conformal=0.05"], check_data=False).eval.conformal == 0.05
+    with pytest.raises(ConfigError, match=r"eval.conformal"):
+        load_config(None, ["eval.conformal=[0.1,true]"], check_data=False)
+    assert load_config(None, ["eval.conformal=0.05"], check_data=False).eval.conformal == [0.05]
+    assert load_config(None, ["eval.conformal=[0.1,0.05]"], check_data=False).eval.conformal == [0.1, 0.05]
+    assert load_config(None, ["eval.conformal=null"], check_data=False).eval.conformal == []
+
+
+def test_an_alpha_given_twice_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert eval_main(["--checkpoint", str(tmp_path / "none.pt"), "--conformal", "0.1,0.1"]) == 2
+    assert capsys.readouterr().err.strip() == "sigmanens eval: error: --conformal '0.1,0.1': an α is given twice"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sigmanens_dist.data.corruption_table import CORRUPTIONS, SEVERITIES, unknown
 
-__all__ = ["main", "parse_alpha", "parse_corruptions", "parse_severities"]
+__all__ = ["main", "parse_alphas", "parse_corruptions", "parse_severities"]
 
 
 def parse_severities(text: str) -> list[int]:
@@ -52,18 +52,23 @@ def parse_corruptions(text: str | None) -> list[str]:
     return ["all"] if "all" in names else names
 
 
-def parse_alpha(text: str | None) -> float | None:
-    """``--conformal``'s miscoverage α: a number strictly between 0 and 1."""
+def parse_alphas(text: str | None) -> list[float]:
+    """``--conformal``'s miscoverages: one α or several separated by commas, each strictly between 0 and 1."""
     if text is None:
-        return None
-    try:
-        alpha = float(text)
-    except ValueError:
-        alpha = float("nan")
-    if not 0 < alpha < 1:  # NaN fails it too
-        raise ValueError(f"--conformal {text!r}: give the miscoverage α as a number strictly between 0 and 1 "
-                         "(e.g. 0.1)")
-    return alpha
+        return []
+    alphas = []
+    for part in text.split(","):
+        try:
+            alpha = float(part)
+        except ValueError:
+            alpha = float("nan")
+        if not 0 < alpha < 1:  # NaN fails it too
+            raise ValueError(f"--conformal {text!r}: give the miscoverage α as a number strictly between 0 and 1 "
+                             "(e.g. 0.1), or several separated by commas (0.1,0.05)")
+        alphas.append(alpha)
+    if len(set(alphas)) != len(alphas):
+        raise ValueError(f"--conformal {text!r}: an α is given twice")
+    return alphas
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -88,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "after (test set and shift)")
     ap.add_argument("--conformal", metavar="ALPHA",
                     help="split conformal sets (thr, aps, raps) calibrated on the validation split at miscoverage "
-                         "ALPHA in (0, 1), e.g. 0.1: coverage and mean set size, clean, under shift and per class")
+                         "ALPHA in (0, 1), e.g. 0.1, or several (0.1,0.05): coverage and mean set size, clean, under "
+                         "shift and per class")
     ap.add_argument("--batch-size", type=int, help="default: the run's train.batch_size")
     ap.add_argument("--out", type=Path, help="output folder (default: eval_<checkpoint name>/ beside it)")
     ap.add_argument("--no-mlflow", action="store_true", help="do not log to the run's MLflow run")
@@ -116,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
     # the first forward pass.
     corruptions = parse_corruptions(args.corruptions)
     severities = parse_severities(args.severities)
-    alpha = parse_alpha(args.conformal)
+    alphas = parse_alphas(args.conformal)
     if args.members is not None and args.members < 1:
         raise ValueError(f"--members {args.members}: must be ≥ 1")
     overrides = [kv if kv.startswith("data.") else f"data.{kv}" for kv in args.data]
@@ -129,7 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     options = EvalConfig(split=args.split, corruptions=corruptions, severities=severities, ood=args.ood,
                          ood_root=args.ood_root, members=args.members, sub_ensembles=not args.no_sub_ensembles,
                          batch_size=args.batch_size, imagenet_c=args.imagenet_c, calibration=args.calibration,
-                         conformal=alpha)
+                         conformal=alphas)
     check_options(cfg, loaded.model, options)
     env = None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched by torchrun: shard every pass over the ranks

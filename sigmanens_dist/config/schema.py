@@ -14,6 +14,8 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from sigmanens_dist.config.model_section import Float, Int, ModelConfig, _cross_field, _number, _Section
 from sigmanens_dist.data.datasets import DatasetName, resolve_root
 
+Alpha = Annotated[Float, Field(gt=0, lt=1)]  # a miscoverage level of conformal sets
+
 __all__ = ["CheckpointConfig", "Config", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig", "RegConfig",
            "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig"]
 
@@ -271,7 +273,13 @@ class EvalConfig(_Section):
     imagenet_c: Path | None = None  # a pre-generated ImageNet-C folder: <dir>/<corruption>/<severity>/<class>/<img>
     batch_size: Int | None = Field(None, ge=1)  # None: train.batch_size
     calibration: Literal["none", "temperature"] = "none"  # temperature: fitted on the val split, scored before/after
-    conformal: float | None = Field(None, gt=0, lt=1)  # miscoverage α of split conformal sets calibrated on val
+    conformal: list[Alpha] = Field(default_factory=list)  # miscoverages α of split conformal sets fitted on val
+
+    @field_validator("conformal", mode="before")
+    @classmethod
+    def _alphas(cls, value: object) -> object:
+        """``0.1`` is ``[0.1]``, null is none: the YAML and ``eval.conformal=0.1`` forms of one α."""
+        return [] if value is None else value if isinstance(value, list | tuple) else [value]
 
     @field_validator("corruptions")
     @classmethod

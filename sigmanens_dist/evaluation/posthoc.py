@@ -1,6 +1,6 @@
-"""What ``sigmanens eval --calibration temperature`` and ``--conformal α`` add to a report: fitted on the validation
-split (one pass, before any test batch is read), then scored alongside every test and shift pass of the K-member
-ensemble (the same forward pass feeds :class:`TemperedMetrics` and :class:`ConformalSets`)."""
+"""What ``sigmanens eval --calibration temperature`` and ``--conformal α[,α…]`` add to a report: fitted on the
+validation split (one pass, before any test batch is read), then scored alongside every test and shift pass of the
+K-member ensemble (the same forward pass feeds :class:`TemperedMetrics` and :class:`ConformalSets`)."""
 
 from __future__ import annotations
 
@@ -26,12 +26,13 @@ CONFORMAL_KEYS = ("coverage", "set_size")
 
 @dataclass
 class PostHoc:
-    """The fitted temperature (1.0 when not asked for) and conformal thresholds (method -> q̂, empty when not asked
-    for), and the report parts they fill: ``part["calibration"]`` and ``part["conformal"]``."""
+    """The fitted temperature (1.0 when not asked for) and conformal thresholds (one ``method -> q̂`` per asked α,
+    none when not asked for), and the report parts they fill: ``part["calibration"]`` and ``part["conformal"]`` (a
+    list, one entry per α)."""
 
     temperature: float
     calibrate: bool
-    thresholds: dict[str, float]
+    thresholds: list[dict[str, float]]
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def metrics(self, num_classes: int, num_members: int, sync: bool) -> dict[str, Metric]:
@@ -39,8 +40,8 @@ class PostHoc:
         out: dict[str, Metric] = {}
         if self.calibrate:
             out["calibration"] = TemperedMetrics(self.temperature, num_classes, num_members, sync_on_compute=sync)
-        if self.thresholds:
-            out["conformal"] = ConformalSets(self.thresholds, num_classes, self.temperature, sync_on_compute=sync)
+        for j, thresholds in enumerate(self.thresholds):
+            out[f"conformal/{j}"] = ConformalSets(thresholds, num_classes, self.temperature, sync_on_compute=sync)
         return out
 
     def record(self, metrics: dict[str, Metric], corruption: str | None = None, severity: int = 0) -> None:
@@ -54,8 +55,9 @@ class PostHoc:
                     self.parts[name]["shift"].setdefault(corruption, {})[str(severity)] = {
                         k: values[k] for k in SHIFT_KEYS}
                 continue
+            entry = self.parts["conformal"][int(name.split("/")[1])]
             for method, result in values.items():
-                target = self.parts[name]["methods"][method]
+                target = entry["methods"][method]
                 if corruption is None:
                     target |= result
                 else:
@@ -64,7 +66,7 @@ class PostHoc:
     def finish_shift(self, severities: list[int]) -> None:
         """The mean over corruptions per severity, as ``part["shift"]["mean"]``."""
         tables = ([self.parts["calibration"]["shift"]] if self.calibrate else []) + [
-            m["shift"] for m in self.parts.get("conformal", {}).get("methods", {}).values()]
+            m["shift"] for entry in self.parts.get("conformal", []) for m in entry["methods"].values()]
         for table in tables:
             if table:
                 table["mean"] = shift_mean(table, severities)
@@ -82,13 +84,14 @@ def fit_posthoc(model: nn.Module, val: Callable[[], Iterable[Any]], options: Eva
         parts["calibration"] = {"method": "temperature", "temperature": temperature, "fitted_on": "val",
                                 "num_fit": len(target), "val_nll_before": float(ensemble_nll(logits, target)),
                                 "val_nll_after": float(ensemble_nll(logits, target, temperature)), "shift": {}}
-    thresholds: dict[str, float] = {}
-    if options.conformal is not None:
+    thresholds: list[dict[str, float]] = []
+    if options.conformal:
         probs = ensemble_log_probs(logits / temperature).exp()
-        for method in METHODS:
-            true_class = class_scores(probs, method).gather(-1, target[:, None])[:, 0]
-            thresholds[method] = conformal_quantile(true_class, options.conformal)
-        parts["conformal"] = {"alpha": options.conformal, "calibrated_on": "val", "num_calibration": len(target),
-                              "temperature": temperature if calibrate else None,
-                              "methods": {m: {"qhat": q, "shift": {}} for m, q in thresholds.items()}}
+        true_class = {m: class_scores(probs, m).gather(-1, target[:, None])[:, 0] for m in METHODS}
+        thresholds = [{m: conformal_quantile(scores, alpha) for m, scores in true_class.items()}
+                      for alpha in options.conformal]
+        parts["conformal"] = [{"alpha": alpha, "calibrated_on": "val", "num_calibration": len(target),
+                               "temperature": temperature if calibrate else None,
+                               "methods": {m: {"qhat": q, "shift": {}} for m, q in qs.items()}}
+                              for alpha, qs in zip(options.conformal, thresholds, strict=True)]
     return PostHoc(temperature, calibrate, thresholds, parts)

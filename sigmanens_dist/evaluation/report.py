@@ -93,7 +93,9 @@ def markdown(report: dict[str, Any]) -> str:
             for name, by_sev in part["shift"].items():
                 lines.append(f"| {name} | " + " | ".join(
                     " / ".join(_fmt(v[k]) for k in SHIFT_KEYS) for v in by_sev.values()) + " |")
-        lines += _calibration_md(part.get("calibration"), part) + _conformal_md(part.get("conformal"))
+        lines += _calibration_md(part.get("calibration"), part)
+        for conf in part.get("conformal", []):
+            lines += _conformal_md(conf)
         if "ood" in part:
             ood = part["ood"]
             lines += ["", f"### OOD: {ood['set']} ({ood['num_out']} OOD vs {ood['num_in']} in-distribution, OOD "
@@ -127,10 +129,8 @@ def _calibration_md(cal: dict[str, Any] | None, part: dict[str, Any]) -> list[st
     return lines
 
 
-def _conformal_md(conf: dict[str, Any] | None, worst: int = 10) -> list[str]:
-    """Coverage and mean set size per method: clean, mean under shift, and the classes of lowest coverage."""
-    if conf is None:
-        return []
+def _conformal_md(conf: dict[str, Any], worst: int = 10) -> list[str]:
+    """Coverage and mean set size per method at one α: clean, mean under shift, and the classes of lowest coverage."""
     methods = conf["methods"]
     shift = "mean" in next(iter(methods.values()))["shift"]
     lines = ["", f"### Conformal sets: α = {conf['alpha']}, calibrated on {conf['num_calibration']} validation "
@@ -174,10 +174,12 @@ def flat_metrics(report: dict[str, Any]) -> dict[str, float]:
             out |= {f"{base}/calibrated/{k}": v for k, v in cal["metrics"].items()}
             for severity, values in cal["shift"].get("mean", {}).items():
                 out |= {f"{base}/calibrated/shift/mean/s{severity}/{k}": v for k, v in values.items()}
-        for method, r in part.get("conformal", {}).get("methods", {}).items():
-            out |= {f"{base}/conformal/{method}/{k}": r[k] for k in ("qhat", "coverage", "set_size")}
-            for severity, values in r["shift"].get("mean", {}).items():
-                out |= {f"{base}/conformal/{method}/shift/mean/s{severity}/{k}": v for k, v in values.items()}
+        for conf in part.get("conformal", []):
+            for method, r in conf["methods"].items():
+                key = f"{base}/conformal/a{conf['alpha']:g}/{method}"
+                out |= {f"{key}/{k}": r[k] for k in ("qhat", "coverage", "set_size")}
+                for severity, values in r["shift"].get("mean", {}).items():
+                    out |= {f"{key}/shift/mean/s{severity}/{k}": v for k, v in values.items()}
     return {k: float(v) for k, v in out.items()}
 
 

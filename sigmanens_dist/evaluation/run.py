@@ -109,7 +109,7 @@ def check_options(cfg: Config, model: EnsembleMethod, options: EvalConfig) -> li
             problems.append(f"--imagenet-c {options.imagenet_c}: no such folder")
         else:
             problems.extend(_imagenet_c_problems(Path(options.imagenet_c), names, options.severities))
-    if options.calibration != "none" or options.conformal is not None:
+    if options.calibration != "none" or options.conformal:
         asked = "--calibration/--conformal (fitted on the validation split)"
         if options.split == "val":
             problems.append(f"{asked} cannot be scored on the split they are fitted on: use --split test")
@@ -163,7 +163,7 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
         scored = None
         full = sub_ensemble(weights, range(k_max))
         posthoc = (fit_posthoc(full, data.val, options, device, variant)  # before any test batch is read
-                   if options.calibration != "none" or options.conformal is not None else None)
+                   if options.calibration != "none" or options.conformal else None)
         # methods that cannot run k of their members, and runs that ask for the full ensemble only, score k = K
         ks = range(1, k_max + 1) if options.sub_ensembles and weights.supports_sub_ensembles else [k_max]
         for k in ks:

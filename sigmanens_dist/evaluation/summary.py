@@ -96,8 +96,7 @@ def _posthoc(console: Any, part: dict[str, Any]) -> None:
         console.print(f"\nTemperature scaling: T = {cal['temperature']:.4f}, fitted on {cal['num_fit']} validation "
                       "samples (under shift in eval.md)", style="bold", highlight=False)
         console.print(table)
-    if "conformal" in part:
-        conf = part["conformal"]
+    for conf in part.get("conformal", []):
         table = _table("method", ["coverage", "mean set size"])
         for method, r in conf["methods"].items():
             table.add_row(method, _fmt(r["coverage"]), _fmt(r["set_size"]))

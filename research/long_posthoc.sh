@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Post-hoc calibration at the long budget (docs/results.md "After temperature scaling"): does σN-Ens still beat one
+# network once both are temperature scaled? Trains, per seed, the single model, σN-Ens M=4 (the recipe: τ = 0.5,
+# λ = 0.01), the Deep Ensemble M=4 and Packed-Ensembles M=4 α=3, with no end-of-training evaluation: the test set is
+# read once, by the second phase. Each finished study's runs are kept in results/posthoc_long/records/<study>.jsonl; a
+# recorded study is not trained again. The checkpoints are recreated by this command (training is bit-exact for a
+# seed), and are kept in OUT.
+#   bash research/long_posthoc.sh train [OUT] [LANE...]   # lanes: single sigma deep packed3 (default: all, in turn)
+#   bash research/long_posthoc.sh eval [OUT]              # each run's best checkpoint (chosen on validation), once
+# Two train lanes may run at once on one OUT (they share its MLflow server), e.g. `train OUT sigma single` and
+# `train OUT deep packed3`. The eval phase fits the temperature and the conformal thresholds (α = 0.1, 0.05) on the
+# validation split and scores the test set clean, under all 16 corruptions (severities 3, 5) and against the OOD set;
+# each run's eval.json and eval.md go to results/posthoc_long/evals/<study>/. Then:
+#   python research/posthoc_tables.py   # the tables of docs/results.md
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/launch/setup.sh"
+cd "$ROOT"
+source "$ROOT/launch/studies.sh"
+phase="${1:-}"
+[[ $phase == train || $phase == eval ]] || { echo "long_posthoc: give a phase, train or eval (got '$phase')" >&2; exit 2; }
+shift
+out_arg="${1:-runs/posthoc_long}"
+shift $(($# > 0 ? 1 : 0))
+RESULTS="$ROOT/results/posthoc_long"
+SEED_LIST=(${SEEDS:-0 1 2})
+declare -A LANE_ARGS=(
+  [single]="--methods single"
+  [sigma]="--methods sigma --members 4"
+  [deep]="--methods deep --members 4"
+  [packed3]="--methods packed --members 4 model.packed_alpha=3"
+)
+
+if [ "$phase" = train ]; then
+  read -r -a LANES <<< "${*:-single sigma deep packed3}"
+  for lane in "${LANES[@]}"; do
+    [ -n "${LANE_ARGS[$lane]:-}" ] || { echo "long_posthoc: unknown lane $lane (single sigma deep packed3)" >&2; exit 2; }
+  done
+  BUDGET_ARGS=("${LONG_BUDGET[@]}" eval.at_end=false)
+  studies_begin "$out_arg" 5083
+  RECORDS="$RESULTS/records"
+  for seed in "${SEED_LIST[@]}"; do
+    for lane in "${LANES[@]}"; do
+      # shellcheck disable=SC2086  # LANE_ARGS holds several words
+      study "${lane}_s$seed" methods ${LANE_ARGS[$lane]} --seeds "$seed"
+    done
+  done
+  [ ! -e "$OUT/.failed" ]
+  exit
+fi
+
+OUT="$(cd "$out_arg" && pwd)"
+export OMP_NUM_THREADS=1
+failed=0
+for seed in "${SEED_LIST[@]}"; do
+  for lane in single sigma deep packed3; do
+    name="${lane}_s$seed" dest="$RESULTS/evals/${lane}_s$seed"
+    if [ -s "$dest/eval.json" ]; then echo "[$(date +%T)] $name: evaluated before, skipped"; continue; fi
+    runs=("$OUT/$name"/*/final_metrics.json)
+    if [ ! -e "${runs[0]}" ]; then echo "[$(date +%T)] $name: not trained (no $OUT/$name/*/final_metrics.json)"; failed=1; continue; fi
+    run="$(dirname "${runs[0]}")"
+    echo "[$(date +%T)] $name: sigmanens eval --checkpoint $run"
+    rm -rf "$OUT/$name.eval"
+    if nice -n 19 sigmanens eval --checkpoint "$run" --calibration temperature --conformal 0.1,0.05 \
+        --corruptions all --severities 3,5 --ood digits --no-sub-ensembles --no-mlflow --out "$OUT/$name.eval" \
+        >"$OUT/$name.eval.log" 2>&1; then
+      mkdir -p "$dest.tmp"
+      cp "$OUT/$name.eval/eval.json" "$OUT/$name.eval/eval.md" "$dest.tmp/"
+      rm -rf "$dest" && mv "$dest.tmp" "$dest"
+      echo "[$(date +%T)] $name: kept in $dest"
+    else
+      echo "[$(date +%T)] $name: eval FAILED: $OUT/$name.eval.log"
+      failed=1
+    fi
+  done
+done
+exit "$failed"
