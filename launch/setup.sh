@@ -39,12 +39,12 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     *) TORCH=(torch==2.14.1 torchvision==0.29.1)
        [ "$CONSTRAINTS" = none ] || PINS=(-c "$CONSTRAINTS") ;;
   esac
-  echo "[setup] installing ${TORCH[*]} and sigmanens-dist[dev,mlflow,ffcv,webdataset,deepspeed] into $VENV" \
+  echo "[setup] installing ${TORCH[*]} and sigmanens-dist[dev,mlflow,ffcv,webdataset,deepspeed,deploy] into $VENV" \
     "(${PINS[1]:+held to }${PINS[1]:-newest releases: no constraints on $(uname -m)}; a few minutes the first time)"
   "$VENV/bin/pip" install -q --disable-pip-version-check "${TORCH[@]}" "${PINS[@]}" 2>&1 | grep -v "^WARNING: Location" || true
-  "$VENV/bin/pip" install -q --disable-pip-version-check "${PINS[@]}" -e "$ROOT[dev,mlflow,ffcv,webdataset,deepspeed]" \
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${PINS[@]}" -e "$ROOT[dev,mlflow,ffcv,webdataset,deepspeed,deploy]" \
     2>&1 | grep -v "^WARNING: Location" || true
-  "$VENV/bin/python" -c "import torch, torchvision, timm, ffcv, webdataset, mlflow, deepspeed, sigmanens_dist" \
+  "$VENV/bin/python" -c "import torch, torchvision, timm, ffcv, webdataset, mlflow, deepspeed, onnxruntime, pyarrow, sigmanens_dist" \
     || { echo "[setup] install failed: see pip output above (pins that do not resolve here: SIGMANENS_CONSTRAINTS=none)" >&2
          exit 1; }
   echo "$want" > "$stamp"
