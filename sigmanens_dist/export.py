@@ -14,9 +14,9 @@ __all__ = ["load_model"]
 
 def load_model(path: Path) -> torch.nn.Module:
     """The trained model of a checkpoint, rebuilt from its config and model sizes and loaded, on CPU."""
+    from sigmanens_dist.checkpoint import read_checkpoint
     from sigmanens_dist.config import Config
     from sigmanens_dist.models import build_model
-    from sigmanens_dist.training.checkpoint import read_checkpoint
 
     ckpt = read_checkpoint(path)
     model = build_model(Config.model_validate(ckpt.config).without_source_weights(), **ckpt.model_args)

@@ -64,18 +64,23 @@ class Source(NamedTuple):
 
 def source_weights(init_from: str | Path) -> Source:
     """The weights ``model.init_from`` names: a run directory (best checkpoint, else newest), a checkpoint file or
-    folder of any strategy, or a plain state dict (``sigmanens export``, a timm weights file). A single model's become
-    backbone weights (a conversion); an ensemble's stay a whole model's."""
+    folder of any strategy (read by :func:`read_checkpoint`, like export and eval), or a plain state dict (``sigmanens
+    export``, a timm weights file). A single model's become backbone weights (a conversion); an ensemble's stay a
+    whole model's."""
+    from sigmanens_dist.checkpoint import is_checkpoint_file, read_checkpoint, resolve_checkpoint
     from sigmanens_dist.safe_load import load_file, load_safetensors
-    from sigmanens_dist.training.checkpoint import consolidated_state_dict, resolve_checkpoint
 
     path, which = resolve_checkpoint(init_from, "model.init_from")
+    method = None
     if path.suffix == ".safetensors":
-        weights, meta = _checkpoint_or_weights(load_safetensors(path, "model.init_from"), path)
+        weights = _plain_weights(load_safetensors(path, "model.init_from"), path)
     else:
-        weights, meta = (consolidated_state_dict(path) if path.is_dir() else
-                         _checkpoint_or_weights(load_file(path, "model.init_from"), path))
-    method = None if meta is None else meta.get("config", {}).get("model", {}).get("method", "single")
+        loaded = None if path.is_dir() else load_file(path, "model.init_from")
+        if loaded is None or is_checkpoint_file(loaded):
+            ckpt = read_checkpoint(path, "model.init_from", state=loaded)
+            weights, method = ckpt.weights, ckpt.config.get("model", {}).get("method", "single")
+        else:
+            weights = _plain_weights(loaded, path)
     log.info("model.init_from: the model starts from %s", which)
     if weights and all(k.startswith("backbone.") for k in weights):  # a SingleModel's keys
         return Source({k.removeprefix("backbone."): v for k, v in weights.items()}, False, method)
@@ -83,15 +88,13 @@ def source_weights(init_from: str | Path) -> Source:
     return Source(weights, whole, method)
 
 
-def _checkpoint_or_weights(obj: Any, path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
-    """A trainer checkpoint file → (its model weights, its state); a plain state dict → (itself, None)."""
-    if isinstance(obj, dict) and "model" in obj and "position" in obj:
-        return obj["model"], obj
+def _plain_weights(obj: Any, path: Path) -> dict[str, torch.Tensor]:
+    """A plain state dict (or the common ``{"state_dict": …}`` wrapper of other trainers), refused otherwise."""
     if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
-        obj = obj["state_dict"]  # the common {"state_dict": …} wrapper of other trainers
+        obj = obj["state_dict"]
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise UsageError(f"model.init_from {path}: neither a sigmanens checkpoint nor a state dict of tensors")
-    return obj, None
+    return obj
 
 
 def _load_source(module: nn.Module, source: Source, model_cfg: Any) -> None:

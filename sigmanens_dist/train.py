@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from sigmanens_dist.checkpoint import CheckpointManager, resolve_checkpoint
 from sigmanens_dist.config import Config, flatten, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.data.member_streams import member_major, member_train_stream
@@ -44,7 +45,6 @@ from sigmanens_dist.evaluation.plots import reliability_diagram
 from sigmanens_dist.methods import map_tensors
 from sigmanens_dist.models import build_model
 from sigmanens_dist.progress import progress
-from sigmanens_dist.training.checkpoint import CheckpointManager, capture_rng, resolve_checkpoint, restore_rng
 from sigmanens_dist.training.ema import build_ema
 from sigmanens_dist.training.objective import loss_reduction, member_loss
 from sigmanens_dist.training.optim import build_optimizer, fast_weight_lr, param_groups, sigma_lr, warmup_cosine
@@ -56,6 +56,7 @@ from sigmanens_dist.training.preemption import (
     write_marker,
 )
 from sigmanens_dist.training.resume import BatchLayout, check_same_run
+from sigmanens_dist.training.rng import capture_rng, restore_rng
 from sigmanens_dist.training.run_lock import own_run_dir
 from sigmanens_dist.training.throughput import Throughput
 from sigmanens_dist.training.tracking import Tracker, git_commit
@@ -284,15 +285,7 @@ class Trainer:
                          "config": self.cfg.model_dump(mode="json"), "mlflow_run_id": self.run_id,
                          "model_args": {"num_classes": self.data.num_classes, "in_chans": self.data.in_chans,
                                         "vocab_size": self.data.vocab_size}}  # what `sigmanens export` rebuilds from
-        if self.strategy.checkpoint_format != "file":  # a folder: every rank writes its shards
-            trainer_state["format"] = self.strategy.checkpoint_format
-            self.ckpt.save_folder(self.strategy.save_shards, trainer_state, self.pos.step, metric,
-                                  is_main=self.env.is_main, barrier=self._barrier)
-            return time.perf_counter() - start
-        state = self.strategy.state_dict()
-        if self.env.is_main:
-            self.ckpt.save({**state, **trainer_state}, self.pos.step, metric)
-        self._barrier()
+        self.strategy.save_checkpoint(self.ckpt, trainer_state, self.pos.step, metric, self._barrier)
         return time.perf_counter() - start
 
     def _barrier(self) -> None:

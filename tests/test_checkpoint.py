@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sigmanens_dist.training.checkpoint import CheckpointManager
+from sigmanens_dist.checkpoint import CheckpointManager
 
 
 def _state(step: int) -> dict:
@@ -70,8 +70,8 @@ def test_rotation_never_deletes_the_file_just_written(tmp_path: Path) -> None:
 def test_read_checkpoint_takes_the_model_sizes_from_the_checkpoint_only(tmp_path: Path) -> None:
     """Export, eval and init_from rebuild a model from the saved config and ``model_args``; one without them is
     refused in one line (there is no second way to learn a model's size)."""
+    from sigmanens_dist.checkpoint import read_checkpoint
     from sigmanens_dist.errors import UsageError
-    from sigmanens_dist.training.checkpoint import read_checkpoint
 
     mgr = CheckpointManager(tmp_path)
     args = {"num_classes": 7, "in_chans": 1, "vocab_size": None}

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from sigmanens_dist.checkpoint import consolidated_ema, consolidated_state_dict
 from sigmanens_dist.export import load_model
-from sigmanens_dist.training.checkpoint import consolidated_ema, consolidated_state_dict
 from tests.helpers import run_train
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "run_v0_1_0"

@@ -19,9 +19,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from sigmanens_dist.checkpoint import TRAINER_STATE, CheckpointManager, consolidated_state_dict
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.safe_load import RefusedFileError, load_file, load_safetensors
-from sigmanens_dist.training.checkpoint import TRAINER_STATE, CheckpointManager, consolidated_state_dict
 from tests.helpers import REPO, SYNTHETIC, TINY_VIT, env, run_train
 
 

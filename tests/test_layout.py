@@ -24,6 +24,7 @@ FLOORS = [
     ("distributed",),
     ("data",),
     ("config",),
+    ("checkpoint",),
     ("methods",),
     ("training",),
     ("models", "export"),

@@ -13,9 +13,10 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from sigmanens_dist.checkpoint import check_folder
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.safe_load import check_torch_file, load_file, written_by_us
-from sigmanens_dist.training.checkpoint import capture_rng, check_folder
+from sigmanens_dist.training.rng import capture_rng
 from tests.helpers import REPO, SYNTHETIC, TINY_VIT, env, run_train
 
 FIXTURE = REPO / "tests" / "fixtures" / "run_v0_1_0" / "checkpoints" / "step_00000002.pt"

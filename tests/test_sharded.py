@@ -13,12 +13,12 @@ import timm
 import torch
 
 from sigmanens_dist import convert_to_sigma_ensemble
+from sigmanens_dist.checkpoint import CheckpointManager, consolidated_ema, consolidated_state_dict
 from sigmanens_dist.cli.eval import main as eval_main
 from sigmanens_dist.config import ConfigError, load_config
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.distributed.strategies.fsdp import FSDPStrategy, shard_units
 from sigmanens_dist.export import load_model
-from sigmanens_dist.training.checkpoint import CheckpointManager, consolidated_ema, consolidated_state_dict
 from tests.helpers import REPO, env, torchrun
 
 SCRIPT = REPO / "tests" / "dist_scripts" / "strategy_matrix.py"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sigmanens_dist.training.checkpoint import TRAINER_STATE, consolidated_state_dict
+from sigmanens_dist.checkpoint import TRAINER_STATE, consolidated_state_dict
 from tests.helpers import REPO, SYNTHETIC, TINY_VIT, env, run_train, torchrun
 from tests.test_checkpoint_compat import FIXTURE
 

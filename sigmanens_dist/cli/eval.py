@@ -112,10 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     import torch  # here, not at the top: `sigmanens eval --help` answers without it
 
+    from sigmanens_dist.checkpoint import resolve_checkpoint
     from sigmanens_dist.config import EvalConfig
     from sigmanens_dist.evaluation.load import load_for_eval
     from sigmanens_dist.evaluation.run import check_options, run_eval
-    from sigmanens_dist.training.checkpoint import resolve_checkpoint
     from sigmanens_dist.training.run_lock import own_run_containing
 
     # Everything that can be checked without the checkpoint first, then the checkpoint, then the rest: all before

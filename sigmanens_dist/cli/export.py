@@ -46,8 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _usage("--members and --calibration go with --program OUT")
     out = args.out or args.program
     from sigmanens_dist.atomic import torch_save  # after parsing: `sigmanens export --help` answers without torch
+    from sigmanens_dist.checkpoint import consolidated_state_dict, resolve_checkpoint
     from sigmanens_dist.export import load_model
-    from sigmanens_dist.training.checkpoint import consolidated_state_dict, resolve_checkpoint
     from sigmanens_dist.training.run_lock import own_run_containing
 
     lock = None

@@ -1,5 +1,6 @@
-"""Reading a training checkpoint back as a model to evaluate, on top of :func:`training.checkpoint.read_checkpoint`
-(any strategy's file or folder): the model is rebuilt from the config and the model sizes stored with it."""
+"""Reading a training checkpoint back as a model to evaluate, on top of
+:func:`sigmanens_dist.checkpoint.read_checkpoint` (any strategy's file or folder): the model is rebuilt from the
+config and the model sizes stored with it."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from sigmanens_dist.checkpoint import read_checkpoint
 from sigmanens_dist.config import Config, config_from_dict
-from sigmanens_dist.training.checkpoint import read_checkpoint
 
 __all__ = ["EvalCheckpoint", "load_for_eval", "method_of"]
 

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from sigmanens_dist.distributed.strategies import CHECKPOINT_FORMATS
+from sigmanens_dist.distributed.strategies import strategy_class
 from sigmanens_dist.errors import UsageError
 
 __all__ = ["SAME_RUN_KEYS", "BatchLayout", "check_same_run"]
@@ -67,24 +67,20 @@ def check_same_run(state: dict[str, Any], cfg: Any, layout: BatchLayout) -> Batc
 
 
 def _strategy_problems(state: dict[str, Any], cfg: Any, saved_world: int, world: int) -> list[str]:
-    """A checkpoint is read by the strategy that wrote it (a DeepSpeed one also at its ZeRO stage and world size):
-    told from its metadata, before any model, engine or process group is built, with the way across."""
-    saved = state["config"].get("strategy", {})
-    name, stage, now_stage = saved.get("name", "ddp"), saved.get("zero_stage") or 2, cfg.strategy.zero_stage or 2
-    fmt = state.get("format", "file")
-    wrote = f"strategy.name={name}" + (f" strategy.zero_stage={stage}" if name == "deepspeed" else "")
-    now = cfg.strategy.name
-    wants = f"strategy.name={now}" + (f" strategy.zero_stage={now_stage}" if now == "deepspeed" else "")
+    """A checkpoint is read by the strategy that wrote it, of the same kind (DeepSpeed's: the same ZeRO stage) and,
+    where the strategy cannot reshard it, at the same world size: told from its metadata, before any model, engine
+    or process group is built, with the way across."""
+    saved = {"name": "ddp", **state["config"].get("strategy", {})}
+    now = cfg.strategy.model_dump(mode="json")
+    saved_cls, now_cls = strategy_class(saved["name"]), strategy_class(now["name"])
     across = ("to change strategy, carry the weights across: `sigmanens export <checkpoint> model.pt` (any "
               "strategy's checkpoint) and start a new run with model.init_from=model.pt")
-    if CHECKPOINT_FORMATS.get(now) != fmt or (now == "deepspeed" and stage != now_stage):
-        return [f"  - strategy: the checkpoint was written by {wrote} ({fmt} format) and this run uses {wants}; "
-                f"resume with {wrote}, or {across}"]
-    if now == "deepspeed" and saved_world != world and stage == 3:
-        return [f"  - world size: the checkpoint is a ZeRO-3 checkpoint of {saved_world} ranks and this run has "
-                f"{world}; the installed DeepSpeed's universal checkpoint does not reshard ZeRO-3 here (stages 1 and "
-                f"2 do): resume on {saved_world} ranks, or {across}"]
-    return []
+    fmt = state.get("format", "file")
+    if now_cls.checkpoint_format != fmt or now_cls.checkpoint_kind(now) != saved_cls.checkpoint_kind(saved):
+        return [f"  - strategy: the checkpoint was written by {saved_cls.describe(saved)} ({fmt} format) and this "
+                f"run uses {now_cls.describe(now)}; resume with {saved_cls.describe(saved)}, or {across}"]
+    refusal = now_cls.reshard_refusal(saved, saved_world, world) if saved_world != world else None
+    return [f"  - world size: {refusal}, or {across}"] if refusal else []
 
 
 def _adapt(saved: BatchLayout, wanted: BatchLayout, problems: list[str]) -> BatchLayout:

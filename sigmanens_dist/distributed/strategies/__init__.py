@@ -44,13 +44,5 @@ def build_strategy(name: str, env: DistEnv, *, amp: str = "none", options: dict[
 
 
 def strategy_options(cfg: Any, *, elastic: bool = False) -> dict[str, Any]:
-    """The keyword options of ``cfg.strategy.name``'s constructor, from a validated ``Config``; ``elastic``: the run
-    resumes a checkpoint written at another world size."""
-    s = cfg.strategy
-    if s.name == "fsdp":
-        return {"reshard_after_forward": s.fsdp_reshard_after_forward is not False, "replicate": s.fsdp_replicate or 1}
-    if s.name == "deepspeed":
-        return {"zero_stage": s.zero_stage or 2, "config_file": s.deepspeed_config,
-                "per_rank_batch": cfg.train.batch_size, "grad_accum": cfg.train.grad_accum,
-                "clip_grad": cfg.train.clip_grad, "universal": elastic}
-    return {}
+    """The keyword options of ``cfg.strategy.name``'s constructor (each strategy's :meth:`Strategy.options_from`)."""
+    return strategy_class(cfg.strategy.name).options_from(cfg, elastic=elastic)

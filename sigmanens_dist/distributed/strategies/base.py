@@ -20,7 +20,7 @@ from torch import nn
 
 from sigmanens_dist.distributed.env import DistEnv
 
-__all__ = ["FOLDER_KEY", "OptimizerFactory", "Strategy", "WeightAverage"]
+__all__ = ["FOLDER_KEY", "CheckpointWriter", "OptimizerFactory", "Strategy", "WeightAverage"]
 
 OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
 # Key of the loaded trainer state that names a folder checkpoint's path: the strategy reads its shards from there.
@@ -34,6 +34,15 @@ class WeightAverage(Protocol):
     def state_dict(self, model: nn.Module) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any], model: nn.Module) -> None: ...
+
+
+class CheckpointWriter(Protocol):
+    """Where a strategy writes its checkpoints (``checkpoint.CheckpointManager``: atomic, rotated, best kept)."""
+
+    def save(self, state: dict[str, Any], step: int, metric: float | None = None) -> Path: ...
+
+    def save_folder(self, write_shards: Callable[[Path], None], state: dict[str, Any], step: int,
+                    metric: float | None, *, is_main: bool, barrier: Callable[[], None]) -> Path: ...
 
 
 class Strategy(ABC):
@@ -62,6 +71,28 @@ class Strategy(ABC):
         """Part ``part`` (``"model"``, ``"ema"``) of a folder checkpoint as one full state dict on one CPU process,
         or None when this format keeps that part elsewhere or the run had none."""
         raise NotImplementedError(f"strategy {cls.name!r} writes one file (checkpoint_format='file')")
+
+    # -- what resume checks, from the strategy section of a config (a saved one or this run's) -------------------
+    @classmethod
+    def options_from(cls, cfg: Any, *, elastic: bool = False) -> dict[str, Any]:
+        """The keyword options of the constructor, from a validated ``Config``; ``elastic``: the run resumes a
+        checkpoint written at another world size."""
+        return {}
+
+    @classmethod
+    def checkpoint_kind(cls, section: dict[str, Any]) -> str:
+        """What a checkpoint must have been written as for this strategy to resume it."""
+        return cls.checkpoint_format
+
+    @classmethod
+    def describe(cls, section: dict[str, Any]) -> str:
+        """The config keys that name this strategy and its checkpoint kind, as a user would write them."""
+        return f"strategy.name={cls.name}"
+
+    @classmethod
+    def reshard_refusal(cls, section: dict[str, Any], saved_world: int, world: int) -> str | None:
+        """Why a checkpoint of ``saved_world`` ranks cannot resume on ``world`` ranks, or None when it can."""
+        return None
 
     def __init__(self, env: DistEnv, *, amp: str = "none") -> None:
         self.env, self.amp = env, amp
@@ -138,6 +169,20 @@ class Strategy(ABC):
         return contextlib.nullcontext()
 
     # -- state -----------------------------------------------------------------------------------------------------
+    def save_checkpoint(self, writer: CheckpointWriter, trainer_state: dict[str, Any], step: int,
+                        metric: float | None, barrier: Callable[[], None]) -> None:
+        """Called on every rank: one checkpoint in this strategy's format. ``file``: rank 0 writes model,
+        optimiser and the trainer's state as one file; a folder format: every rank writes its shards and rank 0
+        adds the trainer's state (with ``format``, which tells readers whose folder it is)."""
+        if self.checkpoint_format == "file":
+            state = self.state_dict()
+            if self.env.is_main:
+                writer.save({**state, **trainer_state}, step, metric)
+            barrier()
+            return
+        writer.save_folder(self.save_shards, {**trainer_state, "format": self.checkpoint_format}, step, metric,
+                           is_main=self.env.is_main, barrier=barrier)
+
     def save_shards(self, folder: Path) -> None:
         """Folder formats only: every rank writes its part of model + optimiser state into ``folder``."""
         raise NotImplementedError(f"strategy {self.name!r} writes one file (checkpoint_format='file')")

@@ -108,6 +108,29 @@ class DeepSpeedStrategy(Strategy):
     needs_process_group = True
 
     @classmethod
+    def options_from(cls, cfg: Any, *, elastic: bool = False) -> dict[str, Any]:
+        s = cfg.strategy
+        return {"zero_stage": s.zero_stage or 2, "config_file": s.deepspeed_config,
+                "per_rank_batch": cfg.train.batch_size, "grad_accum": cfg.train.grad_accum,
+                "clip_grad": cfg.train.clip_grad, "universal": elastic}
+
+    @classmethod
+    def checkpoint_kind(cls, section: dict[str, Any]) -> str:
+        return f"{cls.checkpoint_format}/zero{section.get('zero_stage') or 2}"  # stages keep different shards
+
+    @classmethod
+    def describe(cls, section: dict[str, Any]) -> str:
+        return f"strategy.name={cls.name} strategy.zero_stage={section.get('zero_stage') or 2}"
+
+    @classmethod
+    def reshard_refusal(cls, section: dict[str, Any], saved_world: int, world: int) -> str | None:
+        if (section.get("zero_stage") or 2) != 3:
+            return None
+        return (f"the checkpoint is a ZeRO-3 checkpoint of {saved_world} ranks and this run has {world}; the "
+                "installed DeepSpeed's universal checkpoint does not reshard ZeRO-3 here (stages 1 and 2 do): resume "
+                f"on {saved_world} ranks")
+
+    @classmethod
     def check_folder(cls, folder: Path) -> None:
         if not (folder / TAG).is_dir():
             raise FileNotFoundError(f"{folder} has no complete DeepSpeed checkpoint (no {TAG}/ folder)")

@@ -64,6 +64,11 @@ class FSDPStrategy(Strategy):
     sharded_parameters = True  # the EMA keeps shadows of the local shards, saved in the DCP checkpoint
 
     @classmethod
+    def options_from(cls, cfg: Any, *, elastic: bool = False) -> dict[str, Any]:
+        s = cfg.strategy
+        return {"reshard_after_forward": s.fsdp_reshard_after_forward is not False, "replicate": s.fsdp_replicate or 1}
+
+    @classmethod
     def check_folder(cls, folder: Path) -> None:
         SafeDCPReader(str(folder)).read_metadata()  # DCP's index, through the allow-list
 

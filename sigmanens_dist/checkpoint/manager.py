@@ -1,11 +1,14 @@
 """Checkpoints that survive crashes and preemption: atomic writes, keep-last-k + best, ``--resume auto``.
 
-One policy, two backends. A checkpoint is either one file ``step_<N>.pt`` under ``<run_dir>/checkpoints`` (written by
+One policy, two layouts. A checkpoint is either one file ``step_<N>.pt`` under ``<run_dir>/checkpoints`` (written by
 rank 0: DDP) or one folder ``step_<N>/`` every rank writes its shards into (FSDP2 through torch.distributed.checkpoint,
-DeepSpeed through its engine), with the trainer's own state in ``step_<N>/trainer.pt``. Both are written under a
-temporary name and renamed into place, so a reader sees either the old set or the new set, never a half checkpoint;
-older ones are deleted only after the new one is complete. ``best.pt`` / ``best/`` is a copy of the best-so-far (by
-a metric, lower is better), made the same way.
+DeepSpeed through its engine), with the trainer's own state in ``step_<N>/trainer.pt``; which one is the strategy's
+choice (``Strategy.save_checkpoint``). Both are written under a temporary name and renamed into place, so a reader
+sees either the old set or the new set, never a half checkpoint; older ones are deleted only after the new one is
+complete. ``best.pt`` / ``best/`` is a copy of the best-so-far (by a metric, lower is better), made the same way.
+Resume reads the trainer's state with :meth:`CheckpointManager.read` (a folder's shards stay where they are, for the
+strategy to load onto its sharded model); everything else reads a whole model with
+:func:`sigmanens_dist.checkpoint.read_checkpoint`, on top of the same reader.
 """
 
 from __future__ import annotations
@@ -16,9 +19,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
-
-import torch
+from typing import Any
 
 from sigmanens_dist.atomic import atomic_write, replace_folder, torch_save
 from sigmanens_dist.distributed.strategies import folder_format
@@ -26,38 +27,13 @@ from sigmanens_dist.distributed.strategies.base import FOLDER_KEY
 from sigmanens_dist.errors import MissingPathError, UsageError
 from sigmanens_dist.safe_load import RefusedFileError, load_file
 
-__all__ = ["Checkpoint", "CheckpointManager", "capture_rng", "check_folder", "consolidated_ema",
-           "consolidated_state_dict", "read_checkpoint", "resolve_checkpoint", "restore_rng"]
+__all__ = ["TRAINER_STATE", "CheckpointManager", "check_folder"]
 
 log = logging.getLogger(__name__)
 
 _STEP_FILE = re.compile(r"^step_(\d+)(\.pt)?$")
 #: The trainer's non-tensor state inside a checkpoint folder (position, RNG of all ranks, schedule, config…).
 TRAINER_STATE = "trainer.pt"
-
-
-def capture_rng() -> dict[str, Any]:
-    """Every RNG the loop draws from (torch CPU/CUDA, numpy, python), so a resumed run draws the same numbers."""
-    import random
-
-    import numpy as np
-
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    import random
-
-    import numpy as np
-
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 @dataclass
@@ -165,29 +141,9 @@ class CheckpointManager:
             check_folder(path, state["format"])
             return {**state, FOLDER_KEY: path}
         state = load_file(path, "checkpoint")
-        if not isinstance(state, dict) or "model" not in state or "position" not in state:
+        if not isinstance(state, dict) or "model" not in state or "position" not in state:  # is_checkpoint_file
             raise UsageError(f"{path} is not a sigmanens checkpoint (missing 'model'/'position')")
         return state
-
-
-def resolve_checkpoint(path: Path | str, what: str = "checkpoint") -> tuple[Path, str]:
-    """A checkpoint as given (a ``step_N.pt`` / ``best.pt`` file or a step folder), or for a run directory its best
-    checkpoint, else its newest; returned with a phrase saying which was picked (callers log it). ``what`` names
-    the argument in the error (e.g. ``model.init_from``)."""
-    path = Path(path)
-    if not path.exists():
-        raise MissingPathError(f"{what} {path}: no such file or folder")
-    if path.is_file() or (path / TRAINER_STATE).is_file():
-        return path, f"{path}"
-    manager = CheckpointManager(path)
-    best = [b for b in (manager.directory / "best.pt", manager.directory / "best") if b.exists()]
-    if best:
-        return best[0], f"{best[0]} (the run's best checkpoint)"
-    steps = manager.checkpoints()
-    if steps:
-        return steps[-1], f"{steps[-1]} (the run's newest checkpoint; it has no best)"
-    raise MissingPathError(f"{what} {path}: a folder that is neither a checkpoint (no {TRAINER_STATE}) nor a run "
-                            f"directory with checkpoints (nothing in {manager.directory})")
 
 
 def check_folder(path: Path, fmt: str) -> None:
@@ -198,45 +154,3 @@ def check_folder(path: Path, fmt: str) -> None:
 
 def _step_of(path: Path) -> int:
     return int(_STEP_FILE.match(path.name).group(1))
-
-
-class Checkpoint(NamedTuple):
-    """What a checkpoint holds for everything but resume (export, eval, ``model.init_from``), whatever wrote it."""
-
-    config: dict[str, Any]  # the run's resolved config, as saved
-    model_args: dict[str, Any]  # num_classes, in_chans, vocab_size: what the model is rebuilt with
-    weights: dict[str, torch.Tensor]  # the full model state dict, consolidated on one CPU process
-    ema: dict[str, torch.Tensor] | None  # the weight average's, when the run kept one and it was asked for
-    step: int  # optimiser steps taken
-    run_id: str | None  # the MLflow run that wrote it
-
-
-def read_checkpoint(path: Path | str, what: str = "checkpoint", *, with_ema: bool = False) -> Checkpoint:
-    """A checkpoint file or folder of any strategy, consolidated (its EMA too with ``with_ema``); refused in one
-    line when it is not complete, not ours, or lacks the config or model sizes it is rebuilt from."""
-    path = Path(path)
-    weights, state = consolidated_state_dict(path)
-    missing = [key for key in ("config", "model_args") if not isinstance(state.get(key), dict)]
-    if missing:
-        raise UsageError(f"{what} {path} does not record {' and '.join(missing)} (not written by sigmanens train, "
-                         "or by a version before 0.1): rebuild the model yourself and load its state dict")
-    return Checkpoint(state["config"], state["model_args"], weights,
-                      consolidated_ema(path, state) if with_ema else None, int(state["position"]["step"]),
-                      state.get("mlflow_run_id"))
-
-
-def consolidated_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The full model state dict of a checkpoint and the trainer's state saved with it (config, model args…)."""
-    path = Path(path)
-    state = CheckpointManager.read(path)  # refuses an incomplete or foreign checkpoint
-    fmt = state.get("format", "file")
-    return (state["model"] if fmt == "file" else folder_format(fmt).consolidated(path, "model")), state
-
-
-def consolidated_ema(path: Path, state: dict[str, Any]) -> dict[str, torch.Tensor] | None:
-    """The EMA weights of a checkpoint whose run kept an EMA (in the trainer's state, or with the shards), else
-    None."""
-    fmt = state.get("format", "file")
-    if state.get("ema") is not None or fmt == "file":
-        return state.get("ema")
-    return folder_format(fmt).consolidated(Path(path), "ema")
