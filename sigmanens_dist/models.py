@@ -6,6 +6,7 @@ Every method answers :class:`sigmanens_dist.methods.EnsembleMethod` (``forward(x
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -47,7 +48,7 @@ def build_model(cfg: Any, num_classes: int, in_chans: int, vocab_size: int | Non
 
     model = build_method(cfg, make_backbone)
     if cfg.train.grad_checkpointing and isinstance(getattr(model, "sigma", None), SigmaStore):
-        model.sigma.per_pass = False  # recomputed blocks must see what their first forward saw
+        model.sigma.plan = dataclasses.replace(model.sigma.plan, per_pass=False)  # recomputed blocks: as first
     if source is not None and source.whole_model:
         _load_source(model, source, model_cfg)
     return model

@@ -142,7 +142,7 @@ def test_sub_ensemble_of_film_stays_ungated() -> None:
     film = convert_to_film_ensemble(net, 3, init_std=0.5).eval()
     x = torch.randn(4, 1, 8, 8)
     sub = sub_ensemble(film, [1])
-    assert isinstance(sub, FiLMEnsemble) and not sub.sigma.gated
+    assert isinstance(sub, FiLMEnsemble) and not sub.sigma.plan.gated
     torch.testing.assert_close(sub(x), film(x)[[1]])
 
 

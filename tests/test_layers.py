@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -161,7 +162,7 @@ def test_forward_pass_computes_the_gated_affines_once_and_equals_the_per_layer_p
     torch.manual_seed(0)
     ens = convert_to_sigma_ensemble(timm.create_model("resnet10t", num_classes=5), M, gamma_init_mean=0.0,
                                     gamma_init_std=1.0).train()
-    ens.sigma.gated = gated
+    ens.sigma.plan = dataclasses.replace(ens.sigma.plan, gated=gated)
     x = torch.randn(M * B, 3, 16, 16)
     twin = copy.deepcopy(ens)
     calls = []

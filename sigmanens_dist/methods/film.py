@@ -1,7 +1,7 @@
 """FiLM-style ablation of σN-Ens: per-member norm layers (own statistics, own affine, as in FiLM's feature-wise
 affine modulation) with NO σ gate and NO diversity regularizer. It isolates what σ(γ) and ``L_div`` add.
 
-It reuses the σ layers: the store is switched to ungated (``SigmaStore.gated = False``), so layers apply
+It reuses the σ layers: the store is switched to ungated (its ``PassPlan(gated=False)``), so layers apply
 ``w_m ⊙ norm_m(x) + b_m``; γ columns stay in the flat parameter but are unused (zero gradient). Members converted
 from one model and fed the same batches would never diverge, so member scales start at the source weight times
 ``N(1, model.film_init_std)`` (biases at the source bias): the symmetry breaker.
@@ -9,6 +9,7 @@ from one model and fed the same batches would never diverge, so member scales st
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
@@ -50,7 +51,7 @@ def convert_to_film_ensemble(model: nn.Module, num_members: int, init_std: float
             if slot.bias is not None:
                 b = store.columns(slot.bias)
                 b.copy_(b * gate)
-    store.gated = False
+    store.plan = dataclasses.replace(store.plan, gated=False)
     film = FiLMEnsemble(ens.backbone, store, ens.summary)
     return film
 

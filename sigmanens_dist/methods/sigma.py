@@ -133,7 +133,7 @@ class SigmaEnsemble(EnsembleMethod):
     def sharing(self, threshold: float = 0.5) -> dict[str, float] | None:
         """Measured sharing: mean number of members "on" (σ(γ) > threshold) per feature, per regularized layer,
         plus ``"all"`` over every regularized feature; None for an ungated store (FiLM: γ means nothing)."""
-        if not self.sigma.gated:
+        if not self.sigma.plan.gated:
             return None
         on = members_on(self.gamma(), threshold).float()
         out = {s.name: on[s.gamma[0]: s.gamma[1]].mean().item() for s in self.sigma.slots if s.regularized}
@@ -142,7 +142,7 @@ class SigmaEnsemble(EnsembleMethod):
 
     def layer_importances(self) -> tuple[list[str], torch.Tensor] | None:
         """Mean importance σ(γ) per member and σ layer, ``(M, L)``, with the layer names; None for an ungated store."""
-        if not self.sigma.gated:
+        if not self.sigma.plan.gated:
             return None
         with torch.no_grad():
             imp = self.importances(regularized_only=False).float().cpu()

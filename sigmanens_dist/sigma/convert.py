@@ -14,7 +14,6 @@ from torch import nn
 
 from sigmanens_dist.sigma.layers import (
     LayerSlot,
-    SigmaBatchNorm,
     SigmaNorm,
     SigmaStore,
     looks_like_norm,
@@ -171,9 +170,10 @@ def _layout(layers: list[tuple[str, SigmaNorm, nn.Module]], reg: set[str], m: in
             bias = (col, col + c)
             col += c
         stat = None
-        if isinstance(layer, SigmaBatchNorm) and layer.track_running_stats:
+        if layer.keeps_running_stats():
             stat, stats = stats, stats + 2 * m * c
-        slots.append(LayerSlot(name, layer.kind, c, gamma_cols[name], weight, bias, stat, name in reg))
+        slots.append(LayerSlot(name, layer.kind, c, gamma_cols[name], weight, bias, stat, name in reg,
+                               joint=layer.joint_affine and bias is not None))
     return slots, col, stats
 
 

@@ -13,12 +13,13 @@ from sigmanens_dist.sigma.layers.registry import (
 )
 from sigmanens_dist.sigma.layers.rmsnorm import SigmaRmsNorm, SigmaRmsNorm2d
 from sigmanens_dist.sigma.layers.sigma_norm import SigmaNorm
-from sigmanens_dist.sigma.layers.store import LayerSlot, SigmaStore
+from sigmanens_dist.sigma.layers.store import LayerSlot, PassPlan, SigmaStore
 
 __all__ = [
     "SHARED_BY_DEFAULT",
     "SUPPORTED",
     "LayerSlot",
+    "PassPlan",
     "SigmaBatchNorm",
     "SigmaGroupNorm",
     "SigmaLayerNorm",

@@ -37,6 +37,9 @@ class SigmaBatchNorm(SigmaNorm):
         if self.track_running_stats:
             self.rebind_stats()
 
+    def keeps_running_stats(self) -> bool:
+        return self.track_running_stats
+
     def rebind_stats(self) -> None:
         """Expose the running stats as buffers named ``running_mean``/``running_var`` (views, not in state_dict:
         the store's flat buffer is what is saved) so tools that sync BN buffers by name keep working; and keep their
@@ -54,7 +57,7 @@ class SigmaBatchNorm(SigmaNorm):
         scale, shift = self.flat_affine()  # σBatchNorm always has a member bias (has_bias)
         batch_stats = self.training or not self.track_running_stats
         factor = self._momentum_step() if batch_stats else 0.0
-        if self.store.interleaved:
+        if self.store.plan.interleaved:
             y = self._one_call(x, scale, shift, batch_stats, factor)
         elif batch_stats:
             y = self._per_member(x, scale, shift, factor)

@@ -29,7 +29,7 @@ class SigmaGroupNorm(SigmaLayerNorm):
 
     def norm_affine(self, x: torch.Tensor) -> torch.Tensor:
         scale, shift = self.affine(x.dtype)
-        if not self.store.interleaved:
+        if not self.store.plan.interleaved:
             return self.member_affine(self.normalize(x), scale, shift)
         x = x.contiguous()  # channels_last has no (B, M·C, …) view: one NCHW copy keeps it exact
         m = self.num_members

@@ -16,6 +16,7 @@ class SigmaLayerNorm(SigmaNorm):
     so members differ only in their gated affine; the normalisation itself is one shared call."""
 
     kind = "layer"
+    joint_affine = True
 
     def __init__(self, source: nn.Module, num_members: int) -> None:
         shape = tuple(source.normalized_shape)
@@ -34,7 +35,7 @@ class SigmaLayerNorm(SigmaNorm):
 
     def norm_affine(self, x: torch.Tensor) -> torch.Tensor:
         joint = self.store.pass_affine(self._slot.name)
-        if not (self.store.interleaved and x.is_contiguous() and joint is not None and len(joint) == 1):
+        if not (self.store.plan.interleaved and x.is_contiguous() and joint is not None and len(joint) == 1):
             return self.member_affine(self.normalize(x), *self.affine(x.dtype))
         # Interleaved rows: ONE native call with the member affine fused. Viewed as (B, M·T·K) (T positions of K
         # features per row), a LayerNorm is a GroupNorm with M·T groups of K channels; its per-channel affine is the
@@ -52,6 +53,7 @@ class SigmaLayerNorm2d(SigmaLayerNorm):
     permuted view as a channels-first broadcast: no reshape of a permuted tensor, so no copy of the activation."""
 
     kind = "layer2d"
+    joint_affine = False  # the member affine runs on a permuted view (norm_affine below), never the fused call
     channels_last = False
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:

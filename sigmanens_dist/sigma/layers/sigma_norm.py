@@ -2,7 +2,7 @@
 
 The input holds M·B rows in one of two layouts: member-major (rows ``m·B … (m+1)·B − 1`` belong to member m), what
 a layer called alone takes, or interleaved (row ``b·M + m``), what the ensemble runs its backbone on (the store says
-which, :attr:`SigmaStore.interleaved`). Interleaved, a contiguous ``(B·M, C, …)`` activation is the pure view
+which, :attr:`PassPlan.interleaved`). Interleaved, a contiguous ``(B·M, C, …)`` activation is the pure view
 ``(B, M·C, …)``: a native norm over M·C channels is then every member's norm at once. Subclasses normalise; this
 base applies member m's affine with ``sigmoid(γ_m)`` folded into it, so the σ gate costs no extra pass over the
 activations: ``σ(γ)·(w·x̂ + b) = (σ(γ)w)·x̂ + σ(γ)b``.
@@ -11,6 +11,7 @@ activations: ``σ(γ)·(w·x̂ + b) = (σ(γ)w)·x̂ + σ(γ)b``.
 from __future__ import annotations
 
 import copy
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -24,6 +25,9 @@ class SigmaNorm(nn.Module):
     """Common state of every σ norm: its slot in the shared :class:`SigmaStore`, and timm's optional act/drop."""
 
     kind: str = ""
+    # weight and bias as one (2, M·C) tensor in an ensemble pass (σLayerNorm spreads both over the token positions
+    # with one copy, see SigmaLayerNorm.norm_affine)
+    joint_affine: ClassVar[bool] = False
     channels_last: bool = True  # affine over the last dim (LayerNorm style) or over dim 1 (BatchNorm style)
     has_bias: bool = True  # RMS norms scale only
 
@@ -76,7 +80,7 @@ class SigmaNorm(nn.Module):
         if cached is not None:
             return cached if len(cached) == 2 else tuple(cached[0].unbind(0))
         weight, bias = self.weight, self.bias
-        if self.store.gated:
+        if self.store.plan.gated:
             gate = torch.sigmoid(self.gamma)
             weight, bias = gate * weight, None if bias is None else gate * bias
         return weight.reshape(-1), None if bias is None else bias.reshape(-1)
@@ -92,6 +96,10 @@ class SigmaNorm(nn.Module):
         scale, shift = self.flat_affine()
         return scale.to(dtype), None if shift is None else shift.to(dtype)
 
+    def keeps_running_stats(self) -> bool:
+        """Whether the layer keeps per-member running statistics in the store's stats buffer (σBatchNorm's)."""
+        return False
+
     # -- forward helpers -----------------------------------------------------------------------------------
     def check_batch(self, x: torch.Tensor) -> int:
         """Per-member batch size B of the input, or a clear error."""
@@ -104,7 +112,8 @@ class SigmaNorm(nn.Module):
         """Apply member m's scale/shift (``(M·C,)``, see :meth:`flat_affine`) to its rows of the normalised ``y``,
         in either row layout, in one broadcast op."""
         m = self.num_members
-        rows, members = ((y.shape[0] // m, m), (1, m)) if self.store.interleaved else ((m, y.shape[0] // m), (m, 1))
+        interleaved = self.store.plan.interleaved
+        rows, members = ((y.shape[0] // m, m), (1, m)) if interleaved else ((m, y.shape[0] // m), (m, 1))
         if self.channels_last:  # the affine covers the trailing param_shape dims
             shape = (*members, *[1] * (y.ndim - 1 - len(self.param_shape)), *self.param_shape)
         else:  # the affine covers dim 1

@@ -12,7 +12,9 @@ During a forward pass of the ensemble (:meth:`SigmaStore.begin_pass`) every laye
 comes from one gather, one sigmoid and one multiply over the whole store, split into per-layer contiguous ``(M·C,)``
 pieces (member-major: entry ``m·C + c``): a few kernels per pass instead of a few per layer, which is what a GPU pays
 for (each launch costs as much as a small norm's math), and pieces a native norm over M·C channels takes as they are.
-The pass also publishes where the members sit in the batch (:attr:`SigmaStore.interleaved`), so no layer guesses.
+How the layers run is one immutable :class:`PassPlan` the store holds (:attr:`SigmaStore.plan`): where the members
+sit in the batch (set by the ensemble's forward, so no layer guesses), whether σ(γ) gates the affine (not for FiLM),
+and whether the affines are computed once per pass (not under activation checkpointing).
 Running statistics live in one flat buffer too, with every layer's ``(M, C)`` mean and var contiguous so the
 per-member rows can be updated in place by ``F.batch_norm``.
 """
@@ -27,11 +29,21 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["JOINT_AFFINE", "LayerSlot", "SigmaStore"]
+__all__ = ["LayerSlot", "PassPlan", "SigmaStore"]
 
-# Kinds of σ layer that take weight and bias as one (2, M·C) tensor in a pass: σLayerNorm spreads both over the
-# token positions with one copy (see SigmaLayerNorm.norm_affine).
-JOINT_AFFINE = frozenset({"layer"})
+
+@dataclass(frozen=True)
+class PassPlan:
+    """How the σ layers run, replaced whole (never mutated) by whoever decides it."""
+
+    # the rows are interleaved (row b·M + m): the ensemble's pass (SigmaEnsemble.forward_members) sets it; a layer
+    # called alone takes member-major rows
+    interleaved: bool = False
+    # σ(γ) gates the member affine; False for the FiLM-style ablation (methods/film.py), where γ is unused
+    gated: bool = True
+    # the gated affines are computed once per pass; False under activation checkpointing (models.build_model): a
+    # recomputed block must save exactly the tensors its first forward saved, so each layer computes its own
+    per_pass: bool = True
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,9 @@ class LayerSlot:
     bias: tuple[int, int] | None
     stats: int | None  # offset of running_mean in the stats buffer; running_var follows; None: no running stats
     regularized: bool
+    # weight and bias travel as one (2, M·C) tensor in a pass (the layer class's joint_affine, with a bias): not
+    # part of the signature, which only names what the saved columns mean
+    joint: bool = False
 
     def signature(self) -> str:
         return (f"{self.name}:{self.kind}:{self.num_features}:{int(self.bias is not None)}:"
@@ -61,8 +76,7 @@ class SigmaStore(nn.Module):
     def __init__(self, num_members: int, slots: list[LayerSlot], num_columns: int, num_stats: int) -> None:
         super().__init__()
         self.num_members = num_members
-        # False: layers apply their member affine without the σ(γ) gate (the FiLM-style ablation; γ unused).
-        self.gated = True
+        self.plan = PassPlan()
         self.slots = slots
         self.num_gamma = sum(s.num_features for s in slots)
         self.num_regularized = sum(s.num_features for s in slots if s.regularized)
@@ -80,16 +94,9 @@ class SigmaStore(nn.Module):
         self.register_buffer("gather_index", torch.cat([gates, _member_major_index(num_members, num_columns, spans,
                                                                                    starts)]), persistent=False)
         self._piece_sizes = [num_members * (hi - lo) for s in slots
-                             for lo, hi in ([(s.weight[0], s.bias[1])] if self._joint(s) else
+                             for lo, hi in ([(s.weight[0], s.bias[1])] if s.joint else
                                             [span for span in (s.weight, s.bias) if span is not None])]
         self._pass: dict[str, tuple[torch.Tensor, ...]] | None = None
-        # False under activation checkpointing: a recomputed block must save exactly the tensors its first forward
-        # saved, so every layer computes its own affine in both (models.build_model sets it)
-        self.per_pass = True
-        # True during an ensemble pass, whose backbone rows are interleaved (row b·M + m, see
-        # SigmaEnsemble.forward_members); a σ layer called outside a pass takes member-major rows. Under activation
-        # checkpointing it stays True after the pass (see end_pass).
-        self.interleaved = False
 
     def _layout_values(self) -> list[int]:
         crc = zlib.crc32("|".join(s.signature() for s in self.slots).encode())
@@ -114,31 +121,27 @@ class SigmaStore(nn.Module):
     def gated_affines(self) -> dict[str, tuple[torch.Tensor, ...]]:
         """Every layer's ``(σ(γ)·w, σ(γ)·b)`` (``(w, b)`` ungated) by layer name, from one gather over the flat
         parameter (its backward is one gather-add): two contiguous ``(M·C,)`` pieces (entry ``m·C + c``), or, for the
-        kinds in :data:`JOINT_AFFINE`, one ``(2, M·C)`` tensor whose rows they are."""
+        layers with a joint affine (:attr:`LayerSlot.joint`), one ``(2, M·C)`` tensor whose rows they are."""
         gamma, affine = self.flat.reshape(-1).index_select(0, self.gather_index).chunk(2)
-        if self.gated:
+        if self.plan.gated:
             affine = torch.sigmoid(gamma) * affine
         pieces = iter(affine.split(self._piece_sizes))
-        return {s.name: (next(pieces).view(2, -1),) if self._joint(s) else
+        return {s.name: (next(pieces).view(2, -1),) if s.joint else
                 (next(pieces), next(pieces) if s.bias is not None else None) for s in self.slots}
-
-    @staticmethod
-    def _joint(slot: LayerSlot) -> bool:
-        return slot.kind in JOINT_AFFINE and slot.bias is not None
 
     def begin_pass(self, interleaved: bool = False) -> None:
         """Compute every gated affine once for the forward pass that follows (the layers read them by name), and
-        publish the pass's row layout."""
-        self._pass = self.gated_affines() if self.per_pass else None
-        self.interleaved = interleaved
+        publish the pass's row layout in the plan."""
+        self._pass = self.gated_affines() if self.plan.per_pass else None
+        self.plan = dataclasses.replace(self.plan, interleaved=interleaved)
 
     def end_pass(self) -> None:
         """Drop them: a layer run outside a pass (export, a layer called alone) computes its own, on member-major
         rows. Under activation checkpointing (``per_pass`` off) the blocks recomputed in backward run after the pass
         and must read their rows as their first forward did: the layout then stays published until the next pass."""
         self._pass = None
-        if self.per_pass:
-            self.interleaved = False
+        if self.plan.per_pass:
+            self.plan = dataclasses.replace(self.plan, interleaved=False)
 
     def pass_affine(self, name: str) -> tuple[torch.Tensor, ...] | None:
         return None if self._pass is None else self._pass.get(name)
@@ -153,7 +156,7 @@ class SigmaStore(nn.Module):
 
     def select_members(self, members: Sequence[int]) -> SigmaStore:
         """A new store of only ``members``' rows, in that order: their σ parameters and running statistics (re-packed
-        as ``(k, C)`` blocks), gating and pass mode carried over. Layers bound to this store must be re-bound to the
+        as ``(k, C)`` blocks), its pass plan carried over. Layers bound to this store must be re-bound to the
         new one (:meth:`SigmaEnsemble.sub_ensemble` does)."""
         k, flat = len(members), self.flat
         slots, num_stats = [], 0
@@ -163,7 +166,7 @@ class SigmaStore(nn.Module):
                 offset, num_stats = num_stats, num_stats + 2 * k * slot.num_features
             slots.append(dataclasses.replace(slot, stats=offset))
         store = SigmaStore(k, slots, flat.shape[1], num_stats).to(device=flat.device, dtype=flat.dtype)
-        store.gated, store.per_pass = self.gated, self.per_pass
+        store.plan = self.plan
         rows = torch.tensor(list(members), device=flat.device)
         with torch.no_grad():
             store.flat.copy_(flat.index_select(0, rows))
