@@ -36,7 +36,7 @@ def _probe(*args: str) -> dict:
 
 @pytest.mark.parametrize("args", [
     ["--help"], ["train", "--help"], ["demo", "--help"], ["params", "--help"], ["data", "convert", "--help"],
-    ["eval", "--help"], ["export", "--help"], ["study", "--help"], ["compare", "--help"],
+    ["eval", "--help"], ["export", "--help"], ["study", "--help"], ["compare", "--help"], ["predict", "--help"],
     ["train", "--config", "demo", "--check"],
 ], ids=" ".join)
 def test_help_and_check_import_no_torch(args: list[str]) -> None:

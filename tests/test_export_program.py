@@ -1,24 +1,43 @@
-"""``sigmanens export RUN --program OUT``: the program predicts what the eager ensemble predicts, at any batch size,
-in a process where sigmanens_dist and timm cannot be imported; a sub-ensemble program is the eager sub-ensemble;
-bad ``--members`` is one line and exit 2 before anything is computed."""
+"""``sigmanens export RUN --program OUT``: the program (torch.export .pt2 or ONNX) predicts what the eager ensemble
+predicts, at any batch size and for every method, in a process where sigmanens_dist and timm (for ONNX: torch too)
+cannot be imported; a sub-ensemble program is the eager sub-ensemble; the conformal set is eval's, at eval's q̂;
+the metadata says what the program is; bad flags are one line and exit 2 before anything is computed."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 import torch
+from torch import nn
 
 from sigmanens_dist.cli import main
+from sigmanens_dist.config import EvalConfig, load_config
+from sigmanens_dist.data.datasets import DATASETS
+from sigmanens_dist.data.loaders import CLASSES_FILE, build_data
+from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.evaluation import load_for_eval, sub_ensemble
-from sigmanens_dist.evaluation.program import METADATA_FILE
+from sigmanens_dist.evaluation.conformal import class_scores
+from sigmanens_dist.evaluation.posthoc import fit_posthoc
+from sigmanens_dist.evaluation.program import METADATA_FILE, OUTPUTS, class_names
+from sigmanens_dist.evaluation.program_onnx import TRANSLATIONS
+from sigmanens_dist.models import build_model
 from tests.test_checkpoint_compat import FIXTURE
 
-CKPT = Path("checkpoints") / "step_00000002.pt"
+METHODS = ("sigma", "single", "deep", "batch", "packed", "film")
+# A tiny ResNet on generated 16x16 images: what the per-method programs are made of (a random one: the program does
+# not depend on what training did to the weights).
+TINY = ["model.name=test_resnet", "model.num_members=2", "data.dataset=synthetic", "data.img_size=16",
+        "data.val_split=16", "data.val_subset=16", "train.batch_size=16"]
 
 # Runs in a fresh interpreter: imports of sigmanens_dist and timm fail before the program is loaded.
 LOAD_WITHOUT_PACKAGE = """
@@ -43,28 +62,95 @@ torch.save({k: v for k, v in program(x).items()}, sys.argv[3])
 print(extra["sigmanens.json"])
 """
 
+# The same for ONNX with onnxruntime and numpy alone: torch and the onnx package are blocked too.
+RUN_ONNX_ALONE = """
+import importlib.abc, json, sys
+BLOCKED = ("sigmanens_dist", "timm", "torch", "onnx")
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Block())
+for name in BLOCKED:
+    try:
+        __import__(name)
+    except ImportError:
+        pass
+    else:
+        raise SystemExit(name + " was importable")
+import numpy as np
+import onnxruntime as ort
+session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+meta = json.loads(session.get_modelmeta().custom_metadata_map["sigmanens.json"])
+out = session.run(meta["outputs"], {meta["input"]["name"]: np.load(sys.argv[2])})
+np.savez(sys.argv[3], **dict(zip(meta["outputs"], out)))
+print(json.dumps(meta))
+"""
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return shutil.copytree(FIXTURE, tmp_path_factory.mktemp("program") / "run")
 
 
+def _checkpoint(run: Path) -> Path:
+    return next((run / "checkpoints").glob("step_*.pt"))
+
+
 def _export(run: Path, name: str, *args: str) -> Path:
-    out = run.parent / name
-    assert main(["export", str(run / CKPT), "--program", str(out), *args]) == 0
+    out = run.parent / f"{run.name}_{name}"
+    assert main(["export", str(run), "--program", str(out), *args]) == 0
     return out
 
 
+def _random_run(run: Path, *overrides: str) -> Path:
+    """A run directory holding one checkpoint of a freshly built TINY model, as the trainer writes it."""
+    cfg = load_config(None, [*TINY, *overrides, f"run_dir={run}"])
+    torch.manual_seed(0)
+    model = build_model(cfg, 10, 3)
+    (run / "checkpoints").mkdir(parents=True)
+    torch.save({"model": model.state_dict(), "position": {"step": 0, "epoch": 0, "batch": 0},
+                "config": cfg.model_dump(mode="json"), "model_args": {"num_classes": 10, "in_chans": 3,
+                                                                      "vocab_size": None}},
+               run / "checkpoints" / "step_00000000.pt")
+    return run
+
+
 def _metadata(path: Path) -> dict:
+    if path.suffix == ".onnx":
+        return json.loads(ort.InferenceSession(path).get_modelmeta().custom_metadata_map[METADATA_FILE])
     extra = {METADATA_FILE: ""}
     torch.export.load(path, extra_files=extra)
     return json.loads(extra[METADATA_FILE])
 
 
-def _eager_probs(run: Path, x: torch.Tensor, members: list[int], temperature: float = 1.0) -> torch.Tensor:
-    model = sub_ensemble(load_for_eval(run / CKPT).model, members)
+def _run_program(path: Path, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The program's outputs on ``x``, whichever format it is."""
+    return _loaded(path)(x)
+
+
+@functools.cache
+def _loaded(path: Path) -> Callable[[torch.Tensor], dict[str, torch.Tensor]]:
+    """The program at ``path`` as a function (loaded once: every program file is written once)."""
+    if path.suffix == ".pt2":
+        return torch.export.load(path).module()
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["images"]
+    names = [o.name for o in session.get_outputs()]
+    return lambda x: {k: torch.from_numpy(v) for k, v in zip(names, session.run(None, {"images": x.numpy()}),
+                                                             strict=True)}
+
+
+def _eager_probs(run: Path, x: torch.Tensor, members: list[int] | None = None,
+                 temperature: float = 1.0) -> torch.Tensor:
+    model = load_for_eval(_checkpoint(run)).model
+    model = sub_ensemble(model, members or list(range(model.num_members)))
     with torch.no_grad():
         return (model(x) / temperature).softmax(-1).mean(0)  # the synthetic recipe: mean 0, std 1
+
+
+def _images(batch: int) -> torch.Tensor:
+    return torch.rand(batch, 3, 16, 16, generator=torch.Generator().manual_seed(batch))
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +163,11 @@ def test_program_equals_the_eager_ensemble(run: Path, calibrated: Path, batch: i
     meta = _metadata(calibrated)
     assert meta["members"] == [0, 1] and meta["method"] == "sigma" and meta["fitted_on"] == "val"
     assert meta["val_nll_after"] <= meta["val_nll_before"]
-    x = torch.rand(batch, 3, 16, 16, generator=torch.Generator().manual_seed(batch))
-    out = torch.export.load(calibrated).module()(x)
+    assert meta["program_format"] == "torch" and meta["class_names"] is None  # synthetic data: no names to give
+    assert meta["input"] | {"shape": None} == {"name": "images", "shape": None, "channels": 3, "size": 16,
+                                               "dtype": "float32", "range": [0.0, 1.0]}
+    x = _images(batch)
+    out = _run_program(calibrated, x)
     expected = _eager_probs(run, x, [0, 1], meta["temperature"])
     torch.testing.assert_close(out["probabilities"], expected, rtol=0, atol=1e-5)
     assert torch.equal(out["prediction"], expected.argmax(-1))
@@ -111,6 +200,151 @@ def test_sub_ensemble_program_is_the_eager_sub_ensemble(run: Path) -> None:
     assert torch.all(out["disagreement"] == 0) and torch.allclose(out["mutual_information"], torch.zeros(7))
 
 
+# -- every method, both formats -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``programs(method, name, *flags)``: the program exported from that method's random run (each made once)."""
+    root, made = tmp_path_factory.mktemp("methods"), {}
+
+    def program(method: str, name: str, *flags: str) -> Path:
+        if (method, name, flags) not in made:
+            run = root / method
+            if not run.exists():
+                _random_run(run, f"model.method={method}")
+            made[method, name, flags] = _export(run, name, *flags)
+        return made[method, name, flags]
+
+    return program
+
+
+def _check_method_program(path: Path, method: str, fmt: str) -> None:
+    """``path`` says what it is and predicts what the method's eager ensemble predicts at batch 1, 7 and 64."""
+    meta = _metadata(path)
+    assert (meta["program_format"], meta["method"], meta["outputs"]) == (fmt, method, list(OUTPUTS))
+    assert meta["members"] == list(range(1 if method == "single" else 2))
+    for batch in (1, 7, 64):
+        x = _images(batch)
+        expected = _eager_probs(path.parent / method, x)
+        out = _run_program(path, x)
+        assert list(out) == list(OUTPUTS)  # ONNX: the session's output names, in the metadata's order
+        torch.testing.assert_close(out["probabilities"], expected, rtol=0, atol=1e-5, msg=f"{path.name} {batch}")
+        assert torch.equal(out["prediction"], expected.argmax(-1))
+        assert {k: v.shape[0] for k, v in out.items()} == dict.fromkeys(OUTPUTS, batch)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_exports_a_torch_program(programs: Callable[..., Path], method: str) -> None:
+    _check_method_program(programs(method, "full.pt2"), method, "torch")
+
+
+# ONNX export takes seconds per method (docs/deploy.md): σN-Ens in the quick run, every method in the slow one
+@pytest.mark.parametrize("method", [m if m == "sigma" else pytest.param(m, marks=pytest.mark.slow) for m in METHODS])
+def test_every_method_exports_an_onnx_program(programs: Callable[..., Path], method: str) -> None:
+    _check_method_program(programs(method, "full.onnx"), method, "onnx")  # the format from OUT's suffix
+
+
+def test_onnx_sub_ensemble_is_smaller_and_the_eager_sub_ensemble(programs: Callable[..., Path]) -> None:
+    one = programs("sigma", "one.onnx", "--members", "1")
+    assert _metadata(one)["members"] == [1]
+    full = programs("sigma", "full.onnx")
+    assert len(onnx.load(one).graph.node) < len(onnx.load(full).graph.node)  # smaller, not masked
+    x = _images(7)
+    out = _run_program(one, x)
+    torch.testing.assert_close(out["probabilities"], _eager_probs(one.parent / "sigma", x, [1]), rtol=0, atol=1e-5)
+    assert np.all(out["disagreement"].numpy() == 0)
+
+
+# -- conformal sets ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def conformal(run: Path) -> dict[str, Path]:
+    flags = ("--calibration", "temperature", "--conformal", "0.2", "--conformal-score", "aps")
+    return {fmt: _export(run, f"conformal.{fmt}", *flags) for fmt in ("pt2", "onnx")}
+
+
+def test_conformal_set_is_evals_at_evals_threshold(run: Path, conformal: dict[str, Path]) -> None:
+    loaded = load_for_eval(_checkpoint(run))
+    data = build_data(loaded.cfg.data, 16, loaded.cfg.seed, DistEnv(0, 1, 0, torch.device("cpu")))
+    with torch.no_grad():
+        fitted = fit_posthoc(loaded.model, data.val, EvalConfig(calibration="temperature", conformal=[0.2]),
+                             torch.device("cpu"), "test")
+    qhat = fitted.thresholds[0]["aps"]
+    x = _images(7)
+    expected = _eager_probs(run, x, temperature=fitted.temperature)
+    for path in conformal.values():
+        meta = _metadata(path)
+        assert meta["outputs"] == [*OUTPUTS, "conformal_set"]
+        assert meta["temperature"] == pytest.approx(fitted.temperature, rel=1e-6)
+        sets = meta["conformal"]
+        assert (sets["alpha"], sets["score"], sets["num_calibration"], sets["fitted_on"]) == (0.2, "aps", 16, "val")
+        assert sets["qhat"] == pytest.approx(qhat, rel=1e-6) and 0 <= sets["val_coverage"] <= 1
+        out = _run_program(path, x)
+        torch.testing.assert_close(out["probabilities"], expected, rtol=0, atol=1e-5)
+        assert out["conformal_set"].dtype == torch.bool
+        assert torch.equal(out["conformal_set"], class_scores(expected, "aps") <= qhat), path.name
+
+
+def test_onnx_program_runs_with_onnxruntime_alone(run: Path, conformal: dict[str, Path], tmp_path: Path) -> None:
+    x = _images(5)
+    np.save(tmp_path / "x.npy", x.numpy())
+    proc = subprocess.run([sys.executable, "-c", RUN_ONNX_ALONE, str(conformal["onnx"]), str(tmp_path / "x.npy"),
+                           str(tmp_path / "out.npz")], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert meta == _metadata(conformal["pt2"]) | {"program_format": "onnx"}
+    out = np.load(tmp_path / "out.npz")
+    expected = _eager_probs(run, x, temperature=meta["temperature"])
+    torch.testing.assert_close(torch.from_numpy(out["probabilities"]), expected, rtol=0, atol=1e-5)
+    assert np.array_equal(out["conformal_set"], (class_scores(expected, "aps") <= meta["conformal"]["qhat"]).numpy())
+
+
+def test_infinite_threshold_puts_every_class_in_the_set(run: Path) -> None:
+    program = _export(run, "all.onnx", "--conformal", "0.01", "--conformal-score", "raps")  # 16 samples: α < 1/17
+    meta = _metadata(program)
+    assert meta["conformal"]["qhat"] is None and meta["conformal"]["val_coverage"] == 1.0
+    assert meta["calibration"] == "none" and meta["temperature"] == 1.0
+    assert bool(_run_program(program, _images(7))["conformal_set"].all())
+
+
+def test_onnx_aps_sort_breaks_ties_like_torch(tmp_path: Path) -> None:
+    class Scores(nn.Module):
+        def forward(self, probs: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"aps": class_scores(probs, "aps"), "raps": class_scores(probs, "raps")}
+
+    probs = torch.tensor([[0.25, 0.25, 0.25, 0.25], [0.1, 0.4, 0.1, 0.4], [0.7, 0.1, 0.1, 0.1]] * 3)
+    batch = torch.export.Dim("batch", min=1)
+    program = torch.onnx.export(Scores().eval(), (probs,), dynamo=True, input_names=["probs"],
+                                output_names=["aps", "raps"], dynamic_shapes={"probs": {0: batch}},
+                                custom_translation_table=TRANSLATIONS, verbose=False)
+    program.save(tmp_path / "scores.onnx")
+    aps, raps = ort.InferenceSession(tmp_path / "scores.onnx").run(None, {"probs": probs.numpy()})
+    np.testing.assert_allclose(aps, class_scores(probs, "aps").numpy(), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(raps, class_scores(probs, "raps").numpy(), rtol=0, atol=1e-6)
+
+
+# -- class names ------------------------------------------------------------------------------------------------------
+def test_class_names_are_the_datasets_own_or_none(tmp_path: Path) -> None:
+    assert DATASETS["fashion_mnist"].classes[0] == "T-shirt/top" and len(DATASETS["fashion_mnist"].classes) == 10
+    assert len(DATASETS["cifar10"].classes) == 10 and DATASETS["cifar10"].classes[0] == "airplane"
+    cifar100 = DATASETS["cifar100"].classes
+    assert len(set(cifar100)) == 100 and list(cifar100) == sorted(cifar100)  # the meta file's order: alphabetical
+    for name in ("b_cat", "a_dog", "c_fox"):
+        (tmp_path / "raw" / "train" / name).mkdir(parents=True)
+    (tmp_path / "conv").mkdir()
+    (tmp_path / "conv" / CLASSES_FILE).write_text(json.dumps({"classes": ["x", "y"]}))
+
+    def names(num_classes: int, *overrides: str) -> list[str] | None:
+        return class_names(load_config(None, list(overrides), check_data=False), num_classes)
+
+    assert names(3, "data.dataset=imagefolder", f"data.root={tmp_path / 'raw'}") == ["a_dog", "b_cat", "c_fox"]
+    assert names(4, "data.dataset=imagefolder", f"data.root={tmp_path / 'raw'}") is None  # not what it trained on
+    assert names(2, "data.dataset=imagenet", "data.format=webdataset", f"data.root={tmp_path / 'conv'}") == ["x", "y"]
+    assert names(3, "data.dataset=imagefolder", f"data.root={tmp_path / 'missing'}") is None
+    assert names(10, "data.dataset=cifar10") == list(DATASETS["cifar10"].classes)
+    assert names(10, "data.dataset=synthetic") is None
+
+
+# -- usage errors -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("members", "message"), [
     ("2", "--members '2': give distinct member indices in 0..1"),
     ("", "--members '': give distinct member indices in 0..1"),
@@ -119,7 +353,46 @@ def test_sub_ensemble_program_is_the_eager_sub_ensemble(run: Path) -> None:
 def test_bad_members_is_one_line_and_exit_2(run: Path, members: str, message: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     out = run.parent / "bad.pt2"
-    assert main(["export", str(run / CKPT), "--program", str(out), "--members", members]) == 2
+    assert main(["export", str(run), "--program", str(out), "--members", members]) == 2
     err = capsys.readouterr().err
     assert err == f"sigmanens export: error: {message}\n"
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("out", "flags", "message"), [
+    ("x.pt2", ["--format", "tflite"], "--format 'tflite': choose torch or onnx"),
+    ("x.pt2", ["--format", "onnx"], "--format onnx with OUT {out}: the suffix .pt2 means --format torch; give "
+                                    "--format torch or an OUT ending in .onnx"),
+    ("x.onnx", ["--format", "torch"], "--format torch with OUT {out}: the suffix .onnx means --format onnx; give "
+                                      "--format onnx or an OUT ending in .pt2"),
+    ("x.pt2", ["--conformal", "1.5"], "--conformal '1.5': give one miscoverage α in (0, 1), e.g. 0.1"),
+    ("x.pt2", ["--conformal", "0"], "--conformal '0': give one miscoverage α in (0, 1), e.g. 0.1"),
+    ("x.pt2", ["--conformal", "nan"], "--conformal 'nan': give one miscoverage α in (0, 1), e.g. 0.1"),
+    ("x.pt2", ["--conformal", "0.1,0.2"], "--conformal '0.1,0.2': give one miscoverage α in (0, 1), e.g. 0.1"),
+    ("x.pt2", ["--conformal-score", "aps"], "--conformal-score aps goes with --conformal ALPHA"),
+    ("x.pt2", ["--conformal", "0.1", "--conformal-score", "lac"], "--conformal-score 'lac': choose thr, aps, raps"),
+])
+def test_bad_program_flags_are_refused_before_the_checkpoint_is_read(
+        tmp_path: Path, out: str, flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / out
+    assert main(["export", str(tmp_path / "no-such-run"), "--program", str(target), *flags]) == 2  # flags first
+    assert capsys.readouterr().err == f"sigmanens export: error: {message.format(out=target)}\n"
+    assert not target.exists()
+
+
+def test_program_flags_without_program_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "w.pt"), "--format", "onnx"]) == 2
+    assert capsys.readouterr().err == ("sigmanens export: error: --members, --calibration, --format and "
+                                       "--conformal(-score) go with --program OUT\n")
+
+
+def test_fits_on_a_run_that_validates_on_test_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _random_run(tmp_path / "run", "data.val_split=0", "data.val_from_test=true")
+    for flags, asked in ((["--conformal", "0.1"], "--conformal 0.1"),
+                         (["--calibration", "temperature", "--conformal", "0.1"],
+                          "--calibration temperature and --conformal 0.1")):
+        assert main(["export", str(run), "--program", str(tmp_path / "x.onnx"), *flags]) == 2
+        assert capsys.readouterr().err == (
+            f"sigmanens export: error: {asked}: this run validates on the test set (data.val_from_test); give it a "
+            "validation split (data.val_split)\n")
+        assert not (tmp_path / "x.onnx").exists()

@@ -29,7 +29,7 @@ FLOORS = [
     ("training",),
     ("models", "export"),
     ("evaluation",),
-    ("train", "experiments"),
+    ("train", "experiments", "predict"),
     ("cli",),
 ]
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}

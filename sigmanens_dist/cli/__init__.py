@@ -10,6 +10,7 @@ module per command; each is imported only when its command runs, so that ``--hel
     sigmanens compare --parent RUN_ID --uri sqlite:///runs/study-m-scaling/mlflow.db    (table + plots from MLflow)
     sigmanens eval --checkpoint runs/x/checkpoints/best.pt --corruptions all --ood digits   (test-set evaluation)
     sigmanens export runs/x/checkpoints/step_00001000 model.pt [--member K]   (any strategy's checkpoint)
+    sigmanens predict model.pt2 photos/ shards/test-000000.tar --out preds   (an exported program over many inputs)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ __all__ = ["COMMANDS", "main"]
 
 # each command is the module of that name under sigmanens_dist.cli, run as main(argv); tracking.py is not one (the
 # Slurm scripts run it as python -m sigmanens_dist.cli.tracking)
-COMMANDS = ("train", "demo", "params", "data", "eval", "export", "study", "compare")
+COMMANDS = ("train", "demo", "params", "data", "eval", "export", "study", "compare", "predict")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,9 +6,11 @@ CKPT is a ``step_N.pt`` file (DDP), a DCP folder (FSDP2) or a DeepSpeed folder (
 ``convert_to_sigma_ensemble`` + ``load_state_dict`` accept) or, with ``--member K``, member K as a plain state dict of
 the source architecture (``SigmaEnsemble.member(K)``) that ``timm.create_model(name, **kwargs)`` loads directly.
 
-``sigmanens export RUN --program OUT [--members LIST] [--calibration temperature|none]`` writes instead one
-``torch.export`` program (a .pt2 file) of the ensemble, its normalisation and temperature, that a process with torch
-alone loads and calls (docs/deploy.md).
+``sigmanens export RUN --program OUT [--format torch|onnx] [--members LIST] [--calibration temperature|none]
+[--conformal ALPHA [--conformal-score thr|aps|raps]]`` writes instead one program of the ensemble, its normalisation,
+temperature and conformal threshold: a ``torch.export`` program (.pt2) that a process with torch alone loads and
+calls, or an ONNX model (.onnx; the format OUT's suffix implies unless --format says) that onnxruntime alone runs
+(docs/deploy.md).
 
 OUT is written atomically and never over the checkpoint being exported; a file already there is replaced only with
 ``--force``.
@@ -34,16 +36,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                   "(its best checkpoint, else its newest)")
     ap.add_argument("out", type=Path, nargs="?", help="where to write the state dict (torch.save)")
     ap.add_argument("--member", type=int, help="write only member K as a plain model of the source architecture")
-    ap.add_argument("--program", type=Path, metavar="OUT", help="write a torch.export program (.pt2) instead")
+    ap.add_argument("--program", type=Path, metavar="OUT", help="write a program (.pt2 or .onnx) instead")
+    ap.add_argument("--format", help="with --program: torch (a torch.export .pt2) or onnx; default: onnx for an OUT "
+                                     "ending in .onnx, else torch")
     ap.add_argument("--members", metavar="LIST", help="with --program: only these members, e.g. 0,1 (a sub-ensemble)")
     ap.add_argument("--calibration", choices=("temperature", "none"), default="none",
                     help="with --program: divide member logits by a temperature fitted on the validation split")
+    ap.add_argument("--conformal", metavar="ALPHA", help="with --program: also output the conformal set at "
+                                                         "miscoverage ALPHA in (0, 1), fitted on the validation split")
+    ap.add_argument("--conformal-score", metavar="SCORE", help="with --conformal: thr (default), aps or raps")
     ap.add_argument("--force", action="store_true", help="replace OUT if it exists (never the checkpoint itself)")
     args = ap.parse_args(argv)
     if (args.out is None) == (args.program is None) or (args.program is not None and args.member is not None):
         return _usage("give OUT (a state dict, optionally --member K) or --program OUT, one of the two")
-    if args.program is None and (args.members is not None or args.calibration != "none"):
-        return _usage("--members and --calibration go with --program OUT")
+    program_only = (args.members, args.format, args.conformal, args.conformal_score)
+    if args.program is None and (any(v is not None for v in program_only) or args.calibration != "none"):
+        return _usage("--members, --calibration, --format and --conformal(-score) go with --program OUT")
     out = args.out or args.program
     from sigmanens_dist.atomic import torch_save  # after parsing: `sigmanens export --help` answers without torch
     from sigmanens_dist.checkpoint import consolidated_state_dict, resolve_checkpoint
@@ -52,6 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     lock = None
     try:
+        if args.program is not None:  # every flag checked before the checkpoint is read
+            from sigmanens_dist.evaluation.program import parse_alpha, parse_score, program_format
+
+            fmt, alpha = program_format(args.format, args.program), parse_alpha(args.conformal)
+            score = parse_score(args.conformal_score, alpha)
         checkpoint, which = resolve_checkpoint(args.checkpoint, "checkpoint")
         _check_out(out, checkpoint, args.force)
         lock = own_run_containing(out, "export")
@@ -59,8 +72,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.program is not None:
             from sigmanens_dist.evaluation.program import export_program
 
-            meta = export_program(checkpoint, out, args.members, args.calibration)
-            print(f"wrote a program of {len(meta['members'])} members (T={meta['temperature']:.4g}) to {out}")
+            meta = export_program(checkpoint, out, args.members, args.calibration, fmt, alpha, score)
+            extra, sets = "", meta.get("conformal")
+            if sets is not None:
+                qhat = "inf" if sets["qhat"] is None else f"{sets['qhat']:.4g}"
+                extra = f", {score} sets at α={alpha}, q̂={qhat}"
+            print(f"wrote a program ({fmt}) of {len(meta['members'])} members (T={meta['temperature']:.4g}{extra}) "
+                  f"to {out}")
             return 0
         if args.member is None:
             weights, _ = consolidated_state_dict(checkpoint)

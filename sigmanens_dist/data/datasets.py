@@ -16,6 +16,21 @@ __all__ = ["DATASETS", "FASHION_MNIST_ROOT", "DatasetName", "DatasetSpec", "conv
 
 FASHION_MNIST_ROOT = Path("/usr/share/datasets/fashion-mnist")
 _IMAGENET_MEAN, _IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # timm's IMAGENET_DEFAULT_*
+# Class names by label index, as the datasets' own files give them (CIFAR: batches.meta / meta, in label order).
+_FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                          "Ankle boot")
+_CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+_CIFAR100_CLASSES = (
+    "apple", "aquarium_fish", "baby", "bear", "beaver", "bed", "bee", "beetle", "bicycle", "bottle", "bowl", "boy",
+    "bridge", "bus", "butterfly", "camel", "can", "castle", "caterpillar", "cattle", "chair", "chimpanzee", "clock",
+    "cloud", "cockroach", "couch", "crab", "crocodile", "cup", "dinosaur", "dolphin", "elephant", "flatfish", "forest",
+    "fox", "girl", "hamster", "house", "kangaroo", "keyboard", "lamp", "lawn_mower", "leopard", "lion", "lizard",
+    "lobster", "man", "maple_tree", "motorcycle", "mountain", "mouse", "mushroom", "oak_tree", "orange", "orchid",
+    "otter", "palm_tree", "pear", "pickup_truck", "pine_tree", "plain", "plate", "poppy", "porcupine", "possum",
+    "rabbit", "raccoon", "ray", "road", "rocket", "rose", "sea", "seal", "shark", "shrew", "skunk", "skyscraper",
+    "snail", "snake", "spider", "squirrel", "streetcar", "sunflower", "sweet_pepper", "table", "tank", "telephone",
+    "television", "tiger", "tractor", "train", "trout", "tulip", "turtle", "wardrobe", "whale", "willow_tree", "wolf",
+    "woman", "worm")
 
 
 @dataclass(frozen=True)
@@ -27,6 +42,7 @@ class DatasetSpec:
     std: tuple[float, ...] = ()
     size: int = 0  # images: native side length
     default_root: Path | None = None
+    classes: tuple[str, ...] = ()  # class names by label index where fixed by the dataset; folders: read from disk
 
     @property
     def convertible(self) -> bool:
@@ -36,13 +52,14 @@ class DatasetSpec:
 
 DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
     DatasetSpec("fashion_mnist", "image", "install it with `apt-get install dataset-fashion-mnist`, or set data.root "
-                "to a folder with the four Fashion-MNIST idx files", (0.2860,), (0.3530,), 28, FASHION_MNIST_ROOT),
+                "to a folder with the four Fashion-MNIST idx files", (0.2860,), (0.3530,), 28, FASHION_MNIST_ROOT,
+                _FASHION_MNIST_CLASSES),
     DatasetSpec("cifar10", "image", "download cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html "
                 "and extract it into data.root (giving data.root/cifar-10-batches-py/)",
-                (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 32),
+                (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 32, classes=_CIFAR10_CLASSES),
     DatasetSpec("cifar100", "image", "download cifar-100-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html"
                 " and extract it into data.root (giving data.root/cifar-100-python/)",
-                (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), 32),
+                (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), 32, classes=_CIFAR100_CLASSES),
     DatasetSpec("imagenet", "image", "point data.root at the ILSVRC-2012 folder with train/ and val/ class folders "
                 "(format: raw) or at the FFCV .beton files (format: ffcv)", _IMAGENET_MEAN, _IMAGENET_STD, 224),
     DatasetSpec("imagefolder", "image", "point data.root at a folder with train/ and val/ sub-folders, one folder per "

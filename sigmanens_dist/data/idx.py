@@ -21,8 +21,7 @@ __all__ = ["FASHION_MNIST_CLASSES", "FASHION_MNIST_MEAN", "FASHION_MNIST_ROOT", 
            "IdxImageDataset", "read_idx"]
 
 FASHION_MNIST_MEAN, FASHION_MNIST_STD = DATASETS["fashion_mnist"].mean[0], DATASETS["fashion_mnist"].std[0]
-FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                         "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
+FASHION_MNIST_CLASSES = DATASETS["fashion_mnist"].classes
 
 # IDX type codes (third magic byte); all multi-byte values are big-endian.
 _IDX_DTYPES = {0x08: np.dtype("u1"), 0x09: np.dtype("i1"), 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),

@@ -1,41 +1,57 @@
-"""``sigmanens export RUN --program OUT``: a trained ensemble as one ``torch.export`` program (a ``.pt2`` file) that
-a process with torch alone loads and calls: no sigmanens_dist, no timm (docs/deploy.md).
+"""``sigmanens export RUN --program OUT``: a trained ensemble as one program file that a process loads and calls
+without sigmanens_dist or timm (docs/deploy.md): a ``torch.export`` program (``.pt2``, run with torch alone) or an
+ONNX model (``.onnx``, run with onnxruntime alone; written by :mod:`program_onnx`).
 
 The program maps a batch of raw images, float32 ``(B, C, H, W)`` in [0, 1] (what the recipe's loader has before it
 normalises), to the ensemble's prediction; the recipe's mean/std, the chosen members (a real sub-ensemble, not a
-mask) and the temperature fitted on the validation split are inside it, and its metadata (JSON) is in the file.
-On the evaluation floor because it reuses eval's sub-ensembles, validation pass and temperature fit.
+mask), the temperature and the conformal threshold fitted on the validation split are inside it, and its metadata
+(JSON) is in the file. On the evaluation floor because it reuses eval's sub-ensembles, validation pass and fits.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
 
 from sigmanens_dist.errors import UsageError
+from sigmanens_dist.evaluation.conformal import METHODS, class_scores
 from sigmanens_dist.evaluation.metrics import ensemble_log_probs, entropy, mutual_information
 
-__all__ = ["METADATA_FILE", "OUTPUTS", "ProgramHead", "export_program", "parse_members"]
+__all__ = ["CONFORMAL_OUTPUT", "FORMATS", "METADATA_FILE", "OUTPUTS", "ProgramHead", "class_names",
+           "export_program", "parse_alpha", "parse_members", "parse_score", "program_format"]
 
-METADATA_FILE = "sigmanens.json"  # the name of the metadata in the program's extra_files
+METADATA_FILE = "sigmanens.json"  # the metadata's name: the .pt2's extra_files key, the .onnx's metadata_props key
 OUTPUTS = ("probabilities", "prediction", "confidence", "entropy", "mutual_information", "disagreement")
+CONFORMAL_OUTPUT = "conformal_set"  # with --conformal, after OUTPUTS
+FORMATS = {"torch": ".pt2", "onnx": ".onnx"}  # --format -> the suffix that implies it
 
 
 class ProgramHead(nn.Module):
-    """Raw pixels → normalised → member logits / T → the per-input outputs; what gets exported, kept an
-    ``nn.Module`` so that the eager ensemble and the program are the same code."""
+    """Raw pixels → normalised → member logits / T → the per-input outputs (and, given ``conformal`` = (score,
+    q̂), the conformal set); what gets exported, kept an ``nn.Module`` so that the eager ensemble and the program
+    are the same code."""
 
-    def __init__(self, model: nn.Module, mean: Sequence[float], std: Sequence[float], temperature: float) -> None:
+    def __init__(self, model: nn.Module, mean: Sequence[float], std: Sequence[float], temperature: float,
+                 conformal: tuple[str, float] | None = None) -> None:
         super().__init__()
         self.model = model
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
         self.temperature = temperature
+        self.conformal = conformal
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The output names, in the order the program returns them."""
+        return OUTPUTS + ((CONFORMAL_OUTPUT,) if self.conformal is not None else ())
 
     def forward(self, x: Tensor) -> dict[str, Tensor]:
         logits = self.model((x.float() - self.mean) / self.std).float() / self.temperature  # (M, B, K)
@@ -46,9 +62,51 @@ class ProgramHead(nn.Module):
         pairs = max(m * (m - 1) // 2, 1)
         disagreement = (preds[:, None] != preds[None]).sum((0, 1)).float() / (2 * pairs)
         confidence, prediction = probs.max(-1)
-        return {"probabilities": probs, "prediction": prediction, "confidence": confidence,
-                "entropy": entropy(log_mean), "mutual_information": mutual_information(logits),
-                "disagreement": disagreement}
+        out = {"probabilities": probs, "prediction": prediction, "confidence": confidence,
+               "entropy": entropy(log_mean), "mutual_information": mutual_information(logits),
+               "disagreement": disagreement}
+        if self.conformal is not None:
+            score, qhat = self.conformal
+            out[CONFORMAL_OUTPUT] = class_scores(probs, score) <= qhat  # eval's sets, same scores
+        return out
+
+
+def program_format(fmt: str | None, out: Path) -> Literal["torch", "onnx"]:
+    """``--format``, or the one OUT's suffix implies (``.onnx``: onnx, else torch); a contradiction is refused, and
+    onnx without its packages (the ``deploy`` extra)."""
+    if fmt is not None and fmt not in FORMATS:
+        raise UsageError(f"--format {fmt!r}: choose {' or '.join(FORMATS)}")
+    implied = next((name for name, suffix in FORMATS.items() if out.suffix == suffix), None)
+    if fmt is not None and implied is not None and fmt != implied:
+        raise UsageError(f"--format {fmt} with OUT {out}: the suffix {out.suffix} means --format {implied}; give "
+                         f"--format {implied} or an OUT ending in {FORMATS[fmt]}")
+    chosen = fmt or implied or "torch"
+    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+    if chosen == "onnx" and missing:
+        raise UsageError(f"--format onnx needs {' and '.join(missing)}: pip install 'sigmanens-dist[deploy]'")
+    return cast(Literal["torch", "onnx"], chosen)
+
+
+def parse_alpha(text: str | None) -> float | None:
+    """``--conformal 0.1`` → 0.1: one miscoverage α in (0, 1); None when not asked for."""
+    if text is None:
+        return None
+    try:
+        alpha = float(text)
+    except ValueError:
+        alpha = math.nan
+    if not 0 < alpha < 1:
+        raise UsageError(f"--conformal {text!r}: give one miscoverage α in (0, 1), e.g. 0.1")
+    return alpha
+
+
+def parse_score(text: str | None, alpha: float | None) -> str:
+    """``--conformal-score`` (default thr), which only goes with ``--conformal``."""
+    if text is not None and alpha is None:
+        raise UsageError(f"--conformal-score {text} goes with --conformal ALPHA")
+    if text is not None and text not in METHODS:
+        raise UsageError(f"--conformal-score {text!r}: choose {', '.join(METHODS)}")
+    return text or "thr"
 
 
 def parse_members(text: str | None, num_members: int) -> list[int] | None:
@@ -77,26 +135,60 @@ def _normalisation(cfg: Any, in_chans: int) -> tuple[list[float], list[float]]:
     return list(spec.mean) * repeat, list(spec.std) * repeat
 
 
-def _temperature(cfg: Any, model: nn.Module) -> dict[str, Any]:
-    """T fitted on the validation split by eval's own fit (:func:`fit_posthoc`: never the test set)."""
+def class_names(cfg: Any, num_classes: int) -> list[str] | None:
+    """The names of labels 0..K-1 as the run's data builder sees them: the dataset's own, else a converted folder's
+    ``classes.json``, else a raw folder's ``train/`` class folders (sorted, as ImageFolder); None when unknown or not
+    K names (data on disk that is not what the run trained on). Never reads the test split."""
+    from sigmanens_dist.data.datasets import DATASETS, resolve_root
+    from sigmanens_dist.data.loaders import CLASSES_FILE
+
+    names: Sequence[str] = DATASETS[cfg.data.dataset].classes
+    root = resolve_root(cfg.data.dataset, cfg.data.root)
+    if not names and root is not None and cfg.data.format != "raw" and (root / CLASSES_FILE).is_file():
+        names = json.loads((root / CLASSES_FILE).read_text()).get("classes") or []
+    elif not names and root is not None and (root / "train").is_dir():
+        names = sorted(entry.name for entry in os.scandir(root / "train") if entry.is_dir())
+    return [str(name) for name in names] if len(names) == num_classes else None
+
+
+def _fit(cfg: Any, model: nn.Module, num_classes: int, calibrate: bool, alpha: float | None,
+         score: str) -> dict[str, Any]:
+    """T and q̂ fitted on the validation split by eval's own fit (:func:`fit_posthoc`: never the test set) from one
+    pass of it, and the validation scores they were fitted on."""
     from sigmanens_dist.config import EvalConfig
     from sigmanens_dist.data.loaders import build_data
     from sigmanens_dist.distributed.env import DistEnv
+    from sigmanens_dist.evaluation.conformal import ConformalSets
     from sigmanens_dist.evaluation.posthoc import fit_posthoc
+    from sigmanens_dist.evaluation.scoring import collect_logits
 
-    if cfg.data.val_from_test:
-        raise UsageError("--calibration temperature: this run validates on the test set (data.val_from_test); give "
-                         "it a validation split (data.val_split)")
     device = torch.device("cpu")
     data = build_data(cfg.data, cfg.eval.batch_size or cfg.train.batch_size, cfg.seed, DistEnv(0, 1, 0, device))
-    fitted = fit_posthoc(model, data.val, EvalConfig(calibration="temperature"), device, "program")
-    return {k: v for k, v in fitted.parts["calibration"].items() if k not in ("method", "shift")}
+    options = EvalConfig(calibration="temperature" if calibrate else "none", conformal=[] if alpha is None else [alpha])
+    with torch.no_grad():
+        logits, target = collect_logits(model, data.val(), device, "program: val")
+        # fit_posthoc reads the logits collected once (the identity over them), so the coverage needs no second pass
+        fitted = fit_posthoc(nn.Identity(), lambda: [(logits, target)], options, device, "program")
+    fit: dict[str, Any] = {"temperature": fitted.temperature}
+    if calibrate:
+        fit |= {k: v for k, v in fitted.parts["calibration"].items() if k not in ("method", "shift")}
+    if alpha is not None:
+        qhat = fitted.thresholds[0][score]
+        sets = ConformalSets({score: qhat}, num_classes, fitted.temperature)
+        sets.update(logits, target)
+        val = sets.compute()[score]
+        fit["conformal"] = {"alpha": alpha, "score": score, "qhat": qhat if math.isfinite(qhat) else None,
+                            "fitted_on": "val", "num_calibration": len(target), "val_coverage": val["coverage"],
+                            "val_set_size": val["set_size"]}
+    return fit
 
 
 def export_program(checkpoint: Path, out: Path, members: str | None = None,
-                   calibration: Literal["temperature", "none"] = "none") -> dict[str, Any]:
-    """Write ``checkpoint``'s ensemble (or the sub-ensemble ``members``) as a program at ``out``; returns its
-    metadata. Bad ``members`` is refused before anything is computed."""
+                   calibration: Literal["temperature", "none"] = "none", fmt: Literal["torch", "onnx"] = "torch",
+                   conformal: float | None = None, score: str = "thr") -> dict[str, Any]:
+    """Write ``checkpoint``'s ensemble (or the sub-ensemble ``members``) as a ``fmt`` program at ``out``, with
+    the conformal set at miscoverage ``conformal`` if given; returns its metadata. Bad ``members`` and a fit that
+    would read the test set are refused before anything is computed."""
     import sigmanens_dist
     from sigmanens_dist.atomic import atomic_write
     from sigmanens_dist.evaluation.load import load_for_eval, method_of
@@ -104,27 +196,44 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
 
     loaded = load_for_eval(checkpoint)
     cfg, full = loaded.cfg, loaded.model
+    asked = [flag for flag, on in (("--calibration temperature", calibration == "temperature"),
+                                   (f"--conformal {conformal}", conformal is not None)) if on]
+    if asked and cfg.data.val_from_test:
+        raise UsageError(f"{' and '.join(asked)}: this run validates on the test set (data.val_from_test); give it "
+                         "a validation split (data.val_split)")
     chosen = parse_members(members, full.num_members)
     if chosen is not None and not full.supports_sub_ensembles:
         raise UsageError(f"--members: model.method={method_of(cfg)!r} cannot run a sub-ensemble; export all members")
     chosen = chosen or list(range(full.num_members))
     model = sub_ensemble(full, chosen).eval()
     in_chans = int(cfg.model.in_chans or loaded.model_args["in_chans"])  # what build_model gave the backbone
+    num_classes = int(loaded.model_args["num_classes"])
     mean, std = _normalisation(cfg, in_chans)
-    fit = _temperature(cfg, model) if calibration == "temperature" else {"temperature": 1.0}
+    fit = _fit(cfg, model, num_classes, calibration == "temperature", conformal, score) if asked else {
+        "temperature": 1.0}
+    qhat = fit["conformal"]["qhat"] if conformal is not None else None
+    head = ProgramHead(model, mean, std, fit["temperature"],
+                       None if conformal is None else (score, math.inf if qhat is None else qhat)).eval()
     size = cfg.data.img_size or _default_size(cfg)
-    head = ProgramHead(model, mean, std, fit["temperature"]).eval()
-    example = torch.rand(2, in_chans, size, size)
-    batch = torch.export.Dim("batch", min=1)
-    with torch.no_grad():
-        program = torch.export.export(head, (example,), dynamic_shapes={"x": {0: batch}})
-    meta = {"format": "sigmanens-program/1", "num_classes": int(head(example[:1])["probabilities"].shape[-1]),
-            "input": {"shape": ["B", in_chans, size, size], "dtype": "float32", "range": [0.0, 1.0]},
+    meta = {"format": "sigmanens-program/1", "program_format": fmt, "num_classes": num_classes,
+            "class_names": class_names(cfg, num_classes),
+            "input": {"name": "images", "shape": ["B", in_chans, size, size], "channels": in_chans, "size": size,
+                      "dtype": "float32", "range": [0.0, 1.0]},
             "normalisation": {"mean": mean, "std": std}, "members": chosen, "trained_members": full.num_members,
             "method": method_of(cfg), "tau": cfg.reg.tau, "run_id": loaded.run_id, "step": loaded.step,
             "dataset": cfg.data.dataset, "package_version": sigmanens_dist.__version__, "calibration": calibration,
-            **fit, "outputs": list(OUTPUTS)}
-    atomic_write(out, lambda f: torch.export.save(program, f, extra_files={METADATA_FILE: json.dumps(meta)}))
+            **fit, "outputs": list(head.outputs)}
+    text = json.dumps(meta, allow_nan=False)
+    example = torch.rand(2, in_chans, size, size)
+    if fmt == "onnx":
+        from sigmanens_dist.evaluation.program_onnx import write_onnx
+
+        write_onnx(head, example, (METADATA_FILE, text), out)
+        return meta
+    batch = torch.export.Dim("batch", min=1)
+    with torch.no_grad():
+        program = torch.export.export(head, (example,), dynamic_shapes={"x": {0: batch}})
+    atomic_write(out, lambda f: torch.export.save(program, f, extra_files={METADATA_FILE: text}))
     return meta
 
 

@@ -1,0 +1,13 @@
+"""``sigmanens predict PROGRAM INPUTS... --out DIR``: an exported program (``.pt2`` or ``.onnx``) over image files,
+folders, webdataset shards and FFCV files, on one process or under torchrun, resumable unit by unit
+(docs/deploy.md, "Predicting over many inputs"). Above evaluation: it runs what evaluation/program.py exports.
+
+* :mod:`.inputs`: finding the inputs, cutting them into units, reading and decoding them, the shape check;
+* :mod:`.backends`: loading a program safely and calling it;
+* :mod:`.writer`: the output folder (manifest, part files, summary);
+* :mod:`.run`: the loop over this rank's units.
+"""
+
+from sigmanens_dist.predict.run import predict
+
+__all__ = ["predict"]

@@ -1,0 +1,151 @@
+"""The loop of ``sigmanens predict``: every check first (inputs, program, shapes, the output folder), then rank r
+predicts units r, r + N, … of the global order that have no part yet, one part file per unit, and rank 0 writes the
+summary once every rank is done. Under torchrun (or Slurm's same variables) a gloo group carries only the output
+folder's verdict and the final gathering; a single process needs none.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sigmanens_dist.errors import UsageError
+from sigmanens_dist.predict.backends import Program, load_program, sha256
+from sigmanens_dist.predict.inputs import (
+    BadInput,
+    Sample,
+    Unit,
+    check_shapes,
+    decode,
+    discover,
+    inputs_digest,
+    read_unit,
+)
+from sigmanens_dist.predict.writer import FORMAT, claim, part_path, summarise, write_part
+from sigmanens_dist.progress import progress
+
+__all__ = ["predict"]
+
+log = logging.getLogger("sigmanens")
+
+
+def _device(requested: str | None, local_rank: int, world: int) -> torch.device:
+    """``--device`` (cuda means cuda:LOCAL_RANK under torchrun), else cuda:LOCAL_RANK when there is a GPU, else cpu."""
+    name = requested or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device {name!r}: give cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {name}: no CUDA GPU is visible; use --device cpu")
+        if device.index is None or world > 1:
+            device = torch.device("cuda", local_rank)
+    return device
+
+
+def predict(program_path: Path, inputs: Sequence[Path], out: Path, *, batch_size: int = 64, fmt: str = "parquet",
+            device: str | None = None, force: bool = False, chunk_size: int = 1024) -> dict[str, Any] | None:
+    """Predict every input once into ``out``; the summary on rank 0, None on the other ranks."""
+    if batch_size < 1:
+        raise UsageError(f"--batch-size {batch_size}: give a batch size ≥ 1")
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    units = discover(inputs, chunk_size)
+    program = load_program(program_path, _device(device, int(os.environ.get("LOCAL_RANK", "0")), world))
+    channels, height, width = (int(v) for v in program.meta["input"]["shape"][1:])
+    check_shapes(units, channels, (height, width))
+    manifest = {"format": FORMAT, "program": {"path": str(program_path), "sha256": sha256(program_path)},
+                "inputs": [str(p) for p in inputs], "inputs_sha256": inputs_digest(units),
+                "chunk_size": chunk_size, "output_format": fmt, "units": [u.describe() for u in units]}
+    env = None
+    if world > 1:
+        from sigmanens_dist.distributed.env import init_distributed
+
+        env = init_distributed(backend="gloo")
+    try:
+        _agree(out, manifest, force, rank, env)
+        started = time.monotonic()
+        done = _run_units(program, units[rank::world], out, fmt, batch_size, (channels, height, width), rank)
+        stats = {"rank": rank, **done, "seconds": time.monotonic() - started}
+        if env is None:
+            return summarise(out, manifest, program.meta, [stats])
+        from sigmanens_dist.distributed.env import all_gather_object
+
+        runs = all_gather_object(stats, env)  # also the barrier: every part is written before the summary
+        return summarise(out, manifest, program.meta, runs) if rank == 0 else None
+    finally:
+        if env is not None:
+            torch.distributed.destroy_process_group()
+
+
+def _agree(out: Path, manifest: dict[str, Any], force: bool, rank: int, env: Any) -> None:
+    """Rank 0 claims ``out`` (or refuses it); every rank learns the verdict before any work."""
+    verdict = [None]
+    if rank == 0:
+        try:
+            existing = claim(out, manifest, force)
+            if existing:
+                log.info("resuming in %s: %d of %d units already predicted", out, existing, len(manifest["units"]))
+        except UsageError as err:
+            verdict = [str(err)]
+    if env is not None:
+        torch.distributed.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise UsageError(verdict[0])
+
+
+def _run_units(program: Program, mine: list[Unit], out: Path, fmt: str, batch_size: int,
+               shape: tuple[int, int, int], rank: int) -> dict[str, int]:
+    """This rank's units without a part, each predicted and written; counts for the summary's throughput."""
+    todo = [u for u in mine if not part_path(out, u.id, fmt).exists()]
+    names = program.meta.get("class_names")
+    predicted = skipped = 0
+    bar = progress(total=len(todo), desc=f"predict (rank {rank})", unit="unit", disable=rank != 0)
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool, bar:
+        for unit in todo:
+            ids, outputs, bad = _predict_unit(program, unit, batch_size, shape, pool)
+            write_part(part_path(out, unit.id, fmt), unit.id, ids, outputs, bad, names)
+            predicted, skipped = predicted + len(ids), skipped + len(bad)
+            bar.update(1)
+            bar.set_postfix(predicted=predicted, skipped=skipped)
+    return {"units": len(todo), "predicted": predicted, "skipped": skipped}
+
+
+def _predict_unit(program: Program, unit: Unit, batch_size: int, shape: tuple[int, int, int],
+                  pool: ThreadPoolExecutor) -> tuple[list[str], dict[str, np.ndarray], list[dict[str, str]]]:
+    """The unit's predicted ids with the program's outputs, and its skipped inputs with their reason."""
+    channels, height, width = shape
+    samples = read_unit(unit)
+    ids: list[str] = []
+    batches: list[dict[str, np.ndarray]] = []
+    bad: list[dict[str, str]] = []
+
+    def load(sample: Sample) -> torch.Tensor | str:
+        try:
+            return decode(sample, channels, (height, width))
+        except BadInput as err:
+            return str(err)
+
+    while batch := list(islice(samples, batch_size)):
+        images = []
+        for sample, image in zip(batch, pool.map(load, batch), strict=True):
+            if isinstance(image, str):
+                log.warning("skipping %s: %s", sample.id, image)
+                bad.append({"id": sample.id, "reason": image})
+            else:
+                ids.append(sample.id)
+                images.append(image)
+        if images:
+            batches.append(program(torch.stack(images)))
+    if not batches:  # every input skipped: the part still has the program's columns
+        batches = [{k: v[:0] for k, v in program(torch.zeros(1, channels, height, width)).items()}]
+    return ids, {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}, bad

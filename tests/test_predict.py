@@ -1,0 +1,317 @@
+"""``sigmanens predict PROGRAM INPUTS --out DIR``: image files, folders, webdataset shards and FFCV files are each
+predicted once, equal to calling the program directly; under torchrun every input is predicted exactly once across
+ranks and a corrupt image is recorded as skipped; a run killed with SIGKILL continues on rerun with no duplicate and
+no gap; wrong sizes, wrong channels, unknown inputs, another program in the same DIR and a hostile .pt2 are one line
+and exit 2 before any part is written."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from sigmanens_dist.cli import main
+from sigmanens_dist.evaluation.program import export_program
+from tests.helpers import REPO, env, torchrun
+from tests.test_checkpoint_compat import FIXTURE
+
+CKPT = Path("checkpoints") / "step_00000002.pt"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shutil.copytree(FIXTURE, tmp_path_factory.mktemp("predict") / "run")
+
+
+@pytest.fixture(scope="module")
+def program(run: Path) -> Path:
+    out = run.parent / "model.pt2"
+    export_program(run / CKPT, out)
+    return out
+
+
+def _png(seed: int, size: int = 16, mode: str = "RGB") -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (size, size, 3) if mode == "RGB" else (size, size))
+    buf = io.BytesIO()
+    Image.fromarray(pixels.astype(np.uint8), mode).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _images(folder: Path, names: list[str], seed: int = 0) -> list[Path]:
+    paths = []
+    for i, name in enumerate(names):
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(_png(seed + i))
+        paths.append(path)
+    return paths
+
+
+def _shard(path: Path, samples: dict[str, bytes]) -> Path:
+    """A webdataset shard as this project writes them: ``KEY.png`` and ``KEY.cls`` per sample."""
+    with tarfile.open(path, "w") as tar:
+        for key, data in samples.items():
+            for ext, payload in (("png", data), ("cls", b"0")):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    return path
+
+
+def _direct(program: Path, images: list[np.ndarray]) -> np.ndarray:
+    """The program called directly on ``images`` (H, W, 3 uint8): its probabilities."""
+    x = torch.stack([torch.from_numpy(np.array(i)).permute(2, 0, 1).float() / 255 for i in images])
+    with torch.no_grad():
+        return torch.export.load(program).module()(x)["probabilities"].numpy()
+
+
+def _parts(out: Path) -> dict[str, dict]:
+    """id -> row over every part (an id seen twice fails)."""
+    import pyarrow.parquet as pq
+
+    rows: dict[str, dict] = {}
+    for path in sorted((out / "parts").iterdir()):
+        if path.suffix == ".jsonl":
+            new = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+        else:
+            new = pq.read_table(path).to_pylist()
+        for row in new:
+            assert row["id"] not in rows, f"{row['id']} predicted twice"
+            rows[row["id"]] = row
+    return rows
+
+
+def test_folder_files_shards_and_ffcv_equal_the_program(program: Path, tmp_path: Path) -> None:
+    from sigmanens_dist.data.ffcv_io import write_beton
+
+    folder = tmp_path / "photos"
+    _images(folder, ["b/2.png", "a.png", "b/1.png", "c/d/e.png"])
+    singles = _images(tmp_path, ["x.png", "y.png"], seed=10)
+    shards = [_shard(tmp_path / f"s-{i}.tar", {f"{i:03d}{j}": _png(20 + 3 * i + j) for j in range(3)})
+              for i in range(2)]
+    pixels = np.random.default_rng(5).integers(0, 256, (5, 16, 16, 3)).astype(np.uint8)
+    beton = write_beton([(p, 0) for p in pixels], tmp_path / "x.beton", max_resolution=None, write_mode="raw",
+                        num_workers=1)
+    out = tmp_path / "out"
+    inputs = [folder, *singles, *shards, beton]
+    assert main(["predict", str(program), *map(str, inputs), "--out", str(out), "--chunk-size", "3",
+                 "--batch-size", "4"]) == 0
+
+    expected = {f"{folder.as_posix()}/{rel}": np.asarray(Image.open(folder / rel))
+                for rel in ["a.png", "b/1.png", "b/2.png", "c/d/e.png"]}
+    expected |= {p.as_posix(): np.asarray(Image.open(p)) for p in singles}
+    for shard in shards:
+        with tarfile.open(shard) as tar:
+            for member in tar.getmembers():
+                if member.name.endswith(".png"):
+                    expected[f"{shard.as_posix()}:{member.name[:-4]}"] = np.asarray(
+                        Image.open(io.BytesIO(tar.extractfile(member).read())))
+    expected |= {f"{beton.as_posix()}:{i}": p for i, p in enumerate(pixels)}
+    rows = _parts(out)
+    assert list(rows) == list(expected)  # every input once, in the global order
+    probs = _direct(program, list(expected.values()))
+    np.testing.assert_allclose(np.array([r["probabilities"] for r in rows.values()]), probs, atol=1e-5, rtol=0)
+    assert [r["prediction"] for r in rows.values()] == probs.argmax(-1).tolist()
+    units = sorted(p.stem for p in (out / "parts").iterdir())
+    assert units == ["000000-images", "000001-images", "000002-s-0", "000003-s-1", "000004-x", "000005-x"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["predicted"] == len(expected) == 17 and summary["skipped"] == 0
+    assert sum(summary["per_class"].values()) == 17
+    assert summary["mean"]["confidence"] == pytest.approx(float(probs.max(-1).mean()), abs=1e-5)
+    assert summary["units"] == {"total": 6, "this_run": 6, "done_before": 0}
+    assert summary["program"]["metadata"]["input"]["shape"] == ["B", 3, 16, 16]
+
+
+def test_jsonl_parts_hold_what_parquet_parts_hold(run: Path, tmp_path: Path) -> None:
+    """Both formats, from a program with a conformal set: its column is the class indices the program's set holds."""
+    program = tmp_path / "conformal.pt2"
+    export_program(run / CKPT, program, conformal=0.1)
+    folder = tmp_path / "photos"
+    paths = _images(folder, [f"{i}.png" for i in range(5)])
+    for fmt in ("parquet", "jsonl"):
+        assert main(["predict", str(program), str(folder), "--out", str(tmp_path / fmt), "--format", fmt,
+                     "--chunk-size", "2"]) == 0
+    parquet, jsonl = _parts(tmp_path / "parquet"), _parts(tmp_path / "jsonl")
+    assert list(parquet) == list(jsonl) == [p.as_posix() for p in paths]
+    x = torch.stack([torch.from_numpy(np.asarray(Image.open(p))).permute(2, 0, 1).float() / 255 for p in paths])
+    with torch.no_grad():
+        sets = torch.export.load(program).module()(x)["conformal_set"]
+    for i, (key, row) in enumerate(parquet.items()):
+        assert row["prediction"] == jsonl[key]["prediction"] and row["unit"] == jsonl[key]["unit"]
+        np.testing.assert_allclose(row["probabilities"], jsonl[key]["probabilities"], atol=1e-6)
+        assert row["conformal_set"] == jsonl[key]["conformal_set"] == torch.flatten(sets[i].nonzero()).tolist()
+    header = json.loads((tmp_path / "jsonl" / "parts" / "000000-images.jsonl").read_text().splitlines()[0])
+    assert header == {"unit": "000000-images", "predicted": 2, "skipped": []}
+
+
+def _refusal(program: Path, inputs: list[Path], out: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["predict", str(program), *map(str, inputs), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("sigmanens predict: error: "), err
+    assert not list(out.glob("parts/*")), "a part was written"
+    return err
+
+
+def test_wrong_size_channels_or_type_is_one_line_before_any_work(program: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    good = _images(tmp_path / "ok", ["a.png"])
+    (tmp_path / "big.png").write_bytes(_png(0, size=20))
+    err = _refusal(program, [*good, tmp_path / "big.png"], tmp_path / "o1", capsys)
+    assert "big.png: a 20×20 RGB image; the program takes 16×16 RGB images" in err
+    (tmp_path / "gray.png").write_bytes(_png(0, mode="L"))
+    err = _refusal(program, [tmp_path / "gray.png"], tmp_path / "o2", capsys)
+    assert "gray.png: a 16×16 L image; the program takes 16×16 RGB images" in err
+    shard = _shard(tmp_path / "s.tar", {"000": b"not an image", "001": _png(1, size=8)})
+    err = _refusal(program, [shard], tmp_path / "o3", capsys)
+    assert "s.tar:001 (the first image of" in err and "8×8 RGB" in err
+    (tmp_path / "notes.txt").write_text("hello")
+    err = _refusal(program, [*good, tmp_path / "notes.txt"], tmp_path / "o4", capsys)
+    assert "notes.txt: not an image (.jpg" in err and "(.tar) or an FFCV file (.beton)" in err
+
+
+def test_another_program_in_the_same_dir_is_refused_unless_force(run: Path, program: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "photos"
+    _images(folder, ["a.png", "b.png"])
+    out = tmp_path / "out"
+    assert main(["predict", str(program), str(folder), "--out", str(out)]) == 0
+    other = tmp_path / "one.pt2"
+    export_program(run / CKPT, other, members="0")
+    before = sorted((out / "parts").iterdir())
+    capsys.readouterr()
+    assert main(["predict", str(other), str(folder), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds predictions of another program" in err and "--force" in err
+    assert sorted((out / "parts").iterdir()) == before
+    _images(folder, ["c.png"])
+    assert main(["predict", str(program), str(folder), "--out", str(out)]) == 2
+    assert "other inputs (the same paths, but their files or contents changed)" in capsys.readouterr().err
+    assert main(["predict", str(other), str(folder), "--out", str(out), "--force"]) == 0
+    assert len(_parts(out)) == 3
+
+
+def _rewrite(src: Path, dst: Path, change: dict[str, bytes]) -> Path:
+    """A copy of the program ``src`` with the records in ``change`` replaced."""
+    from torch.export.pt2_archive._package import PT2ArchiveWriter
+
+    reader = torch._C.PyTorchFileReader(str(src))
+    with PT2ArchiveWriter(str(dst)) as writer:
+        for name in reader.get_all_records():
+            if not name.startswith(".data/"):
+                writer.write_bytes(name, change.get(name, reader.get_record(name)))
+    return dst
+
+
+@pytest.mark.parametrize("route", ["pickled weight", "shape expression"])
+def test_a_hostile_program_is_refused_before_it_runs(program: Path, tmp_path: Path, route: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """torch.export.load would run the file's code (shown first); predict refuses it in one line, and nothing ran."""
+    marker = tmp_path / "pwned"
+    reader = torch._C.PyTorchFileReader(str(program))
+    if route == "pickled weight":  # torch.load(weights_only=False) of a payload marked use_pickle
+        config = json.loads(reader.get_record("data/weights/model_weights_config.json"))
+        first = next(iter(config["config"].values()))
+        first["use_pickle"] = True
+        payload = b"cposix\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR."
+        change = {"data/weights/model_weights_config.json": json.dumps(config).encode(),
+                  f"data/weights/{first['path_name']}": payload}
+    else:  # sympy.sympify (an eval) of a symbolic size
+        text = reader.get_record("models/model.json").decode()
+        evil = f"__import__('os').system('touch {marker}') or Symbol('s77', positive=True, integer=True)"
+        text = text.replace('"Symbol(\'s77\', positive=True, integer=True)"', json.dumps(evil), 1)
+        change = {"models/model.json": text.encode()}
+    hostile = _rewrite(program, tmp_path / "hostile.pt2", change)
+    with contextlib.suppress(Exception):  # whatever torch makes of the rest, the code has run by then
+        torch.export.load(hostile).module()
+    assert marker.exists(), "the crafted file did not run code: the test proves nothing"
+    marker.unlink()
+    capsys.readouterr()  # torch's own log of that load
+    folder = tmp_path / "photos"
+    _images(folder, ["a.png"])
+    err = _refusal(hostile, [folder], tmp_path / "out", capsys)
+    assert "refused: it holds" in err and "could run any code" in err
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_torchrun_predicts_every_input_once_and_skips_the_corrupt_one(program: Path, tmp_path: Path) -> None:
+    shards = []
+    for i in range(5):
+        samples = {f"{i}{j:03d}": _png(10 * i + j) for j in range(4)}
+        if i == 2:
+            samples["2001"] = b"\x89PNG\r\n\x1a\n" + b"broken" * 20  # a PNG signature, then garbage
+        shards.append(_shard(tmp_path / f"test-{i:06d}.tar", samples))
+    out = tmp_path / "out"
+    proc = subprocess.run([*torchrun(2), "-m", "sigmanens_dist.cli", "predict", str(program), *map(str, shards),
+                           "--out", str(out), "--device", "cpu"], cwd=REPO, env=env(), capture_output=True,
+                          text=True, timeout=540, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = _parts(out)
+    corrupt = f"{shards[2].as_posix()}:2001"
+    assert set(rows) == {f"{s.as_posix()}:{i}{j:03d}" for i, s in enumerate(shards) for j in range(4)} - {corrupt}
+    assert {r["unit"] for r in rows.values()} == {f"{i:06d}-test-{i:06d}" for i in range(5)}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["predicted"] == 19 and summary["skipped"] == 1
+    assert summary["skipped_inputs"][0]["id"] == corrupt and "cannot decode png" in summary["skipped_inputs"][0][
+        "reason"]
+    assert summary["throughput"]["ranks"] == 2
+    assert f"skipping {corrupt}: cannot decode png" in proc.stderr
+
+
+@pytest.mark.timeout(600)
+def test_a_run_killed_mid_way_continues_with_no_duplicate_and_no_gap(program: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "photos"
+    n = 160
+    _images(folder, [f"{i:04d}.png" for i in range(n)])
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "sigmanens_dist.cli", "predict", str(program), str(folder), "--out", str(out),
+           "--chunk-size", "2", "--batch-size", "2", "--format", "jsonl", "--device", "cpu"]
+    log = tmp_path / "first.stderr"
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=f,
+                                start_new_session=True)
+    deadline = time.time() + 300
+    while not list(out.glob("parts/*.jsonl")):
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.time() < deadline, "no part file appeared"
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    first = len(list(out.glob("parts/*.jsonl")))
+    assert 0 < first < n // 2, f"{first} of {n // 2} units were done before the kill: it was not mid-way"
+    again = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=540, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rows = _parts(out)  # fails on an id seen twice
+    assert list(rows) == [f"{folder.as_posix()}/{i:04d}.png" for i in range(n)]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["predicted"] == n and summary["units"]["done_before"] >= first
+    assert not list(out.glob("parts/.*"))  # no temporary file left behind
+
+
+def test_onnx_program_predicts_what_the_pt2_predicts(run: Path, program: Path, tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    onnx = tmp_path / "model.onnx"
+    export_program(run / CKPT, onnx, fmt="onnx")
+    folder = tmp_path / "photos"
+    _images(folder, [f"{i}.png" for i in range(3)])
+    for name, prog in (("pt2", program), ("onnx", onnx)):
+        assert main(["predict", str(prog), str(folder), "--out", str(tmp_path / name)]) == 0
+    a, b = _parts(tmp_path / "pt2"), _parts(tmp_path / "onnx")
+    assert list(a) == list(b)
+    np.testing.assert_allclose([r["probabilities"] for r in a.values()], [r["probabilities"] for r in b.values()],
+                               atol=1e-5, rtol=0)
