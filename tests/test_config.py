@@ -196,13 +196,15 @@ def test_no_number_field_takes_a_boolean() -> None:
 
 @pytest.mark.parametrize("url", ["http://example.com/fmnist", "https://example.com/fmnist", "s3://bucket/fmnist"])
 def test_a_remote_data_root_is_refused_as_remote_not_as_missing(url: str) -> None:
-    """It was reported as a missing folder ``https:/example.com/…`` with advice to apt-get Fashion-MNIST."""
+    """It was reported as a missing folder ``https:/example.com/…`` with advice to apt-get Fashion-MNIST. Only
+    webdataset streams (tests/test_remote_shards.py)."""
     with pytest.raises(ConfigError) as info:
         load_config(None, [f"data.root={url}"])
-    assert info.value.problems == [f"  - data.root: remote roots are not supported (yet) for data.format=raw: give a "
-                                   f"local folder (copy or mount the data there) (got {url!r})"]
-    with pytest.raises(ConfigError, match=r"not supported \(yet\) for data\.format=webdataset"):
-        load_config(None, [f"data.root={url}", "data.format=webdataset"], check_data=False)
+    assert info.value.problems == [f"  - data.root: a remote root is read by data.format=webdataset only, not "
+                                   f"data.format=raw: give a local folder (copy or mount the data there), or convert "
+                                   f"it to webdataset shards and serve those (got {url!r})"]
+    cfg = load_config(None, [f"data.root={url}", "data.format=webdataset"], check_data=False)
+    assert str(cfg.data.root) == url
 
 
 def test_missing_data_root_names_the_path_and_how_to_get_it(tmp_path: Path) -> None:

@@ -29,8 +29,8 @@ from sigmanens_dist.data.webdataset_io import (
     WebDatasetLoader,
     image_transform,
     read_manifest,
-    write_shards,
 )
+from sigmanens_dist.data.webdataset_write import write_shards
 from tests.helpers import REPO, env, torchrun
 
 NUM_CLASSES, PER_CLASS, SIZE = 4, 24, 32  # 96 train images

@@ -17,6 +17,7 @@ from sigmanens_dist.atomic import write_text
 from sigmanens_dist.config.messages import ConfigError, _did_you_mean, _from_pydantic, _keys_of, _line, _model_at
 from sigmanens_dist.config.schema import Config, DataConfig
 from sigmanens_dist.data.datasets import DATASETS, resolve_root
+from sigmanens_dist.data.remote import RemotePath
 
 __all__ = ["RECIPES", "check_paths", "config_from_dict", "flatten", "load_config", "recipe_path", "recipes",
            "save_config"]
@@ -267,7 +268,7 @@ def _data_problems(data: DataConfig) -> list[str]:
     root, hint = resolve_root(data.dataset, data.root), spec.hint
     if root is None:
         return [_line("data.root", f"must be set for data.dataset={data.dataset!r}; {hint}", None)]
-    if not root.exists():
+    if not isinstance(root, RemotePath) and not root.exists():  # a URL: its loader reads the manifest first
         default = f" (the default for {data.dataset})" if data.root is None else ""
         return [_line("data.root", f"{root}{default} does not exist; {hint}", data.root)]
     return []

@@ -8,16 +8,18 @@ import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from sigmanens_dist.config.model_section import Float, Int, ModelConfig, _cross_field, _number, _Section
 from sigmanens_dist.data.datasets import DatasetName, resolve_root
+from sigmanens_dist.data.remote import RemotePath, RemoteSettings
 
 Alpha = Annotated[Float, Field(gt=0, lt=1)]  # a miscoverage level of conformal sets
 
 __all__ = ["CheckpointConfig", "Config", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig", "RegConfig",
-           "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig"]
+           "RemoteConfig", "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig"]
 
 
 class RegConfig(_Section):
@@ -130,12 +132,23 @@ class TrainConfig(_Section):
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # http://, https://, s3://, gs://, …
 
 
+class RemoteConfig(_Section):
+    """How webdataset shards are read from an ``http(s)://`` or ``s3://`` ``data.root``; credentials come from the
+    environment (AWS_ACCESS_KEY_ID, …), never from the config, which is logged and saved."""
+
+    # failed attempts in a row on one object before the run stops; each waits twice the last (0.5 s first, ≤ 30 s)
+    retries: Int = Field(5, ge=0)
+    timeout_s: Float = Field(60.0, gt=0, allow_inf_nan=False)  # each connect and each read
+
+
 class DataConfig(_Section):
-    """Which dataset, in which on-disk format, from where; nothing is ever downloaded."""
+    """Which dataset, in which format, from where; nothing is ever downloaded (webdataset shards may be streamed)."""
 
     dataset: DatasetName = "fashion_mnist"  # sigmanens_dist/data/datasets.py names them all
     format: Literal["raw", "ffcv", "webdataset"] = "raw"  # raw: the dataset's native on-disk format
-    root: Path | None = None  # None: /usr/share/datasets/fashion-mnist for fashion_mnist; required otherwise
+    # None: /usr/share/datasets/fashion-mnist for fashion_mnist; required otherwise. webdataset also streams from
+    # http(s)://HOST/PATH or s3://BUCKET/PREFIX (docs/data.md "Remote shards")
+    root: Path | RemotePath | None = None
     num_workers: Int = Field(2, ge=0)
     img_size: Int | None = Field(None, ge=1)  # None: the dataset's native size
     train_subset: Int | None = Field(None, ge=1)  # only the first N train samples
@@ -155,17 +168,46 @@ class DataConfig(_Section):
     tokenizer: Path | None = None
     # an unreadable sample or out-of-range label: stop naming it, or skip it and count it (logged data/bad_samples)
     on_bad_sample: Literal["error", "skip"] = "error"
+    remote: RemoteConfig = Field(default_factory=RemoteConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_credentials_in_root(cls, data: Any) -> Any:
+        """Here, not in the field's check: a field error would echo the URL, password included."""
+        root = data.get("root") if isinstance(data, dict) else None
+        if isinstance(root, str) and _URL.match(root) and "@" in urlsplit(root).netloc:
+            parts = urlsplit(root)
+            raise _cross_field("root", "credentials do not belong in a URL (it is logged and saved with the config); "
+                                       "give them in the environment (AWS_ACCESS_KEY_ID, …)",
+                               f"{parts.scheme}://…@{parts.hostname}{parts.path}")
+        return data
 
     @field_validator("root", mode="before")
     @classmethod
-    def _local_root(cls, value: Any, info: ValidationInfo) -> Any:
+    def _remote_root_streams_webdataset(cls, value: Any, info: ValidationInfo) -> Any:
         """A URL would become a Path (``https:/host/…``) and be reported as a missing folder, with advice to install
-        Fashion-MNIST; no reader streams from a remote location (yet)."""
+        Fashion-MNIST. Only webdataset streams (whole shards, in order); the other readers seek in local files."""
+        if isinstance(value, RemotePath):
+            value = str(value)
         if isinstance(value, str) and _URL.match(value):
             fmt = info.data.get("format")  # absent: itself invalid, and reported
-            raise ValueError(f"remote roots are not supported (yet){f' for data.format={fmt}' if fmt else ''}: give a "
-                             "local folder (copy or mount the data there)")
+            if fmt != "webdataset":
+                raise ValueError(f"a remote root is read by data.format=webdataset only"
+                                 f"{f', not data.format={fmt}' if fmt else ''}: give a local folder (copy or mount the "
+                                 "data there), or convert it to webdataset shards and serve those")
+            return RemotePath(value)  # refuses other schemes and credentials in the URL, naming them
         return value
+
+    @model_validator(mode="after")
+    def _remote_settings(self) -> DataConfig:
+        """Every read below a remote root (manifests, shards, also in DataLoader workers) carries data.remote."""
+        if isinstance(self.root, RemotePath):
+            if self.dataset == "sst2" and self.tokenizer is None:
+                raise _cross_field("tokenizer", f"a remote data.root ({self.root}) has its tokenizer/ read from a "
+                                                "local folder: set data.tokenizer to a copy of it (sigmanens data "
+                                                "convert writes it beside the shards)", None)
+            self.root = self.root.with_settings(RemoteSettings(self.remote.retries, self.remote.timeout_s))
+        return self
 
     @field_validator("val_split", mode="before")
     @classmethod

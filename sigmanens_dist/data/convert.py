@@ -26,7 +26,8 @@ from sigmanens_dist.data.loaders import CLASSES_FILE
 from sigmanens_dist.data.raw import build_datasets, split_indices
 from sigmanens_dist.data.sources import source_classes, unwrap_source
 from sigmanens_dist.data.sst2 import TOKENIZER_DIR, read_sst2, save_default_tokenizer
-from sigmanens_dist.data.webdataset_io import MANIFEST, MANIFEST_FORMAT, PARTIAL_MANIFEST, SHARDS_GLOB, write_shards
+from sigmanens_dist.data.webdataset_io import MANIFEST, MANIFEST_FORMAT, PARTIAL_MANIFEST, SHARDS_GLOB
+from sigmanens_dist.data.webdataset_write import write_shards
 from sigmanens_dist.errors import UsageError
 
 __all__ = ["convert", "fraction_or_count"]

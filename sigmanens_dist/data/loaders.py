@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 from sigmanens_dist.data.bad_samples import BadSamples, Checked, collate_present
 from sigmanens_dist.data.datasets import DATASETS, convertible, resolve_root
 from sigmanens_dist.data.raw import build_datasets
+from sigmanens_dist.data.remote import RemotePath
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler, epoch_seed
 from sigmanens_dist.distributed.env import DistEnv
 
@@ -137,7 +138,7 @@ def build_data(d: Any, batch_size: int, seed: int, env: DistEnv, randaugment: st
     if d.dataset not in convertible():
         raise ValueError(f"data.format={d.format!r} needs a converted dataset, one of "
                          f"{', '.join(convertible())}; got data.dataset={d.dataset!r}")
-    root = Path(root)
+    root = root if isinstance(root, RemotePath) else Path(root)  # a URL root streams webdataset shards
     classes_file = root / CLASSES_FILE
     if not classes_file.is_file():
         raise FileNotFoundError(f"{classes_file} is missing: write {d.format} data with `sigmanens data convert "

@@ -1,9 +1,9 @@
-"""WebDataset tar shards: a resumable converter and a streaming loader with the training loop's batch contract.
+"""WebDataset tar shards read back: the manifest, and a streaming loader with the training loop's batch contract.
 
-Shards are written with webdataset's ``ShardWriter`` (``{split}-%06d.tar``; each sample ``__key__``, ``jpg`` or
-``png`` for images or ``txt`` (UTF-8) for sentences, ``cls``) and described by ``manifest.json`` (counts and sha256
-per shard), so a loader can size its epoch without reading a tar, and a truncated or replaced shard is caught before
-training starts.
+Shards (written by :mod:`.webdataset_write`: ``{split}-%06d.tar``, each sample ``__key__``, ``jpg`` or ``png`` for
+images or ``txt`` (UTF-8) for sentences, ``cls``) are described by ``manifest.json`` (counts and sha256 per shard),
+local or remote (:mod:`.remote`), so a loader can size its epoch without reading a tar, and a truncated or replaced
+shard is caught before training starts.
 
 Streaming cannot use ``ShardedBatchSampler``'s global permutation (no random access), so the loader keeps the parts
 of its contract that matter to DDP instead:
@@ -35,59 +35,31 @@ import random
 import tarfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from PIL import Image, UnidentifiedImageError
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchvision.transforms import v2
 from tqdm import tqdm
 
-from sigmanens_dist.atomic import write_text
 from sigmanens_dist.data.bad_samples import BadSamples
+from sigmanens_dist.data.remote import RemoteError, RemotePath, stream_items
 from sigmanens_dist.data.sampler import epoch_seed, sample_seed
-from sigmanens_dist.data.sources import _base, _source_file, as_uint8_image, read_source, source_classes, unwrap_source
-from sigmanens_dist.data.sst2 import TextDataset
 
 __all__ = ["MANIFEST", "MANIFEST_FORMAT", "PARTIAL_MANIFEST", "SHARDS_GLOB", "Manifest", "Shard", "ShardError",
-           "WebDatasetLoader", "as_uint8_image", "image_transform", "iter_eval", "read_manifest", "read_source",
-           "source_classes", "unwrap_source", "write_shards"]
+           "WebDatasetLoader", "image_transform", "iter_eval", "read_manifest"]
 
 MANIFEST = "manifest.json"
 PARTIAL_MANIFEST = "manifest.partial.json"
 MANIFEST_FORMAT = "sigmanens-webdataset/1"
 SHARDS_GLOB = "{split}-*.tar"  # every shard of a split (written as {split}-%06d.tar)
-_CHUNK = 256  # samples encoded per thread-pool round: bounds memory while keeping workers busy
 
 
 class ShardError(ValueError):
     """A shard that does not match its manifest, or holds a sample that cannot be read."""
-
-
-def _encode(dataset: Dataset, index: int, quality: int) -> tuple[str, bytes, int]:
-    """``(extension, bytes, label)``: sentences as UTF-8 text; source JPEG files as they are; RGB as JPEG (4:4:4);
-    grayscale as lossless PNG."""
-    if isinstance(_base(dataset, index)[0], TextDataset):
-        text, label = dataset[index]
-        return "txt", text.encode("utf-8"), label
-    source = _source_file(dataset, index)
-    if source is not None:
-        return "jpg", source[0].read_bytes(), source[1]
-    pixels, label = read_source(dataset, index)
-    buf = io.BytesIO()
-    if pixels.ndim == 2:
-        Image.fromarray(pixels, "L").save(buf, format="PNG")
-        return "png", buf.getvalue(), label
-    # 4:4:4: the default 4:2:0 halves colour resolution, which costs most on the small images converted here (CIFAR).
-    Image.fromarray(pixels, "RGB").save(buf, format="JPEG", quality=quality, subsampling=0)
-    return "jpg", buf.getvalue(), label
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Writing.
 
 
 def _sha256(path: Path) -> str:
@@ -98,126 +70,13 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _selection(dataset: Dataset) -> str | None:
-    """A digest of which source samples a carved split takes (None: all of them), so re-running a conversion with
-    another split never keeps shards of the old one."""
-    if not isinstance(dataset, Subset):
-        return None
-    positions = [_base(dataset, i)[1] for i in range(len(dataset))]
-    return hashlib.sha256(json.dumps(positions).encode()).hexdigest()
-
-
-def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    """Atomic: a reader (or a resumed conversion) never sees half a manifest."""
-    write_text(path, json.dumps(obj, indent=1))
-
-
-def _valid_prefix(out_dir: Path, shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The recorded shards, up to the first one missing or changed on disk."""
-    keep = []
-    for entry in shards:
-        path = out_dir / entry["name"]
-        if not path.is_file() or path.stat().st_size != entry["bytes"] or _sha256(path) != entry["sha256"]:
-            break
-        keep.append(entry)
-    return keep
-
-
-class _ShardLog:
-    """Records each shard as ShardWriter closes it, in the partial manifest a resumed conversion starts from."""
-
-    def __init__(self, path: Path, settings: dict[str, Any], shards: list[dict[str, Any]], start: int) -> None:
-        self.path, self.settings, self.shards = path, settings, shards
-        self.first = self.next = start
-        self.max_label = -1
-
-    def added(self, label: int) -> None:
-        self.next += 1
-        self.max_label = max(self.max_label, label)
-
-    def closed(self, fname: str) -> None:
-        path = Path(fname)
-        self.shards.append({"name": path.name, "first": self.first, "count": self.next - self.first,
-                            "max_label": self.max_label, "bytes": path.stat().st_size, "sha256": _sha256(path)})
-        self.first, self.max_label = self.next, -1
-        _write_json(self.path, {"format": MANIFEST_FORMAT, "settings": self.settings, "shards": self.shards})
-
-
-def write_shards(dataset: Dataset, out_dir: Path | str, *, split: str = "train", max_count: int = 10_000,
-                 max_size: int = 1 << 30, jpeg_quality: int = 95, num_workers: int = 4, desc: str | None = None
-                 ) -> Path:
-    """Writes ``dataset`` as ``out_dir/{split}-%06d.tar`` shards plus ``out_dir/manifest.json``; returns the manifest.
-
-    A shard closes after ``max_count`` samples or once it reaches ``max_size`` bytes. Each closed shard is recorded
-    (count, size, sha256) in ``manifest.partial.json`` at once, so an interrupted conversion re-run with the same
-    settings keeps every shard that still matches that record and restarts after the last one; boundaries, and so the
-    bytes, come out as an uninterrupted run's. A finished conversion with the same settings returns at once.
-    ``num_workers`` threads encode (PIL releases the GIL), the writer stays in order.
-    """
-    if max_count < 1 or max_size < 1:
-        raise ValueError(f"max_count={max_count} and max_size={max_size} must be positive")
-    if not 1 <= jpeg_quality <= 100:
-        raise ValueError(f"jpeg_quality={jpeg_quality} must be in 1..100")
-    import webdataset as wds
-
-    dataset = unwrap_source(dataset)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    n = len(dataset)
-    if n == 0:
-        raise ValueError(f"write_shards({out_dir}): the dataset is empty")
-    settings = {"split": split, "num_samples": n, "classes": source_classes(dataset), "max_count": max_count,
-                "max_size": max_size, "jpeg_quality": jpeg_quality, "selection": _selection(dataset)}
-    manifest_path, partial_path = out_dir / MANIFEST, out_dir / PARTIAL_MANIFEST
-    if manifest_path.is_file():
-        done = json.loads(manifest_path.read_text())
-        complete = all((out_dir / e["name"]).is_file() and (out_dir / e["name"]).stat().st_size == e["bytes"]
-                       for e in done["shards"])  # sizes only: re-hashing a finished conversion would read it all
-        if done.get("settings") == settings and complete:
-            return manifest_path
-        manifest_path.unlink()
-
-    shards: list[dict[str, Any]] = []
-    if partial_path.is_file():
-        partial = json.loads(partial_path.read_text())
-        if partial.get("settings") == settings:
-            shards = _valid_prefix(out_dir, partial["shards"])
-    start = shards[-1]["first"] + shards[-1]["count"] if shards else 0
-    for stale in out_dir.glob(SHARDS_GLOB.format(split=split)):  # an interrupted shard, or shards of other settings
-        if stale.name not in {s["name"] for s in shards}:
-            stale.unlink()
-    log = _ShardLog(partial_path, settings, shards, start)
-    if start < n:
-        pattern = str(out_dir / f"{split}-%06d.tar")
-        writer = wds.ShardWriter(pattern, maxcount=max_count, maxsize=max_size, post=log.closed,
-                                 start_shard=len(shards), verbose=0, encoder=False, mtime=0.0)
-        with ThreadPoolExecutor(max(1, num_workers)) as pool, \
-                tqdm(total=n, initial=start, desc=desc or f"webdataset {split} → {out_dir}", unit="img") as bar:
-            for lo in range(start, n, _CHUNK):
-                indices = range(lo, min(n, lo + _CHUNK))
-                for i, (ext, data, label) in zip(indices, pool.map(lambda i: _encode(dataset, i, jpeg_quality),
-                                                                   indices), strict=True):
-                    writer.write({"__key__": f"{i:09d}", ext: data, "cls": str(label).encode()})
-                    log.added(label)
-                    bar.update()
-            writer.close()
-
-    classes = settings["classes"]
-    num_classes = len(classes) if classes is not None else 1 + max(s["max_label"] for s in shards)
-    manifest = {"format": MANIFEST_FORMAT, "settings": settings, "num_samples": n, "num_classes": num_classes,
-                "classes": classes, "shards": shards}
-    _write_json(manifest_path, manifest)
-    partial_path.unlink(missing_ok=True)
-    return manifest_path
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Reading.
 
 
 @dataclass(frozen=True)
 class Shard:
-    path: Path
+    path: Path | RemotePath
     count: int
     bytes: int
     sha256: str
@@ -225,7 +84,7 @@ class Shard:
 
 @dataclass(frozen=True)
 class Manifest:
-    path: Path
+    path: Path | RemotePath
     num_samples: int
     num_classes: int
     classes: list[str] | None
@@ -237,24 +96,28 @@ _RECONVERT = ("write the shards again with `sigmanens data convert --format webd
               "--out DIR`")
 
 
-def read_manifest(path: Path | str, verify: bool = False) -> Manifest:
+def read_manifest(path: Path | RemotePath | str, verify: bool = False) -> Manifest:
     """The manifest at ``path`` (or ``path/manifest.json``), checked against the shards on disk: every shard must
-    exist with the recorded size (a cheap stat; ``verify=True`` also re-hashes them)."""
-    path = Path(path)
-    path = path / MANIFEST if path.is_dir() else path
+    exist with the recorded size (a cheap stat; ``verify=True`` also re-hashes them). A remote manifest's shards are
+    checked as they stream instead (size against the server's, sha256 at the end of each read)."""
+    path = path if isinstance(path, RemotePath) else Path(path)
+    path = path / MANIFEST if isinstance(path, Path) and path.is_dir() else path
     try:
-        raw = json.loads(path.read_text())
-        shards = [Shard(path.parent / s["name"], int(s["count"]), int(s["bytes"]), s["sha256"]) for s in raw["shards"]]
-        manifest = Manifest(path, int(raw["num_samples"]), int(raw["num_classes"]), raw["classes"], shards)
+        text = path.read_text()
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no webdataset manifest; {_RECONVERT}") from None
+    try:
+        raw = json.loads(text)
+        shards = [Shard(path.parent / s["name"], int(s["count"]), int(s["bytes"]), s["sha256"]) for s in raw["shards"]]
+        manifest = Manifest(path, int(raw["num_samples"]), int(raw["num_classes"]), raw["classes"], shards)
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{path}: not a {MANIFEST_FORMAT} manifest ({type(err).__name__}: {err}); "
                          f"{_RECONVERT}") from err
     if sum(s.count for s in shards) != manifest.num_samples:
         raise ValueError(f"{path}: shard counts add up to {sum(s.count for s in shards)}, "
                          f"but num_samples is {manifest.num_samples}")
-    for s in tqdm(shards, desc=f"verifying {path.parent}", unit="shard", disable=not verify, leave=False):
+    local = [s for s in shards if isinstance(s.path, Path)]
+    for s in tqdm(local, desc=f"verifying {path.parent}", unit="shard", disable=not verify, leave=False):
         if not s.path.is_file():
             raise ShardError(f"shard {s.path} listed in {path} is missing")
         size = s.path.stat().st_size
@@ -277,10 +140,22 @@ def image_transform(train: bool, img_size: int, mean: Sequence[float], std: Sequ
 
 
 def _records(shard: Shard) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """``(key, {extension: bytes})`` per sample, in tar order; truncation and stray members name shard and key."""
+    """``(key, {extension: bytes})`` per sample, in tar order; truncation and stray members name shard and key. A
+    remote shard survives dropped connections: :func:`stream_items` reads it again and skips what was yielded."""
+    if isinstance(shard.path, RemotePath):
+        return stream_items(shard.path, shard.bytes, shard.sha256, lambda body: _tar_records(shard, body))
+    return _local_records(shard)
+
+
+def _local_records(shard: Shard) -> Iterator[tuple[str, dict[str, bytes]]]:
+    with shard.path.open("rb") as f:
+        yield from _tar_records(shard, f)
+
+
+def _tar_records(shard: Shard, f: Any) -> Iterator[tuple[str, dict[str, bytes]]]:
     count, key, parts = 0, None, {}
     try:
-        with shard.path.open("rb") as f, tarfile.open(fileobj=f, mode="r|") as tar:
+        with tarfile.open(fileobj=f, mode="r|") as tar:
             for member in tar:
                 if not member.isreg():
                     continue
@@ -350,6 +225,15 @@ def _checked_decode(shard: Shard, key: str, parts: dict[str, bytes], num_classes
     return image, label
 
 
+@dataclass(frozen=True)
+class _Failed:
+    """A data error in a DataLoader worker, passed on as an item: raised in the worker, torch would re-raise it in
+    the main process with the worker's traceback folded into its message, and the trainer's one-line report of a
+    bad shard or URL would become a page."""
+
+    error: Exception
+
+
 class _RankStream(IterableDataset):
     """This rank's part of one epoch; DataLoader worker ``w`` runs stream ``(w + start_batch) mod workers``, so the
     DataLoader's round-robin over workers yields batches ``start_batch, start_batch + 1, ...`` in order."""
@@ -357,7 +241,13 @@ class _RankStream(IterableDataset):
     def __init__(self, loader: WebDatasetLoader, epoch: int, start_batch: int) -> None:
         self.loader, self.epoch, self.start_batch = loader, epoch, start_batch
 
-    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+    def __iter__(self) -> Iterator[tuple[Any, ...] | _Failed]:
+        try:
+            yield from self._batches()
+        except (ShardError, RemoteError) as err:
+            yield _Failed(err)
+
+    def _batches(self) -> Iterator[tuple[Any, ...]]:
         ld = self.loader
         info = get_worker_info()
         stream = ((info.id if info is not None else 0) + self.start_batch) % ld.workers
@@ -411,9 +301,9 @@ class WebDatasetLoader:
     token-id tensors), run in the DataLoader workers.
     """
 
-    def __init__(self, manifest: Path | str, batch_size: int, rank: int, world_size: int, num_workers: int, seed: int,
-                 transform: Callable[[Image.Image], torch.Tensor] | None, shuffle_buffer: int = 1000,
-                 return_keys: bool = False, bad: BadSamples | None = None,
+    def __init__(self, manifest: Path | RemotePath | str, batch_size: int, rank: int, world_size: int,
+                 num_workers: int, seed: int, transform: Callable[[Image.Image], torch.Tensor] | None,
+                 shuffle_buffer: int = 1000, return_keys: bool = False, bad: BadSamples | None = None,
                  collate: Callable[[list[Any]], Any] = torch.stack) -> None:
         if not 0 <= rank < world_size or batch_size < 1 or num_workers < 0:
             raise ValueError(f"need 0 ≤ rank < world_size, batch_size ≥ 1, num_workers ≥ 0; got rank={rank}, "
@@ -463,6 +353,8 @@ class WebDatasetLoader:
                             prefetch_factor=4 if self.num_workers else None)
         n = 0
         for batch in loader:
+            if isinstance(batch, _Failed):
+                raise batch.error
             yield batch
             n += 1
         if n != len(self) - start_batch:  # a stream ending early would desynchronise the ranks
@@ -470,7 +362,7 @@ class WebDatasetLoader:
                              f"expected {len(self) - start_batch}")
 
 
-def iter_eval(manifest: Path | str, rank: int, world_size: int, batch_size: int,
+def iter_eval(manifest: Path | RemotePath | str, rank: int, world_size: int, batch_size: int,
               transform: Callable[[Image.Image], torch.Tensor] | None, bad: BadSamples | None = None,
               collate: Callable[[list[Any]], Any] = torch.stack) -> Iterator[tuple[Any, torch.Tensor]]:
     """Evaluation pass: rank r decodes samples ``r, r + W, …`` of the manifest's order, so every sample is scored

@@ -1,0 +1,345 @@
+"""Webdataset shards streamed from real servers started here on 127.0.0.1: Debian's nginx for HTTP, moto's S3 server
+(with IAM auth on, so wrong credentials are refused as by AWS). The loader's contract holds unchanged: the same
+batches (keys and tensors) as from local disk, from any resume point, through dropped connections and 5xx; 4xx and
+corrupt shards are one line naming the URL; no credential reaches any file a run writes."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torchvision import datasets
+
+from sigmanens_dist.config import ConfigError, load_config
+from sigmanens_dist.data import FASHION_MNIST_ROOT
+from sigmanens_dist.data.remote import RemoteMismatch, RemoteNotFound, RemotePath, RemoteSettings, RemoteUnavailable
+from sigmanens_dist.data.synthetic_tree import make_image_folder
+from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, image_transform
+from sigmanens_dist.data.webdataset_write import write_shards
+from tests.helpers import TINY_VIT, free_port, losses, run_train
+
+FAST = RemoteSettings(retries=3, timeout_s=10)
+TRAIN = [*TINY_VIT, "data.dataset=fashion_mnist", "data.format=webdataset", "data.img_size=16", "data.num_workers=1",
+         "data.val_split=40", "model.num_members=2", "train.batch_size=4", "train.log_every_steps=1",
+         "train.max_steps=4", "optim.lr=0.02"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The data and the servers.
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder the servers serve: ``loose/train/``, 8 shards of 12 images written by ``write_shards``."""
+    root = tmp_path_factory.mktemp("served")
+    tree = make_image_folder(tmp_path_factory.mktemp("tree"), 4, 24, 32, seed=0)
+    write_shards(datasets.ImageFolder(str(tree / "train")), root / "loose" / "train", max_count=12)
+    return root
+
+
+@pytest.fixture(scope="module")
+def conv(data: Path) -> Path:
+    """``data/conv``: what ``sigmanens data convert`` writes (train/val/test, classes.json) from 200 + 50 Fashion-MNIST
+    images, 160 of them for training in 8 shards."""
+    from sigmanens_dist.cli import main
+
+    if not FASHION_MNIST_ROOT.is_dir():
+        pytest.skip("needs Debian's dataset-fashion-mnist (launch/setup.sh installs it)")
+    assert main(["data", "convert", "--dataset", "fashion_mnist", "--format", "webdataset", "--out",
+                 str(data / "conv"), "--max-count", "20", "--train-subset", "200", "--test-subset", "50",
+                 "--val-split", "40"]) == 0
+    return data / "conv"
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, seconds: float = 20) -> bool:
+    deadline = time.time() + seconds
+    while time.time() < deadline and proc.poll() is None:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def nginx(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Debian's nginx in the foreground with its own config, serving ``data``; the base URL."""
+    exe = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not os.access(exe, os.X_OK):
+        pytest.skip("nginx is not installed (launch/setup.sh installs Debian's nginx)")
+    conf_dir, port = tmp_path_factory.mktemp("nginx"), free_port()
+    user = "user root;" if os.geteuid() == 0 else ""  # workers must read pytest's 0700 folders
+    temp = " ".join(f"{kind}_temp_path {conf_dir / kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi",
+                                                                        "scgi"))
+    (conf_dir / "nginx.conf").write_text(
+        f"daemon off; {user} worker_processes 1; pid {conf_dir / 'nginx.pid'}; error_log {conf_dir / 'error.log'};\n"
+        f"events {{ worker_connections 64; }}\n"
+        f"http {{ access_log {conf_dir / 'access.log'}; {temp}\n"
+        f"  server {{ listen 127.0.0.1:{port}; root {data}; }} }}\n")
+    with (conf_dir / "stderr").open("w") as err:
+        proc = subprocess.Popen([exe, "-p", str(conf_dir), "-e", str(conf_dir / "error.log"), "-c",
+                                 str(conf_dir / "nginx.conf")], stdout=err, stderr=err)
+    if not _wait_for_port(port, proc):
+        _stop(proc)
+        pytest.skip(f"nginx could not start: {(conf_dir / 'stderr').read_text().strip()[-300:]}")
+    yield f"http://127.0.0.1:{port}"
+    _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def s3(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """moto's S3 server with IAM auth on after the first 3 requests (the user, its policy and access key made here);
+    ``data`` uploaded to bucket ``shards``. The AWS environment that reaches it."""
+    if shutil.which("moto_server") is None and not _importable("moto.server"):
+        pytest.skip("moto's server is not installed (pip install 'moto[server]', in the dev extra)")
+    import boto3
+
+    port, log = free_port(), tmp_path_factory.mktemp("moto") / "log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}, stdout=out, stderr=out)
+    if not _wait_for_port(port, proc, 60):
+        _stop(proc)
+        pytest.skip(f"moto's S3 server could not start: {log.read_text().strip()[-300:]}")
+    url = f"http://127.0.0.1:{port}"
+    iam = boto3.client("iam", endpoint_url=url, region_name="us-east-1", aws_access_key_id="bootstrap",
+                       aws_secret_access_key="bootstrap")
+    iam.create_user(UserName="trainer")
+    iam.put_user_policy(UserName="trainer", PolicyName="all", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+    key = iam.create_access_key(UserName="trainer")["AccessKey"]
+    aws = {"AWS_ENDPOINT_URL": url, "AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+           "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"], "AWS_CONFIG_FILE": os.devnull,
+           "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+    client = boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id=aws["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=aws["AWS_SECRET_ACCESS_KEY"])
+    client.create_bucket(Bucket="shards")
+    _upload(client, data, "loose")
+    yield aws
+    _stop(proc)
+
+
+def _upload(client: Any, data: Path, folder: str) -> None:
+    for path in (data / folder).rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), "shards", str(path.relative_to(data)))
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def _aws_env(monkeypatch: pytest.MonkeyPatch, aws: dict[str, str]) -> None:
+    """Only ``aws`` of the AWS variables (DataLoader workers fork and inherit it)."""
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    for name, value in aws.items():
+        monkeypatch.setenv(name, value)
+
+
+class _Flaky(http.server.SimpleHTTPRequestHandler):
+    """Serves its directory, except where ``server.faults[path]`` lists what the next requests get instead:
+    ``503``, ``drop`` (full Content-Length, half the body, then the connection closes), ``corrupt`` (one byte of the
+    tar's end padding changed: the tar still parses, the sha256 differs) or ``404`` (permanent)."""
+
+    def do_GET(self) -> None:
+        plan = self.server.faults.get(self.path, [])
+        self.server.requests.append(self.path)
+        fault = plan[0] if plan else None
+        if fault is not None and fault != "404":
+            plan.pop(0)
+        if fault in ("503", "404"):
+            self.send_error(int(fault))
+            return
+        if fault in ("drop", "corrupt"):
+            body = Path(self.translate_path(self.path)).read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if fault == "drop":
+                self.wfile.write(body[: len(body) // 2])
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_RDWR)
+                self.close_connection = True
+            else:
+                self.wfile.write(body[:-1] + bytes([body[-1] ^ 1]))
+            return
+        super().do_GET()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def flaky(data: Path) -> Iterator[http.server.ThreadingHTTPServer]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Flaky, directory=str(data)))
+    server.faults, server.requests = {}, []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _url(server: http.server.ThreadingHTTPServer) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The loader: remote batches are the local ones.
+
+TF = image_transform(True, 24, (0.5,) * 3, (0.25,) * 3)  # random crops and flips: per-sample seeds must replay
+
+
+def _loader(manifest: Path | RemotePath, rank: int = 1, workers: int = 2) -> WebDatasetLoader:
+    return WebDatasetLoader(manifest, 4, rank, 2, workers, seed=5, transform=TF, shuffle_buffer=16, return_keys=True)
+
+
+def _epoch(loader: WebDatasetLoader, epoch: int, start: int = 0) -> list[tuple[Any, ...]]:
+    return list(loader.iter_epoch(epoch, start))
+
+
+def _assert_same(got: list[tuple[Any, ...]], want: list[tuple[Any, ...]]) -> None:
+    assert [b[2] for b in got] == [b[2] for b in want]  # same samples, same order
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])  # same pixels after augmentation, same labels
+
+
+def test_nginx_streams_the_batches_of_local_disk(data: Path, nginx: str) -> None:
+    local, remote = _loader(data / "loose" / "train"), _loader(RemotePath(f"{nginx}/loose/train/{MANIFEST}", FAST))
+    assert len(remote) == len(local) == 12
+    full = _epoch(local, 1)
+    _assert_same(_epoch(remote, 1), full)
+    _assert_same(_epoch(remote, 1, 5), full[5:])  # exact resume from mid-epoch
+
+
+def test_s3_streams_the_batches_of_local_disk(data: Path, s3: dict[str, str], monkeypatch: pytest.MonkeyPatch
+                                              ) -> None:
+    _aws_env(monkeypatch, s3)
+    local, remote = _loader(data / "loose" / "train"), _loader(RemotePath(f"s3://shards/loose/train/{MANIFEST}", FAST))
+    full = _epoch(local, 2)
+    _assert_same(_epoch(remote, 2, 3), full[3:])
+    _assert_same(_epoch(remote, 2), full)
+
+
+def test_dropped_connections_and_503s_are_retried_without_losing_or_repeating_a_sample(
+        data: Path, flaky: http.server.ThreadingHTTPServer, caplog: pytest.LogCaptureFixture) -> None:
+    local = _loader(data / "loose" / "train", workers=0)
+    remote = _loader(RemotePath(f"{_url(flaky)}/loose/train/{MANIFEST}", FAST), workers=0)
+    shards = [s.path.name for stream in remote.epoch_shards(0) for s in stream]
+    flaky.faults.update({f"/loose/train/{shards[0]}": ["drop"], f"/loose/train/{shards[1]}": ["503", "503"],
+                         f"/loose/train/{shards[2]}": ["drop", "503"]})
+    with caplog.at_level(logging.WARNING, logger="sigmanens_dist.data.remote"):
+        _assert_same(_epoch(remote, 0), _epoch(local, 0))
+    assert not any(flaky.faults.values())  # every planned fault was served
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 5
+    assert any(f"/loose/train/{shards[0]}: short read: the transfer ended after" in w for w in warnings)
+    assert any(f"/loose/train/{shards[1]}: HTTP 503" in w and "retry 2 of 3" in w for w in warnings)
+
+
+def test_refusals_and_corrupt_shards_are_one_line_naming_the_url(data: Path,
+                                                                 flaky: http.server.ThreadingHTTPServer) -> None:
+    base = f"{_url(flaky)}/loose/train"
+    with pytest.raises(FileNotFoundError, match=rf"^{_url(flaky)}/nowhere/{MANIFEST}: no webdataset manifest;"):
+        _loader(RemotePath(f"{_url(flaky)}/nowhere/{MANIFEST}", FAST))
+    remote = _loader(RemotePath(f"{base}/{MANIFEST}", FAST), workers=1)  # errors cross the worker boundary
+    first = remote.epoch_shards(0)[0][0].path.name
+    cases = {"404": (RemoteNotFound, f"{base}/{first}: HTTP 404 Not Found; check data.root"),
+             "corrupt": (RemoteMismatch, f"{base}/{first}: sha256 differs from its manifest's"),
+             "503": (RemoteUnavailable, f"{base}/{first}: HTTP 503 Service Unavailable; gave up after 4 attempts "
+                                        "(data.remote.retries=3)")}
+    for fault, (kind, message) in cases.items():
+        flaky.faults[f"/loose/train/{first}"] = [fault] * (4 if fault == "503" else 1)
+        with pytest.raises(kind) as err:
+            _epoch(remote, 0)
+        assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)
+        flaky.faults.clear()
+
+
+def test_wrong_s3_credentials_are_one_line(s3: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    _aws_env(monkeypatch, {**s3, "AWS_SECRET_ACCESS_KEY": "not-the-secret"})
+    with pytest.raises(ValueError) as err:
+        _loader(RemotePath(f"s3://shards/loose/train/{MANIFEST}", FAST))
+    assert str(err.value).startswith(f"s3://shards/loose/train/{MANIFEST}: refused (S3 SignatureDoesNotMatch, "
+                                     "HTTP 403); check the credentials"), str(err.value)
+    assert "\n" not in str(err.value) and s3["AWS_SECRET_ACCESS_KEY"] not in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Training from a remote root.
+
+
+def test_training_from_s3_writes_no_credential_anywhere(data: Path, conv: Path, s3: dict[str, str], tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The secret is the one the run really uses; every file of the run directory and the MLflow store, and the
+    run's output, are searched for it. Wrong credentials: exit 2 and one line."""
+    import boto3
+
+    _aws_env(monkeypatch, s3)
+    _upload(boto3.client("s3"), data, conv.name)
+    secret = s3["AWS_SECRET_ACCESS_KEY"].encode()
+    run = tmp_path / "runs" / "s3"
+    proc = run_train(run, *TRAIN, "data.root=s3://shards/conv", "tracking.enabled=true",
+                     f"tracking.uri=sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    assert sorted(losses(run)) == [1, 2, 3, 4]
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "mlflow.db" for p in written) and len(written) > 5
+    assert [p for p in written if secret in p.read_bytes()] == []
+    assert secret not in (proc.stdout + proc.stderr).encode()
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    proc = run_train(tmp_path / "refused", *TRAIN, "data.root=s3://shards/conv", expect=2)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert lines == ["error: s3://shards/conv/classes.json: refused (HTTP 403); check the "
+                     "credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE, …), AWS_ENDPOINT_URL and the bucket policy"], \
+        proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_two_rank_training_over_http_equals_local_disk(conv: Path, nginx: str, tmp_path: Path) -> None:
+    run_train(tmp_path / "local", *TRAIN, f"data.root={conv}", nproc=2)
+    run_train(tmp_path / "http", *TRAIN, f"data.root={nginx}/conv", nproc=2)
+    assert losses(tmp_path / "http") == losses(tmp_path / "local") and len(losses(tmp_path / "local")) == 4
+    served = urllib.request.urlopen(f"{nginx}/conv/classes.json", timeout=10).read()
+    assert json.loads(served) == json.loads((conv / "classes.json").read_text())
+
+
+def test_config_takes_a_url_root_for_webdataset_only_and_without_reaching_it() -> None:
+    """Loading a config (``--check``, what the Slurm scripts run before queueing) needs no network: the loader reads
+    the manifest. The URL is saved as written, never with credentials; the other formats refuse it."""
+    cfg = load_config(None, [*TRAIN, "data.root=https://data.invalid/c10/", "data.remote.retries=2"])
+    assert cfg.data.root == RemotePath("https://data.invalid/c10") and cfg.data.root.settings.retries == 2
+    assert cfg.model_dump(mode="json")["data"]["root"] == "https://data.invalid/c10"
+    with pytest.raises(ConfigError, match=r"data.root: a remote root is read by data.format=webdataset only, not "
+                                          r"data.format=ffcv"):
+        load_config(None, [*TRAIN, "data.format=ffcv", "data.root=s3://bucket/c10"])
+    with pytest.raises(ConfigError, match=r"credentials do not belong in a URL .* \(got 'https://…@host/c10'\)$"):
+        load_config(None, [*TRAIN, "data.root=https://user:hunter2@host/c10"])
