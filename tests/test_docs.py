@@ -190,3 +190,37 @@ def test_one_imagenet_path() -> None:
             continue
         named |= set(re.findall(r"(/\w+/imagenet\w*)(?![\w-])", path.read_text()))
     assert named == {"/data/imagenet", "/data/imagenet_ffcv"}, named
+
+
+HISTORY = re.compile(r"\bissues? \d+|\bv0\.1\b|\bthis stop\b", re.I)
+
+
+def test_reference_pages_describe_the_code_not_its_history() -> None:
+    """docs/ and the README say what the code and recipes are now; issue numbers, versions and "this stop" belong in
+    CHANGELOG.md."""
+    hits = [f"{_rel(page)}:{number}: {line.strip()[:100]}"
+            for page in [REPO / "README.md", *sorted(REPO.glob("docs/*.md"))]
+            for number, line in enumerate(page.read_text().splitlines(), 1) if HISTORY.search(line)]
+    assert not hits, "history in a reference page (it belongs in CHANGELOG.md):\n" + "\n".join(hits)
+
+
+def test_architecture_states_the_member_layout_the_code_has() -> None:
+    """docs/architecture.md states one layout: member-major outside the backbone, interleaved (row b·M + m) inside,
+    published by the store's PassPlan. Every σ class it cites exists, and the layout is the one the code's own
+    docstrings state."""
+    import dataclasses
+
+    from sigmanens_dist.methods import sigma as sigma_method
+    from sigmanens_dist.sigma import layers
+    from sigmanens_dist.sigma.layers import sigma_norm
+
+    text = (REPO / "docs" / "architecture.md").read_text()
+    cited = set(re.findall(r"`(Sigma\w+|PassPlan)\b", text))
+    assert {"PassPlan", "SigmaStore", "SigmaEnsemble"} <= cited, cited
+    missing = sorted(n for n in cited if not hasattr(layers, n) and not hasattr(sigma_method, n))
+    assert not missing, f"docs/architecture.md cites names the code does not have: {missing}"
+    assert "interleaved" in {field.name for field in dataclasses.fields(layers.PassPlan)}
+    assert "PassPlan(interleaved=True)" in text and "b·M + m" in text
+    assert "b·M + m" in (sigma_norm.__doc__ or ""), "the σ layers' docstring no longer states the layout the page does"
+    wrong = re.findall(r"[^.]*inside the backbone[^.]*member-major[^.]*", text, flags=re.I)
+    assert not wrong, f"docs/architecture.md puts member-major rows inside the backbone: {wrong}"
