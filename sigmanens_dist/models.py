@@ -15,6 +15,7 @@ import timm
 import torch
 from torch import nn
 
+from sigmanens_dist.config import Config, ModelConfig
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.methods import EnsembleMethod, build_method
 from sigmanens_dist.methods.single import SingleModel
@@ -25,7 +26,7 @@ __all__ = ["SingleModel", "Source", "build_model", "enable_grad_checkpointing", 
 log = logging.getLogger(__name__)
 
 
-def build_model(cfg: Any, num_classes: int, in_chans: int, vocab_size: int | None = None) -> EnsembleMethod:
+def build_model(cfg: Config, num_classes: int, in_chans: int, vocab_size: int | None = None) -> EnsembleMethod:
     """The ensemble ``model.method`` names (:mod:`sigmanens_dist.methods`), around backbones built by
     ``timm.create_model`` (or, for ``model.source=hf``, a Hugging Face sequence classifier whose embeddings must
     cover the tokenizer's ``vocab_size``). Methods with several backbones (Deep Ensemble) call the factory once per
@@ -98,7 +99,7 @@ def _plain_weights(obj: Any, path: Path) -> dict[str, torch.Tensor]:
     return obj
 
 
-def _load_source(module: nn.Module, source: Source, model_cfg: Any) -> None:
+def _load_source(module: nn.Module, source: Source, model_cfg: ModelConfig) -> None:
     """Load the source strictly: a conversion that silently kept random layers would not be one."""
     what = "backbone" if not source.whole_model else f"model.method={model_cfg.method} model"
     if source.whole_model and source.method not in (None, model_cfg.method):
@@ -138,7 +139,7 @@ def enable_grad_checkpointing(backbone: nn.Module, name: str) -> None:
                     "statistics a second time, so they move at about twice the momentum", name)
 
 
-def _hf_backbone(model_cfg: Any, num_labels: int, vocab_size: int | None) -> nn.Module:
+def _hf_backbone(model_cfg: ModelConfig, num_labels: int, vocab_size: int | None) -> nn.Module:
     """A local pretrained folder, or an untrained model from ``bert`` + kwargs or from a folder's config.json.
     Only local folders: runs must not depend on (or wait for) the Hub."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, BertConfig

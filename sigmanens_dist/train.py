@@ -138,9 +138,11 @@ class Trainer:
                                        options=strategy_options(cfg, elastic=elastic))
         self.wrapped = self.strategy.wrap(model)
         self.model = self.strategy.model
-        groups = param_groups(self.model, cfg.optim.weight_decay, sigma_lr(cfg, self.model), fast_weight_lr(cfg))
-        self.optimizer = self.strategy.build_optimizer(groups, lambda groups: build_optimizer(cfg, groups))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_cosine(cfg, self.total_steps))
+        groups = param_groups(self.model, cfg.optim.weight_decay, sigma_lr(cfg.optim, self.model),
+                              fast_weight_lr(cfg.optim))
+        self.optimizer = self.strategy.build_optimizer(groups, lambda groups: build_optimizer(cfg.optim, groups))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
+                                                           warmup_cosine(cfg.schedule, self.total_steps))
         self.ema = build_ema(self.strategy, cfg.train.ema_decay) if cfg.train.ema_decay else None
         self.mixup = _mixup(cfg, self.data.num_classes)
         self.pos, run_id = Position(), None
@@ -222,7 +224,7 @@ class Trainer:
             with self.strategy.micro_batch(last=micro == accum - 1):
                 with self.strategy.autocast():
                     logits = self.wrapped(x, member_major=self.member_major)  # (M, B, K)
-                    task = member_loss(logits, y, cfg.train.label_smoothing, loss_reduction(cfg, self.model))
+                    task = member_loss(logits, y, cfg.train.label_smoothing, loss_reduction(cfg.train, self.model))
                 div = self.model.aux_loss(cfg.reg)  # σN-Ens: λ·L_div (fp32, out of autocast); other methods: 0
                 loss = task + div
                 self.strategy.backward(loss / accum)

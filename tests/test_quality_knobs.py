@@ -58,8 +58,8 @@ def test_loss_reduction_and_regulariser_normalisation_reach_the_trainers_loss() 
     cfg = load_config(None, ["model.name=resnet10t", "model.num_members=2", "reg.normalize=members", "reg.lambda=0.1",
                              "reg.tau=0.5"], check_data=False)
     ens = build_model(cfg, 3, 1)
-    assert loss_reduction(cfg, ens) == "mean"  # unset: the method's own
-    assert loss_reduction(load_config(None, ["train.member_loss=sum"], check_data=False), ens) == "sum"
+    assert loss_reduction(cfg.train, ens) == "mean"  # unset: the method's own
+    assert loss_reduction(load_config(None, ["train.member_loss=sum"], check_data=False).train, ens) == "sum"
     torch.testing.assert_close(ens.aux_loss(cfg.reg), 0.1 * ens.diversity_loss(0.5) / 2)
     assert member_major(cfg, ens)  # σN-Ens members read their own batches by default
     assert not member_major(load_config(None, ["model.member_batches=shared"], check_data=False), ens)
@@ -117,8 +117,8 @@ def test_sigma_lr_scale_gives_the_sigma_store_its_own_rate_through_the_schedule(
     model = build_model(cfg, 3, 1)
     by_m = load_config(None, ["model.name=resnet10t", "optim.lr=0.05", "optim.sigma_lr_scale=num_members",
                               "model.num_members=4"], check_data=False)
-    assert sigma_lr(by_m, model) == pytest.approx(0.2)  # M × lr
-    opt = build_optimizer(cfg, param_groups(model, cfg.optim.weight_decay, sigma_lr(cfg, model)))
+    assert sigma_lr(by_m.optim, model) == pytest.approx(0.2)  # M × lr
+    opt = build_optimizer(cfg.optim, param_groups(model, cfg.optim.weight_decay, sigma_lr(cfg.optim, model)))
     store = [g for g in opt.param_groups if any(p is model.sigma.flat for p in g["params"])]
     assert len(store) == 1 and store[0]["lr"] == pytest.approx(0.2) and store[0]["weight_decay"] == 0
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
@@ -127,8 +127,8 @@ def test_sigma_lr_scale_gives_the_sigma_store_its_own_rate_through_the_schedule(
     sched.step()
     assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.025, 0.025, 0.1])
     # scale 1 keeps the original two groups, so checkpoints of earlier runs still resume
-    assert sigma_lr(load_config(None, check_data=False), model) == pytest.approx(4 * 0.1)  # default: M × lr
-    assert sigma_lr(load_config(None, ["optim.sigma_lr_scale=1"], check_data=False), model) is None
+    assert sigma_lr(load_config(None, check_data=False).optim, model) == pytest.approx(4 * 0.1)  # default: M × lr
+    assert sigma_lr(load_config(None, ["optim.sigma_lr_scale=1"], check_data=False).optim, model) is None
     assert len(param_groups(model, 5e-4)) == 2
 
 

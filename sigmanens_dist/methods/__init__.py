@@ -26,6 +26,7 @@ from typing import Any
 
 from torch import nn
 
+from sigmanens_dist.config import Config
 from sigmanens_dist.methods.base import EnsembleMethod, Inputs, call_backbone, logits_of, map_tensors, member_chunks
 from sigmanens_dist.methods.batch import BatchEnsemble
 from sigmanens_dist.methods.deep import DeepEnsemble
@@ -70,7 +71,7 @@ def method_module(name: str) -> Any:
     return sys.modules[METHODS[name].__module__]
 
 
-def build_method(cfg: Any, make_backbone: Callable[[], nn.Module]) -> EnsembleMethod:
+def build_method(cfg: Config, make_backbone: Callable[[], nn.Module]) -> EnsembleMethod:
     """The ensemble ``cfg.model.method`` asks for, built around fresh backbones from ``make_backbone``."""
     model = method_module(cfg.model.method).build(cfg, make_backbone)
     summary = getattr(model, "summary", None)

@@ -19,6 +19,8 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
+from sigmanens_dist.config import RegConfig
+
 __all__ = ["EnsembleMethod", "Inputs", "call_backbone", "logits_of", "map_tensors", "member_chunks"]
 
 Inputs = torch.Tensor | Mapping[str, Any]
@@ -59,7 +61,7 @@ class EnsembleMethod(nn.Module):
         """Ensemble predictive distribution ``(B, K)``: the mean of the member softmaxes."""
         return self(x).float().softmax(dim=-1).mean(dim=0)
 
-    def aux_loss(self, reg: Any) -> torch.Tensor:
+    def aux_loss(self, reg: RegConfig) -> torch.Tensor:
         """What the method adds to the task loss, already weighted (σN-Ens: ``reg.lam · L_div``); zero here."""
         return torch.zeros((), device=self._device())
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from sigmanens_dist.config import Config
 from sigmanens_dist.methods.base import EnsembleMethod, Inputs, call_backbone, map_tensors
 
 __all__ = ["BatchEnsemble", "BatchEnsembleLayer", "build", "convert_to_batch_ensemble"]
@@ -175,6 +176,6 @@ def convert_to_batch_ensemble(model: nn.Module, num_members: int, init_std: floa
     return BatchEnsemble(model, num_members)
 
 
-def build(cfg: Any, make_backbone: Callable[[], nn.Module]) -> BatchEnsemble:
+def build(cfg: Config, make_backbone: Callable[[], nn.Module]) -> BatchEnsemble:
     return convert_to_batch_ensemble(make_backbone(), cfg.model.num_members, cfg.model.fast_weight_init_std,
                                      seed=cfg.seed)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
 
+from sigmanens_dist.config import Config
 from sigmanens_dist.methods.base import EnsembleMethod, Inputs, call_backbone, member_chunks
 
 __all__ = ["DeepEnsemble", "build"]
@@ -55,7 +55,7 @@ class DeepEnsemble(EnsembleMethod):
         return DeepEnsemble([copy.deepcopy(self.members[i]) for i in members])
 
 
-def build(cfg: Any, make_backbone: Callable[[], nn.Module]) -> DeepEnsemble:
+def build(cfg: Config, make_backbone: Callable[[], nn.Module]) -> DeepEnsemble:
     members = []
     for k in range(cfg.model.num_members):
         torch.manual_seed(cfg.seed + k)  # member k starts as the single run with seed cfg.seed + k

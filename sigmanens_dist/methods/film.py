@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from types import MappingProxyType
-from typing import Any
 
 import torch
 from torch import nn
 
+from sigmanens_dist.config import Config, RegConfig
 from sigmanens_dist.methods.sigma import SigmaEnsemble, convert_to_sigma_ensemble
 
 __all__ = ["FiLMEnsemble", "build", "convert_to_film_ensemble"]
@@ -30,7 +30,7 @@ class FiLMEnsemble(SigmaEnsemble):
     regularized = False  # σN-Ens without σ gate or L_div
     knobs = MappingProxyType({"model.film_init_std": "init std"})
 
-    def aux_loss(self, reg: Any) -> torch.Tensor:
+    def aux_loss(self, reg: RegConfig) -> torch.Tensor:
         return torch.zeros((), device=self.sigma.flat.device)
 
 
@@ -56,6 +56,6 @@ def convert_to_film_ensemble(model: nn.Module, num_members: int, init_std: float
     return film
 
 
-def build(cfg: Any, make_backbone: Callable[[], nn.Module]) -> FiLMEnsemble:
+def build(cfg: Config, make_backbone: Callable[[], nn.Module]) -> FiLMEnsemble:
     m = cfg.model
     return convert_to_film_ensemble(make_backbone(), m.num_members, m.film_init_std, layers=m.layers, seed=cfg.seed)

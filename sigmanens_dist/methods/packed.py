@@ -24,11 +24,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from types import MappingProxyType
-from typing import Any
 
 import torch
 from torch import nn
 
+from sigmanens_dist.config import Config
 from sigmanens_dist.methods.base import EnsembleMethod, Inputs, call_backbone
 
 __all__ = ["PackedEnsemble", "PackedFirstConv", "PackedLinear", "build", "convert_to_packed_ensemble",
@@ -163,7 +163,7 @@ def _conv_like(conv: nn.Conv2d, in_channels: int, out_channels: int, groups: int
                      conv.bias is not None, conv.padding_mode)
 
 
-def build(cfg: Any, make_backbone: Callable[[], nn.Module]) -> PackedEnsemble:
+def build(cfg: Config, make_backbone: Callable[[], nn.Module]) -> PackedEnsemble:
     m = cfg.model
     return convert_to_packed_ensemble(make_backbone(), m.num_members, m.packed_alpha, m.packed_gamma)
 

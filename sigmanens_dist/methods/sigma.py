@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from sigmanens_dist.config import Config, RegConfig
 from sigmanens_dist.methods.base import EnsembleMethod, Inputs, logits_of, map_tensors
 from sigmanens_dist.sigma.convert import ConversionSummary, convert_norms, count_params
 from sigmanens_dist.sigma.layers import SigmaBatchNorm, SigmaNorm, SigmaStore
@@ -113,7 +114,7 @@ class SigmaEnsemble(EnsembleMethod):
         :func:`sigmanens_dist.sigma.regularizer.diversity_loss`."""
         return diversity_loss(self.gamma(), tau, normalize)
 
-    def aux_loss(self, reg: Any) -> torch.Tensor:
+    def aux_loss(self, reg: RegConfig) -> torch.Tensor:
         """``reg.lam · L_div(reg.tau)``, normalised as ``reg.normalize`` says: the regularizer the training loss
         adds."""
         return reg.lam * self.diversity_loss(reg.tau, reg.normalize)
@@ -209,7 +210,7 @@ def convert_to_sigma_ensemble(
 _LIBRARY_AFFINE = {"divide": "divide", "perturb": "plain", "plain": "plain"}
 
 
-def build(cfg: Any, make_backbone: Callable[[], nn.Module]) -> SigmaEnsemble:
+def build(cfg: Config, make_backbone: Callable[[], nn.Module]) -> SigmaEnsemble:
     m = cfg.model
     return convert_to_sigma_ensemble(make_backbone(), m.num_members, gamma_init_mean=m.gamma_init_mean,
                                      gamma_init_std=m.gamma_init_std, affine_init=_LIBRARY_AFFINE[m.affine_init],

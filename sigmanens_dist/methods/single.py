@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
 
+from sigmanens_dist.config import Config
 from sigmanens_dist.methods.base import EnsembleMethod, Inputs, call_backbone
 
 __all__ = ["SingleModel", "build"]
@@ -37,5 +37,5 @@ class SingleModel(EnsembleMethod):
         return copy.deepcopy(self.backbone)
 
 
-def build(cfg: Any, make_backbone: Callable[[], nn.Module]) -> SingleModel:
+def build(cfg: Config, make_backbone: Callable[[], nn.Module]) -> SingleModel:
     return SingleModel(make_backbone())

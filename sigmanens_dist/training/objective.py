@@ -13,11 +13,13 @@ the shared weights. ``member_loss`` takes the reduction as a plain argument so a
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from sigmanens_dist.config import TrainConfig
 
 __all__ = ["REDUCTIONS", "loss_reduction", "member_loss"]
 
@@ -49,8 +51,8 @@ def member_loss(logits: torch.Tensor, y: torch.Tensor, smoothing: float = 0.0,
     return per_member.sum() if reduction == "sum" else per_member.mean()
 
 
-def loss_reduction(cfg: Any, model: nn.Module) -> Reduction:
+def loss_reduction(train: TrainConfig, model: nn.Module) -> Reduction:
     """``train.member_loss``, or when unset the method's own (``loss_reduction``: sum for a Deep Ensemble, whose
     members must each train as a single run; mean otherwise)."""
-    return cfg.train.member_loss or getattr(type(model), "loss_reduction", "mean")
+    return train.member_loss or getattr(type(model), "loss_reduction", "mean")
 

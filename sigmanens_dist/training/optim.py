@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from sigmanens_dist.config import OptimConfig, ScheduleConfig
 from sigmanens_dist.sigma.layers import SigmaStore, sigma_class_for
 
 __all__ = ["build_optimizer", "fast_weight_lr", "param_groups", "sigma_lr", "warmup_cosine"]
@@ -55,39 +56,39 @@ def param_groups(model: nn.Module, weight_decay: float, sigma_lr: float | None =
     return groups
 
 
-def sigma_lr(cfg: Any, model: nn.Module) -> float | None:
+def sigma_lr(optim: OptimConfig, model: nn.Module) -> float | None:
     """Peak learning rate of the σ store (``optim.lr × optim.sigma_lr_scale``, ``num_members`` meaning M), or None
     when it is the shared rate or the model has no σ store (it then stays in the common no-decay group)."""
-    scale = cfg.optim.sigma_lr_scale
+    scale = optim.sigma_lr_scale
     scale = model.num_members if scale == "num_members" else scale
-    return None if scale == 1 else cfg.optim.lr * scale
+    return None if scale == 1 else optim.lr * scale
 
 
-def fast_weight_lr(cfg: Any) -> float | None:
+def fast_weight_lr(optim: OptimConfig) -> float | None:
     """Peak learning rate of BatchEnsemble's fast weights (``optim.lr × optim.fast_weight_lr_scale``), or None when
     it is the shared rate (the group layout of earlier runs, which therefore still resume)."""
-    scale = cfg.optim.fast_weight_lr_scale
-    return None if scale == 1 else cfg.optim.lr * scale
+    scale = optim.fast_weight_lr_scale
+    return None if scale == 1 else optim.lr * scale
 
 
-def build_optimizer(cfg: Any, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+def build_optimizer(optim: OptimConfig, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
     """``optim.name`` over ``groups`` (:func:`param_groups`), at the peak rate ``optim.lr``; a group's own ``lr``
     wins."""
-    if cfg.optim.name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum, nesterov=cfg.optim.nesterov)
-    return torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas))
+    if optim.name == "sgd":
+        return torch.optim.SGD(groups, lr=optim.lr, momentum=optim.momentum, nesterov=optim.nesterov)
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas))
 
 
-def warmup_cosine(cfg: Any, total: int) -> Callable[[int], float]:
+def warmup_cosine(schedule: ScheduleConfig, total: int) -> Callable[[int], float]:
     """The factor of the peak rate at each step, for ``LambdaLR``: linear warm-up over ``schedule.warmup_steps``, then
     constant or a cosine down to ``schedule.min_lr_ratio`` at step ``total``. Every group's rate scales by it, so
     the σ store and fast weights keep their ratio to the shared rate."""
-    warm, floor = cfg.schedule.warmup_steps, cfg.schedule.min_lr_ratio
+    warm, floor = schedule.warmup_steps, schedule.min_lr_ratio
 
     def factor(step: int) -> float:
         if step < warm:
             return (step + 1) / warm
-        if cfg.schedule.name == "constant":
+        if schedule.name == "constant":
             return 1.0
         progress = min(1.0, (step - warm) / max(1, total - warm))
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))

@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from sigmanens_dist.config import Config
 from sigmanens_dist.distributed.strategies import strategy_class
 from sigmanens_dist.errors import UsageError
 
@@ -46,7 +47,7 @@ class BatchLayout:
         return self.micro_global * self.grad_accum
 
 
-def check_same_run(state: dict[str, Any], cfg: Any, layout: BatchLayout) -> BatchLayout:
+def check_same_run(state: dict[str, Any], cfg: Config, layout: BatchLayout) -> BatchLayout:
     """Refuse a checkpoint of another run (every differing key in one error); return the batch layout to resume
     with, adapted to this world size when only the world size changed."""
     saved_cfg, current = state["config"], cfg.model_dump(mode="json")
@@ -66,7 +67,7 @@ def check_same_run(state: dict[str, Any], cfg: Any, layout: BatchLayout) -> Batc
     return resumed
 
 
-def _strategy_problems(state: dict[str, Any], cfg: Any, saved_world: int, world: int) -> list[str]:
+def _strategy_problems(state: dict[str, Any], cfg: Config, saved_world: int, world: int) -> list[str]:
     """A checkpoint is read by the strategy that wrote it, of the same kind (DeepSpeed's: the same ZeRO stage) and,
     where the strategy cannot reshard it, at the same world size: told from its metadata, before any model, engine
     or process group is built, with the way across."""
