@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sigmanens_dist.data.corruption_table import CORRUPTIONS, SEVERITIES, unknown
 
-__all__ = ["main", "parse_alphas", "parse_corruptions", "parse_severities"]
+__all__ = ["main", "parse_corruptions", "parse_severities"]
 
 
 def parse_severities(text: str) -> list[int]:
@@ -50,25 +50,6 @@ def parse_corruptions(text: str | None) -> list[str]:
     if bad or not names:
         raise ValueError(f"--corruptions {text!r}: {unknown(bad)}")
     return ["all"] if "all" in names else names
-
-
-def parse_alphas(text: str | None) -> list[float]:
-    """``--conformal``'s miscoverages: one α or several separated by commas, each strictly between 0 and 1."""
-    if text is None:
-        return []
-    alphas = []
-    for part in text.split(","):
-        try:
-            alpha = float(part)
-        except ValueError:
-            alpha = float("nan")
-        if not 0 < alpha < 1:  # NaN fails it too
-            raise ValueError(f"--conformal {text!r}: give the miscoverage α as a number strictly between 0 and 1 "
-                             "(e.g. 0.1), or several separated by commas (0.1,0.05)")
-        alphas.append(alpha)
-    if len(set(alphas)) != len(alphas):
-        raise ValueError(f"--conformal {text!r}: an α is given twice")
-    return alphas
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,6 +95,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from sigmanens_dist.checkpoint import resolve_checkpoint
     from sigmanens_dist.config import EvalConfig
+    from sigmanens_dist.evaluation.conformal import parse_alphas
     from sigmanens_dist.evaluation.load import load_for_eval
     from sigmanens_dist.evaluation.run import check_options, run_eval
     from sigmanens_dist.training.run_lock import own_run_containing
@@ -122,7 +104,7 @@ def _run(args: argparse.Namespace) -> int:
     # the first forward pass.
     corruptions = parse_corruptions(args.corruptions)
     severities = parse_severities(args.severities)
-    alphas = parse_alphas(args.conformal)
+    alphas = parse_alphas(args.conformal)  # before anything is read
     if args.members is not None and args.members < 1:
         raise ValueError(f"--members {args.members}: must be ≥ 1")
     overrides = [kv if kv.startswith("data.") else f"data.{kv}" for kv in args.data]

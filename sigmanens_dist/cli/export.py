@@ -61,9 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     lock = None
     try:
         if args.program is not None:  # every flag checked before the checkpoint is read
-            from sigmanens_dist.evaluation.program import parse_alpha, parse_score, program_format
+            from sigmanens_dist.evaluation.conformal import parse_alphas
+            from sigmanens_dist.evaluation.program import parse_score, program_format
 
-            fmt, alpha = program_format(args.format, args.program), parse_alpha(args.conformal)
+            fmt = program_format(args.format, args.program)
+            alpha = next(iter(parse_alphas(args.conformal, single=True)), None)
             score = parse_score(args.conformal_score, alpha)
         checkpoint, which = resolve_checkpoint(args.checkpoint, "checkpoint")
         _check_out(out, checkpoint, args.force)

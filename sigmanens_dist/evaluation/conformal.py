@@ -19,12 +19,33 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation.metrics import ensemble_log_probs
 
-__all__ = ["METHODS", "ConformalSets", "class_scores", "conformal_quantile"]
+__all__ = ["METHODS", "ConformalSets", "class_scores", "conformal_quantile", "parse_alphas"]
 
 METHODS = ("thr", "aps", "raps")
 RAPS_LAMBDA, RAPS_K_REG = 0.01, 5  # Angelopoulos et al.'s ImageNet defaults are of this order
+
+
+def parse_alphas(text: str | None, *, single: bool = False) -> list[float]:
+    """``--conformal``'s miscoverages (eval's and export's): one α, or unless ``single`` several separated by commas,
+    each strictly between 0 and 1; none when not asked for."""
+    if text is None:
+        return []
+    alphas = []
+    for part in text.split(","):
+        try:
+            alphas.append(float(part))
+        except ValueError:
+            alphas.append(math.nan)  # fails the range check below, naming the whole text
+    wanted = ("one miscoverage α in (0, 1), e.g. 0.1" if single else "the miscoverage α as a number strictly between "
+              "0 and 1 (e.g. 0.1), or several separated by commas (0.1,0.05)")
+    if not all(0 < a < 1 for a in alphas) or (single and len(alphas) > 1):  # NaN fails the range too
+        raise UsageError(f"--conformal {text!r}: give {wanted}")
+    if len(set(alphas)) != len(alphas):
+        raise UsageError(f"--conformal {text!r}: an α is given twice")
+    return alphas
 
 
 def class_scores(probs: Tensor, method: str) -> Tensor:

@@ -26,7 +26,7 @@ from sigmanens_dist.evaluation.conformal import METHODS, class_scores
 from sigmanens_dist.evaluation.metrics import ensemble_log_probs, entropy, mutual_information
 
 __all__ = ["CONFORMAL_OUTPUT", "FORMATS", "METADATA_FILE", "OUTPUTS", "ProgramHead", "class_names",
-           "export_program", "parse_alpha", "parse_members", "parse_score", "program_format"]
+           "export_program", "parse_members", "parse_score", "program_format"]
 
 METADATA_FILE = "sigmanens.json"  # the metadata's name: the .pt2's extra_files key, the .onnx's metadata_props key
 OUTPUTS = ("probabilities", "prediction", "confidence", "entropy", "mutual_information", "disagreement")
@@ -85,19 +85,6 @@ def program_format(fmt: str | None, out: Path) -> Literal["torch", "onnx"]:
     if chosen == "onnx" and missing:
         raise UsageError(f"--format onnx needs {' and '.join(missing)}: pip install 'sigmanens-dist[deploy]'")
     return cast(Literal["torch", "onnx"], chosen)
-
-
-def parse_alpha(text: str | None) -> float | None:
-    """``--conformal 0.1`` → 0.1: one miscoverage α in (0, 1); None when not asked for."""
-    if text is None:
-        return None
-    try:
-        alpha = float(text)
-    except ValueError:
-        alpha = math.nan
-    if not 0 < alpha < 1:
-        raise UsageError(f"--conformal {text!r}: give one miscoverage α in (0, 1), e.g. 0.1")
-    return alpha
 
 
 def parse_score(text: str | None, alpha: float | None) -> str:
