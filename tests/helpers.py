@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from sigmanens_dist.experiments.compare.records import RunRecord
+
 REPO = Path(__file__).resolve().parent.parent
+# A run written by release 0.1.0 (config, checkpoint, the logits it predicted): it must keep loading the same.
+FIXTURE = REPO / "tests" / "fixtures" / "run_v0_1_0"
 
 # A tiny LayerNorm ViT on generated 16x16 images: fast on 2 CPU cores and free of batch statistics, so runs that
 # split the same global batch differently across ranks must agree.
@@ -93,3 +100,37 @@ def interrupted(run: Path, overrides: list[str], sig: int, after_ckpt: str, npro
     if sig != signal.SIGKILL:
         assert "checkpointed at step" in err or proc.returncode != 0, err[-3000:]
     return proc.returncode
+
+
+# SST-2 in GLUE format, generated: the text tests (tests/test_sst2.py, tests/test_sst2_formats.py)
+POSITIVE = ["good", "great", "wonderful", "delightful", "brilliant"]
+NEGATIVE = ["bad", "awful", "terrible", "boring", "dreadful"]
+FILLER = ["the", "movie", "film", "plot", "acting", "was", "really", "quite", "a", "story", "and", "it", "felt",
+          "so", "cast", "ending", "this", "very", "overall", "script", "naïve"]  # real SST-2 has accented words
+TINY_BERT = ["model.source=hf", "model.name=bert", "model.kwargs.hidden_size=32", "model.kwargs.num_hidden_layers=1",
+             "model.kwargs.num_attention_heads=2", "model.kwargs.intermediate_size=64",
+             "model.kwargs.max_position_embeddings=32"]
+
+
+def write_sst2(root: Path, n_train: int = 400, n_dev: int = 100, seed: int = 0) -> Path:
+    """A GLUE-format SST-2 whose label is the sentiment word in each sentence (with quotes, as GLUE has)."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for name, n in (("train.tsv", n_train), ("dev.tsv", n_dev)):
+        rows = ["sentence\tlabel"]
+        for _ in range(n):
+            label = rng.randint(0, 1)
+            words = rng.choices(FILLER, k=rng.randint(3, 8))
+            words.insert(rng.randint(0, len(words)), rng.choice(POSITIVE if label else NEGATIVE))
+            rows.append(f"{' '.join(words)} 's \"\t{label}")
+        (root / name).write_text("\n".join(rows) + "\n")
+    return root
+
+
+def run_record(method: str, m: int, tau: float | None, seed: int, acc: float, budget: int = 1) -> RunRecord:
+    """A finished run's record for the comparison's statistics (tests/test_study.py, tests/test_terminal_output.py)."""
+    from sigmanens_dist.experiments.compare.records import RunRecord
+
+    return RunRecord(f"{method}{m}{tau}{seed}x{budget}", f"{method}-{m}-{tau}-x{budget}-{seed}", "FINISHED", method, m,
+                     tau, None if tau is None else 0.001, seed, budget,
+                     values={"acc": acc, "train_compute": m * budget})

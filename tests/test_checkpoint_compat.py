@@ -13,9 +13,8 @@ import torch
 
 from sigmanens_dist.checkpoint import consolidated_ema, consolidated_state_dict
 from sigmanens_dist.export import load_model
-from tests.helpers import run_train
+from tests.helpers import FIXTURE, run_train
 
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "run_v0_1_0"
 CKPT = FIXTURE / "checkpoints" / "step_00000002.pt"
 
 

@@ -31,7 +31,7 @@ from sigmanens_dist.evaluation.posthoc import fit_posthoc
 from sigmanens_dist.evaluation.program import METADATA_FILE, OUTPUTS, class_names
 from sigmanens_dist.evaluation.program_onnx import TRANSLATIONS
 from sigmanens_dist.models import build_model
-from tests.test_checkpoint_compat import FIXTURE
+from tests.helpers import FIXTURE
 
 METHODS = ("sigma", "single", "deep", "batch", "packed", "film")
 # A tiny ResNet on generated 16x16 images: what the per-method programs are made of (a random one: the program does

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from sigmanens_dist import convert_to_sigma_ensemble
 from sigmanens_dist.sigma.layers import SigmaBatchNorm
-from tests.test_layers import CASES, _randomised
+from tests.sigma_cases import CASES, randomised
 
 B = 3
 
@@ -56,7 +56,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> None:
 def test_every_sigma_layer_interleaved_equals_member_major(name: str, mode: str, m: int) -> None:
     """Forward, input gradient, flat-parameter gradient over 3 steps, running stats and num_batches_tracked."""
     make, feat = CASES[name]
-    ens, ref = _pair(nn.Sequential(_randomised(make)), m)
+    ens, ref = _pair(nn.Sequential(randomised(make)), m)
     ens.train(mode == "train")
     ref.train(mode == "train")
     for step in range(3):
@@ -75,7 +75,7 @@ def test_every_sigma_layer_interleaved_equals_member_major(name: str, mode: str,
 def test_channels_last_input_is_exact(name: str) -> None:
     """channels_last has no (B, M·C, …) view: the layers copy to NCHW (or stay on the broadcast affine)."""
     make, feat = CASES[name]
-    ens, ref = _pair(nn.Sequential(_randomised(make)), 4)
+    ens, ref = _pair(nn.Sequential(randomised(make)), 4)
     ens.train()
     ref.train()
     x = torch.randn(4 * B, *feat, generator=torch.Generator().manual_seed(1)).contiguous(

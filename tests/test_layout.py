@@ -171,3 +171,17 @@ def test_no_private_name_is_imported_across_packages() -> None:
                 if part.startswith("_") and not part.startswith("__") and owner != package:
                     crossing.append(f"{name} imports {dotted}")
     assert sorted(crossing) == []
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    """What several test modules share lives in tests/helpers.py, tests/sigma_cases.py or conftest fixtures: a test
+    module imported by another would run its collection-time code twice and couple unrelated files."""
+    tests = PACKAGE.parent / "tests"
+    offenders = []
+    for path in sorted(tests.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.relative_to(tests)} imports {n}" for n in names
+                          if n.split(".")[0] == "tests" and n.split(".")[-1].startswith("test_")]
+    assert offenders == []

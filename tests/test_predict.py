@@ -25,8 +25,7 @@ from PIL import Image
 
 from sigmanens_dist.cli import main
 from sigmanens_dist.evaluation.program import export_program
-from tests.helpers import REPO, env, torchrun
-from tests.test_checkpoint_compat import FIXTURE
+from tests.helpers import FIXTURE, REPO, env, torchrun
 
 CKPT = Path("checkpoints") / "step_00000002.pt"
 

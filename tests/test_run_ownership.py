@@ -83,7 +83,7 @@ def test_eval_or_export_into_a_held_run_is_refused(tmp_path: Path) -> None:
     (and rotates); outside it, export goes on."""
     import shutil
 
-    from tests.test_checkpoint_compat import FIXTURE
+    from tests.helpers import FIXTURE
 
     run = shutil.copytree(FIXTURE, tmp_path / "run")
     holder = _hold(run, 120, None)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -15,32 +14,10 @@ from sigmanens_dist.data.raw import build_datasets
 from sigmanens_dist.data.sst2 import Sst2Dataset, load_tokenizer, read_sst2_tsv, train_wordpiece
 from sigmanens_dist.models import SingleModel, build_model
 from sigmanens_dist.sigma.layers import SigmaNorm
-from tests.helpers import losses, run_train
+from tests.helpers import NEGATIVE, POSITIVE, TINY_BERT, losses, run_train, write_sst2
 
 transformers = pytest.importorskip("transformers")
 
-POSITIVE = ["good", "great", "wonderful", "delightful", "brilliant"]
-NEGATIVE = ["bad", "awful", "terrible", "boring", "dreadful"]
-FILLER = ["the", "movie", "film", "plot", "acting", "was", "really", "quite", "a", "story", "and", "it", "felt",
-          "so", "cast", "ending", "this", "very", "overall", "script", "naïve"]  # real SST-2 has accented words
-TINY_BERT = ["model.source=hf", "model.name=bert", "model.kwargs.hidden_size=32", "model.kwargs.num_hidden_layers=1",
-             "model.kwargs.num_attention_heads=2", "model.kwargs.intermediate_size=64",
-             "model.kwargs.max_position_embeddings=32"]
-
-
-def write_sst2(root: Path, n_train: int = 400, n_dev: int = 100, seed: int = 0) -> Path:
-    """A GLUE-format SST-2 whose label is the sentiment word in each sentence (with quotes, as GLUE has)."""
-    rng = random.Random(seed)
-    root.mkdir(parents=True, exist_ok=True)
-    for name, n in (("train.tsv", n_train), ("dev.tsv", n_dev)):
-        rows = ["sentence\tlabel"]
-        for _ in range(n):
-            label = rng.randint(0, 1)
-            words = rng.choices(FILLER, k=rng.randint(3, 8))
-            words.insert(rng.randint(0, len(words)), rng.choice(POSITIVE if label else NEGATIVE))
-            rows.append(f"{' '.join(words)} 's \"\t{label}")
-        (root / name).write_text("\n".join(rows) + "\n")
-    return root
 
 
 def _cfg(root: Path, *extra: str):

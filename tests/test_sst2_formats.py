@@ -15,8 +15,7 @@ from sigmanens_dist.config import load_config
 from sigmanens_dist.data.loaders import Data, build_data
 from sigmanens_dist.data.sst2 import Sst2Dataset, load_tokenizer, read_sst2, train_wordpiece
 from sigmanens_dist.distributed.env import DistEnv
-from tests.helpers import losses, run_train
-from tests.test_sst2 import TINY_BERT, write_sst2
+from tests.helpers import TINY_BERT, losses, run_train, write_sst2
 
 pytest.importorskip("transformers")
 FORMATS = ["ffcv", "webdataset"]

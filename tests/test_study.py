@@ -34,7 +34,7 @@ from sigmanens_dist.experiments.compare import (
 )
 from sigmanens_dist.experiments.study import StudyError, build_definition, child_state, run_one, write_definition
 from sigmanens_dist.experiments.study.running import _command
-from tests.helpers import REPO, SYNTHETIC, TINY_VIT, free_port
+from tests.helpers import REPO, SYNTHETIC, TINY_VIT, free_port, run_record
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -232,16 +232,10 @@ def test_child_state_skips_finished_and_resumes_interrupted(tmp_path: Path) -> N
     assert child_state(definition, {"name": "new"}, {"new"}) == "finished"  # FINISHED in MLflow (another node)
 
 
-def _record(method: str, m: int, tau: float | None, seed: int, acc: float, budget: int = 1) -> RunRecord:
-    return RunRecord(f"{method}{m}{tau}{seed}x{budget}", f"{method}-{m}-{tau}-x{budget}-{seed}", "FINISHED", method, m,
-                     tau, None if tau is None else 0.001, seed, budget,
-                     values={"acc": acc, "train_compute": m * budget})
-
-
 def test_paired_difference_is_a_t_interval_over_seeds() -> None:
-    records = [_record("single", 1, None, s, a) for s, a in enumerate([0.80, 0.82, 0.81])]
-    records += [_record("sigma", 4, 0.5, s, a) for s, a in enumerate([0.90, 1.02, 1.11])]  # diffs .1 .2 .3
-    records += [_record("sigma", 4, 1.0, s, 0.85) for s in (0, 2)]
+    records = [run_record("single", 1, None, s, a) for s, a in enumerate([0.80, 0.82, 0.81])]
+    records += [run_record("sigma", 4, 0.5, s, a) for s, a in enumerate([0.90, 1.02, 1.11])]  # diffs .1 .2 .3
+    records += [run_record("sigma", 4, 1.0, s, 0.85) for s in (0, 2)]
     groups = group_runs(records)
     sigma = next(g for g in groups if g.method == "sigma" and g.tau == 0.5)
     ref = reference_for(sigma, groups, "single")
@@ -255,9 +249,9 @@ def test_paired_difference_is_a_t_interval_over_seeds() -> None:
 
 
 def test_pairing_at_equal_epochs_or_equal_compute(tmp_path: Path) -> None:
-    records = [_record("single", 1, None, s, 0.80) for s in range(3)]
-    records += [_record("single", 1, None, s, 0.84 + 0.01 * s, budget=4) for s in range(3)]  # 4× the steps
-    records += [_record("sigma", 4, 0.5, s, 0.83) for s in range(3)]
+    records = [run_record("single", 1, None, s, 0.80) for s in range(3)]
+    records += [run_record("single", 1, None, s, 0.84 + 0.01 * s, budget=4) for s in range(3)]  # 4× the steps
+    records += [run_record("sigma", 4, 0.5, s, 0.83) for s in range(3)]
     groups = group_runs(records)
     sigma = next(g for g in groups if g.method == "sigma")
     assert reference_for(sigma, groups, "single", "epochs").budget == 1
@@ -283,9 +277,9 @@ def test_pairing_with_the_next_smaller_m(tmp_path: Path) -> None:
     from sigmanens_dist.experiments import terminal
 
     acc = {1: 0.80, 2: 0.85, 4: 0.87, 16: 0.86}
-    records = [_record("sigma", m, 0.5, s, a + 0.001 * s * m) for m, a in acc.items() for s in range(3)]
-    records += [_record("sigma", 8, 1.0, s, 0.9) for s in range(3)]  # another τ: its own line, nothing smaller
-    records += [_record("packed", m, None, s, 0.7 + 0.01 * m) for m in (2, 4) for s in range(3)]
+    records = [run_record("sigma", m, 0.5, s, a + 0.001 * s * m) for m, a in acc.items() for s in range(3)]
+    records += [run_record("sigma", 8, 1.0, s, 0.9) for s in range(3)]  # another τ: its own line, nothing smaller
+    records += [run_record("packed", m, None, s, 0.7 + 0.01 * m) for m in (2, 4) for s in range(3)]
     groups = group_runs(records)
 
     def at(method: str, m: int, tau: float | None = 0.5) -> Any:
@@ -326,7 +320,7 @@ def test_report_has_ood_and_severity_when_runs_log_them(tmp_path: Path) -> None:
     records = []
     for seed in (0, 1, 2):
         for method, m, tau, shift in (("single", 1, None, 0.0), ("sigma", 4, 0.5, 0.01 * (seed + 1))):
-            r = _record(method, m, tau, seed, 0.8 + shift)
+            r = run_record(method, m, tau, seed, 0.8 + shift)
             r.values.update({"nll": 0.5 - shift, "ece": 0.03, "ood_auroc": 0.7 + shift, "params": 1e6 * (1 + m / 100),
                              "train_compute": 1e5 * m})
             r.severity_ece = {s: 0.02 * s + shift for s in range(1, 6)}
@@ -460,11 +454,11 @@ def test_frontier_and_sharing_plots_from_a_tau_sweep(tmp_path: Path) -> None:
     assert _frontier([(0.1, 0.8), (0.05, 0.7), (0.2, 0.9), (0.15, 0.75)]) == [(0.05, 0.7), (0.1, 0.8), (0.2, 0.9)]
     records = []
     for seed in (0, 1):
-        single = _record("single", 1, None, seed, 0.8)
+        single = run_record("single", 1, None, seed, 0.8)
         single.values.update({"ece": 0.03, "ece_shift": 0.3, "nll_shift": 2.0})
         records.append(single)
         for tau, on in ((0.1, 1.1), (1.0, 3.9)):
-            r = _record("sigma", 4, tau, seed, 0.78 + tau / 10)
+            r = run_record("sigma", 4, tau, seed, 0.78 + tau / 10)
             r.values.update({"ece": 0.02 + tau / 100, "ece_shift": 0.2 + tau / 10, "nll_shift": 1.5, "sharing": on})
             r.sharing_history = {step: (on, [0.5, *[0.0] * 8, 0.5]) for step in (100, 200, 300)}
             records.append(r)
@@ -532,7 +526,7 @@ def test_records_files_compare_like_the_store_they_came_from(tmp_path: Path,
     def runs(method: str, m: int, tau: float | None, seeds: range) -> list[RunRecord]:
         made = []
         for seed in seeds:
-            r = _record(method, m, tau, seed, 0.0)
+            r = run_record(method, m, tau, seed, 0.0)
             r.values = {"params": 1e5 * m, "train_compute": 1e3 * m, "ood_auroc": 0.9 + seed / 100}
             r.split_values = {"val": {"acc": 0.8 + m / 100 + seed / 50, "nll": 0.5 - m / 100 + seed / 90},
                               "test": {"acc": 0.7 + m / 100 - seed / 70, "nll": 0.6 - m / 100 + seed / 40}}

@@ -18,7 +18,7 @@ from sigmanens_dist.experiments import terminal
 from sigmanens_dist.experiments.compare import build_report
 from sigmanens_dist.methods import METHODS
 from sigmanens_dist.training.tracking import PARENT_TAG
-from tests.test_study import _record
+from tests.helpers import run_record
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -101,7 +101,7 @@ def test_many_configurations_print_the_headline_scores_within_100_columns() -> N
     for seed in range(3):
         for method, m, tau in (("single", 1, None), ("sigma", 4, 0.25), ("sigma", 16, 0.25), ("deep", 4, None),
                                ("packed", 4, None), ("batch", 4, None)):
-            r = _record(method, m, tau, seed, 0.8 + 0.01 * seed)
+            r = run_record(method, m, tau, seed, 0.8 + 0.01 * seed)
             r.values.update({"nll": 0.5, "ece": 0.03, "params": 1e6 * m})
             records.append(r)
     text = terminal.render(build_report(records, None), [])
@@ -122,7 +122,7 @@ def test_every_method_has_a_display_name_and_counts_read_in_units() -> None:
 
 
 def test_one_seed_is_said_once_and_not_in_every_cell() -> None:
-    records = [_record(method, m, tau, 0, acc) for method, m, tau, acc in
+    records = [run_record(method, m, tau, 0, acc) for method, m, tau, acc in
                (("single", 1, None, 0.8), ("sigma", 4, 0.5, 0.83), ("deep", 4, None, 0.84))]
     text = terminal.render(build_report(records, None), [])
     assert text.count("one seed") == 1 and "(1 seed)" not in text and "95% CI" not in text

@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from sigmanens_dist.checkpoint import TRAINER_STATE, consolidated_state_dict
-from tests.helpers import REPO, SYNTHETIC, TINY_VIT, env, run_train, torchrun
-from tests.test_checkpoint_compat import FIXTURE
+from tests.helpers import FIXTURE, REPO, SYNTHETIC, TINY_VIT, env, run_train, torchrun
 
 BASE = [*TINY_VIT, *SYNTHETIC, "train.batch_size=16", "optim.name=adamw", "optim.lr=0.002", "eval.at_end=false",
         "model.num_members=2"]

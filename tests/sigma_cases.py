@@ -1,0 +1,50 @@
+"""The normalization layers every σ-layer test runs over (tests/test_layers.py, tests/test_interleave.py): a factory
+of the source layer and the per-sample input shape it takes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from timm.layers import norm as timm_norm
+from timm.layers import norm_act as timm_norm_act
+from torch import nn
+
+CASES = {
+    "BatchNorm1d-2d": (lambda: nn.BatchNorm1d(6), (6,)),
+    "BatchNorm1d-3d": (lambda: nn.BatchNorm1d(6), (6, 5)),
+    "BatchNorm2d": (lambda: nn.BatchNorm2d(6), (6, 5, 5)),
+    "BatchNorm2d-cumulative": (lambda: nn.BatchNorm2d(6, momentum=None), (6, 5, 5)),
+    "BatchNorm2d-no-stats": (lambda: nn.BatchNorm2d(6, track_running_stats=False), (6, 5, 5)),
+    "BatchNorm3d": (lambda: nn.BatchNorm3d(4), (4, 3, 3, 3)),
+    "SyncBatchNorm": (lambda: nn.SyncBatchNorm(6), (6, 5, 5)),  # warns: stats stay per rank
+    "timm.BatchNormAct2d": (lambda: timm_norm_act.BatchNormAct2d(6, act_layer=nn.SiLU), (6, 5, 5)),
+    "LayerNorm": (lambda: nn.LayerNorm(8), (5, 8)),
+    "LayerNorm-2dshape": (lambda: nn.LayerNorm((4, 8)), (4, 8)),
+    "timm.LayerNorm": (lambda: timm_norm.LayerNorm(8), (5, 8)),
+    "timm.LayerNormFp32": (lambda: timm_norm.LayerNormFp32(8), (5, 8)),
+    "timm.LayerNormAct": (lambda: timm_norm_act.LayerNormAct(8, act_layer=nn.GELU), (5, 8)),
+    "timm.LayerNorm2d": (lambda: timm_norm.LayerNorm2d(6), (6, 4, 4)),
+    "timm.LayerNormAct2d": (lambda: timm_norm_act.LayerNormAct2d(6, act_layer=nn.GELU), (6, 4, 4)),
+    "GroupNorm": (lambda: nn.GroupNorm(3, 6), (6, 4, 4)),
+    "timm.GroupNorm1": (lambda: timm_norm.GroupNorm1(6), (6, 4, 4)),
+    "timm.GroupNormAct": (lambda: timm_norm_act.GroupNormAct(6, num_groups=3, act_layer=nn.ReLU), (6, 4, 4)),
+    "RMSNorm": (lambda: nn.RMSNorm(8), (5, 8)),
+    "RMSNorm-eps-None": (lambda: nn.RMSNorm(8, eps=None), (5, 8)),
+    "timm.RmsNorm": (lambda: timm_norm.RmsNorm(8), (5, 8)),
+    "timm.RmsNorm2d": (lambda: timm_norm.RmsNorm2d(6), (6, 4, 4)),
+    "timm.RmsNormAct": (lambda: timm_norm_act.RmsNormAct(8, act_layer=nn.GELU), (5, 8)),
+}
+
+
+def randomised(make: Callable[[], nn.Module]) -> nn.Module:
+    """A fresh source layer with random affine and running statistics (seeded): members then start different."""
+    src = make()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in src.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5 + 1.0)
+        if getattr(src, "running_mean", None) is not None:
+            src.running_mean.copy_(torch.randn(src.running_mean.shape, generator=g) * 0.3)
+            src.running_var.copy_(torch.rand(src.running_var.shape, generator=g) + 0.5)
+    return src
