@@ -12,12 +12,20 @@ FFCV's own decoder and with ``ffcv_decode.SeededCropDecoder`` (the trainer's: re
 An epoch is timed from the loader's first request to its last batch, so worker start-up counts; one untimed epoch
 first pays one-off costs (FFCV's JIT compilation, the OS page cache). The last line is a ceiling for any loader that
 decodes every JPEG whole: the rate of JPEG decoding alone, times the number of workers.
+
+Streaming: where Debian's nginx is installed, the same webdataset shards are also read over HTTP from an nginx
+started here on 127.0.0.1 (``data.remote.read_ahead`` 1, the default), and the rate is given as a ratio to the same
+shards read from local disk.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import socket
 import statistics
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -27,6 +35,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision import datasets
 
+from sigmanens_dist.data.remote import RemotePath
 from sigmanens_dist.data.synthetic_tree import make_image_folder
 from sigmanens_dist.data.webdataset_io import WebDatasetLoader, image_transform
 from sigmanens_dist.data.webdataset_write import write_shards
@@ -61,6 +70,22 @@ def _decode_epoch(files: list[str], workers: int) -> Callable[[int], Iterable]:
     return epoch
 
 
+def _nginx(root: Path, port: int) -> subprocess.Popen | None:
+    """Debian's nginx serving ``root`` on 127.0.0.1:``port`` with a config of its own; None when not installed."""
+    exe = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if exe is None:
+        return None
+    conf = Path(tempfile.mkdtemp(prefix="bench_nginx_"))
+    temp = " ".join(f"{k}_temp_path {conf / k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    (conf / "nginx.conf").write_text(
+        f"daemon off; user root; worker_processes 1; pid {conf / 'pid'}; error_log {conf / 'error.log'};\n"
+        f"events {{ worker_connections 64; }}\nhttp {{ access_log off; {temp}\n"
+        f"  server {{ listen 127.0.0.1:{port}; root {root}; }} }}\n")
+    proc = subprocess.Popen([exe, "-p", str(conf), "-e", str(conf / "error.log"), "-c", str(conf / "nginx.conf")])
+    time.sleep(1.0)
+    return proc if proc.poll() is None else None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--root", type=Path, default=Path("/tmp/sigmanens_bench_loaders"))
@@ -91,6 +116,17 @@ def main() -> None:
                            transform=image_transform(True, args.img, MEAN, STD))
     candidates: dict[str, Callable[[int], Iterable]] = {"ImageFolder + DataLoader (PIL)": folder_epoch,
                                                         "webdataset shards": wds.iter_epoch}
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = _nginx(args.root, port)
+    if server is None:
+        print("nginx not installed or not started: the streaming row is skipped (launch/setup.sh installs it)")
+    else:
+        url = f"http://127.0.0.1:{port}/{manifest.relative_to(args.root).as_posix()}"
+        remote = WebDatasetLoader(RemotePath(url), args.batch, 0, 1, args.workers, seed=0,
+                                  transform=image_transform(True, args.img, MEAN, STD))
+        candidates["webdataset shards over HTTP (nginx)"] = remote.iter_epoch
     try:
         from sigmanens_dist.data.ffcv_io import FFCVLoader, write_beton
     except ImportError:
@@ -112,12 +148,19 @@ def main() -> None:
 
     print(f"\n{n} JPEGs of {args.size} px → random-resized crop {args.img} + flip + normalise; batch {args.batch}, "
           f"{args.workers} workers, median of {args.epochs} epochs")
-    rates = _rates(candidates, args.epochs)
+    try:
+        rates = _rates(candidates, args.epochs)
+    finally:
+        if server is not None:
+            server.terminate()
     base = rates["ImageFolder + DataLoader (PIL)"]
     for name, rate in rates.items():
         print(f"  {name:<48} {rate:8.0f} img/s   {rate / base:5.2f}× ImageFolder")
     print(f"  (the ceiling: PIL/libjpeg-turbo decoding in one process, times {args.workers}; no crop, resize or "
           f"normalise)")
+    if "webdataset shards over HTTP (nginx)" in rates:
+        ratio = rates["webdataset shards over HTTP (nginx)"] / rates["webdataset shards"]
+        print(f"  streaming: the same shards over HTTP from nginx on 127.0.0.1 run at {ratio:.2f}× local disk")
 
 
 if __name__ == "__main__":

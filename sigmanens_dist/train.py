@@ -37,6 +37,7 @@ from sigmanens_dist.checkpoint import CheckpointManager, resolve_checkpoint
 from sigmanens_dist.config import Config, flatten, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.data.member_streams import member_major, member_train_stream
+from sigmanens_dist.data.remote import TRAFFIC
 from sigmanens_dist.distributed.env import DistEnv, all_gather_object, init_distributed
 from sigmanens_dist.distributed.strategies import build_strategy, strategy_class, strategy_options
 from sigmanens_dist.errors import USAGE_MARKER, RunExistsError, UsageError
@@ -328,6 +329,8 @@ class Trainer:
             if pos.step % cfg.train.log_every_steps == 0 or pos.step == self.total_steps:
                 row = self._train_row(stats, lr, window)
                 self.tracker.log_metrics(row, pos.step)
+                if (remote := TRAFFIC.line()) is not None:  # shards streamed from a URL root: MB/s, in flight
+                    log.info("%s", remote)
                 bar.set_postfix(task=f"{row['train/task_loss']:.3f}", div=f"{row['train/div_loss']:.3g}",
                                 img_s=f"{row['train/img_per_s']:.0f}")
             if pos.step < self.total_steps:  # the final step is evaluated and saved after the loop

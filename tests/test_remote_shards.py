@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -27,13 +28,20 @@ from torchvision import datasets
 
 from sigmanens_dist.config import ConfigError, load_config
 from sigmanens_dist.data import FASHION_MNIST_ROOT
-from sigmanens_dist.data.remote import RemoteMismatch, RemoteNotFound, RemotePath, RemoteSettings, RemoteUnavailable
+from sigmanens_dist.data.remote import (
+    TRAFFIC,
+    RemoteMismatch,
+    RemoteNotFound,
+    RemotePath,
+    RemoteSettings,
+    RemoteUnavailable,
+)
 from sigmanens_dist.data.synthetic_tree import make_image_folder
 from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, image_transform
 from sigmanens_dist.data.webdataset_write import write_shards
-from tests.helpers import TINY_VIT, free_port, losses, run_train
+from tests.helpers import REPO, TINY_VIT, env, free_port, interrupted, losses, run_train, train_cmd
 
-FAST = RemoteSettings(retries=3, timeout_s=10)
+FAST = RemoteSettings(retries=3, timeout_s=10)  # read_ahead=1, the default
 TRAIN = [*TINY_VIT, "data.dataset=fashion_mnist", "data.format=webdataset", "data.img_size=16", "data.num_workers=1",
          "data.val_split=40", "model.num_members=2", "train.batch_size=4", "train.log_every_steps=1",
          "train.max_steps=4", "optim.lr=0.02"]
@@ -85,29 +93,46 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+class _Nginx:
+    """Debian's nginx in the foreground with its own config, serving ``root``; formats as its base URL. A test may
+    stop it (by PID) and start it again on the same port."""
+
+    def __init__(self, root: Path, conf_dir: Path) -> None:
+        self.conf_dir, self.port, self.proc = conf_dir, free_port(), None
+        self.access_log = conf_dir / "access.log"
+        user = "user root;" if os.geteuid() == 0 else ""  # workers must read pytest's 0700 folders
+        temp = " ".join(f"{kind}_temp_path {conf_dir / kind};" for kind in ("client_body", "proxy", "fastcgi",
+                                                                            "uwsgi", "scgi"))
+        (conf_dir / "nginx.conf").write_text(
+            f"daemon off; {user} worker_processes 1; pid {conf_dir / 'nginx.pid'}; error_log "
+            f"{conf_dir / 'error.log'};\nevents {{ worker_connections 64; }}\n"
+            f"http {{ access_log {self.access_log}; {temp}\n"
+            f"  server {{ listen 127.0.0.1:{self.port}; root {root}; }} }}\n")
+
+    def __str__(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        exe = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not os.access(exe, os.X_OK):
+            pytest.skip("nginx is not installed (launch/setup.sh installs Debian's nginx)")
+        with (self.conf_dir / "stderr").open("w") as err:
+            self.proc = subprocess.Popen([exe, "-p", str(self.conf_dir), "-e", str(self.conf_dir / "error.log"),
+                                          "-c", str(self.conf_dir / "nginx.conf")], stdout=err, stderr=err)
+        if not _wait_for_port(self.port, self.proc):
+            self.stop()
+            pytest.skip(f"nginx could not start: {(self.conf_dir / 'stderr').read_text().strip()[-300:]}")
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
+
 @pytest.fixture(scope="module")
-def nginx(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Debian's nginx in the foreground with its own config, serving ``data``; the base URL."""
-    exe = shutil.which("nginx") or "/usr/sbin/nginx"
-    if not os.access(exe, os.X_OK):
-        pytest.skip("nginx is not installed (launch/setup.sh installs Debian's nginx)")
-    conf_dir, port = tmp_path_factory.mktemp("nginx"), free_port()
-    user = "user root;" if os.geteuid() == 0 else ""  # workers must read pytest's 0700 folders
-    temp = " ".join(f"{kind}_temp_path {conf_dir / kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi",
-                                                                        "scgi"))
-    (conf_dir / "nginx.conf").write_text(
-        f"daemon off; {user} worker_processes 1; pid {conf_dir / 'nginx.pid'}; error_log {conf_dir / 'error.log'};\n"
-        f"events {{ worker_connections 64; }}\n"
-        f"http {{ access_log {conf_dir / 'access.log'}; {temp}\n"
-        f"  server {{ listen 127.0.0.1:{port}; root {data}; }} }}\n")
-    with (conf_dir / "stderr").open("w") as err:
-        proc = subprocess.Popen([exe, "-p", str(conf_dir), "-e", str(conf_dir / "error.log"), "-c",
-                                 str(conf_dir / "nginx.conf")], stdout=err, stderr=err)
-    if not _wait_for_port(port, proc):
-        _stop(proc)
-        pytest.skip(f"nginx could not start: {(conf_dir / 'stderr').read_text().strip()[-300:]}")
-    yield f"http://127.0.0.1:{port}"
-    _stop(proc)
+def nginx(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Nginx]:
+    server = _Nginx(data, tmp_path_factory.mktemp("nginx"))
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -231,8 +256,10 @@ def _assert_same(got: list[tuple[Any, ...]], want: list[tuple[Any, ...]]) -> Non
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])  # same pixels after augmentation, same labels
 
 
-def test_nginx_streams_the_batches_of_local_disk(data: Path, nginx: str) -> None:
-    local, remote = _loader(data / "loose" / "train"), _loader(RemotePath(f"{nginx}/loose/train/{MANIFEST}", FAST))
+@pytest.mark.parametrize("read_ahead", [0, 1, 3])
+def test_nginx_streams_the_batches_of_local_disk(data: Path, nginx: _Nginx, read_ahead: int) -> None:
+    settings = RemoteSettings(retries=3, timeout_s=10, read_ahead=read_ahead)
+    local, remote = _loader(data / "loose" / "train"), _loader(RemotePath(f"{nginx}/loose/train/{MANIFEST}", settings))
     assert len(remote) == len(local) == 12
     full = _epoch(local, 1)
     _assert_same(_epoch(remote, 1), full)
@@ -248,10 +275,12 @@ def test_s3_streams_the_batches_of_local_disk(data: Path, s3: dict[str, str], mo
     _assert_same(_epoch(remote, 2), full)
 
 
+@pytest.mark.parametrize("read_ahead", [0, 1])
 def test_dropped_connections_and_503s_are_retried_without_losing_or_repeating_a_sample(
-        data: Path, flaky: http.server.ThreadingHTTPServer, caplog: pytest.LogCaptureFixture) -> None:
+        data: Path, flaky: http.server.ThreadingHTTPServer, caplog: pytest.LogCaptureFixture, read_ahead: int) -> None:
+    settings = RemoteSettings(retries=3, timeout_s=10, read_ahead=read_ahead)
     local = _loader(data / "loose" / "train", workers=0)
-    remote = _loader(RemotePath(f"{_url(flaky)}/loose/train/{MANIFEST}", FAST), workers=0)
+    remote = _loader(RemotePath(f"{_url(flaky)}/loose/train/{MANIFEST}", settings), workers=0)
     shards = [s.path.name for stream in remote.epoch_shards(0) for s in stream]
     flaky.faults.update({f"/loose/train/{shards[0]}": ["drop"], f"/loose/train/{shards[1]}": ["503", "503"],
                          f"/loose/train/{shards[2]}": ["drop", "503"]})
@@ -262,6 +291,32 @@ def test_dropped_connections_and_503s_are_retried_without_losing_or_repeating_a_
     assert len(warnings) == 5
     assert any(f"/loose/train/{shards[0]}: short read: the transfer ended after" in w for w in warnings)
     assert any(f"/loose/train/{shards[1]}: HTTP 503" in w and "retry 2 of 3" in w for w in warnings)
+
+
+def test_read_ahead_is_bounded_and_every_byte_is_counted(data: Path, flaky: http.server.ThreadingHTTPServer,
+                                                          nginx: _Nginx) -> None:
+    """A stream downloads the next ``read_ahead`` shards while it reads one, and no more; the bytes DataLoader
+    workers receive reach the main process's count (what the trainer's throughput line reports) exactly."""
+    for depth in (1, 2):
+        flaky.requests.clear()
+        loader = _loader(RemotePath(f"{_url(flaky)}/loose/train/{MANIFEST}", RemoteSettings(read_ahead=depth)), 0,
+                         workers=0)  # rank 0's only stream holds 4 shards
+        order = [f"/loose/train/{s.path.name}" for s in loader.epoch_shards(0)[0]]
+        batches = loader.iter_epoch(0)
+        next(batches)  # the shuffle buffer holds 16 samples: the first shard read, the second being read
+        deadline = time.time() + 10
+        while len(flaky.requests) < 3 + depth and time.time() < deadline:  # the manifest, then shards
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert [r for r in flaky.requests if r.endswith(".tar")] == order[: 2 + depth]
+        batches.close()
+
+    remote = _loader(RemotePath(f"{nginx}/loose/train/{MANIFEST}", FAST))  # 2 workers, 2 shards each, none left over
+    before = TRAFFIC.received
+    _epoch(remote, 1)
+    assert TRAFFIC.received - before == sum(s.bytes for stream in remote.epoch_shards(1) for s in stream)
+    line = TRAFFIC.line()
+    assert line is not None and line.startswith("remote data: ") and "0 shard download(s) in flight" in line, line
 
 
 def test_refusals_and_corrupt_shards_are_one_line_naming_the_url(data: Path,
@@ -293,6 +348,56 @@ def test_wrong_s3_credentials_are_one_line(s3: dict[str, str], monkeypatch: pyte
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Writing to a bucket.
+
+CONVERT = ["data", "convert", "--dataset", "fashion_mnist", "--format", "webdataset", "--max-count", "20",
+           "--train-subset", "200", "--test-subset", "50", "--val-split", "40"]  # the options `conv` was written with
+
+
+def test_convert_to_s3_writes_the_local_conversion_manifests_last(conv: Path, s3: dict[str, str],
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    """Every object is byte for byte the file converted to disk (so it trains as they do: same batches checked
+    here too), each split's manifest after its shards and classes.json last; a prefix already written is refused
+    unless --force, and an http --out in one line."""
+    import boto3
+
+    from sigmanens_dist.cli import main
+    from sigmanens_dist.data import convert as convert_module
+
+    _aws_env(monkeypatch, s3)
+    order: list[str] = []
+    upload = convert_module.upload
+    monkeypatch.setattr(convert_module, "upload", lambda path, dest: (order.append(dest.url), upload(path, dest)))
+    assert main([*CONVERT, "--out", "s3://shards/conv_s3"]) == 0
+    assert "data.root=s3://shards/conv_s3 " in capsys.readouterr().out
+    local = {p.relative_to(conv).as_posix(): p.read_bytes() for p in conv.rglob("*") if p.is_file()}
+    client = boto3.client("s3")
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket="shards", Prefix="conv_s3/")["Contents"]]
+    assert sorted(k.removeprefix("conv_s3/") for k in keys) == sorted(local)
+    for key in keys:
+        assert client.get_object(Bucket="shards", Key=key)["Body"].read() == local[key.removeprefix("conv_s3/")]
+    names = [url.removeprefix("s3://shards/conv_s3/") for url in order]
+    assert names[-1] == "classes.json" and len(names) == len(local)
+    for split in ("train", "val", "test"):
+        assert max(i for i, n in enumerate(names) if n.startswith(f"{split}/{split}-")) < names.index(
+            f"{split}/{MANIFEST}")
+    remote = _loader(RemotePath(f"s3://shards/conv_s3/train/{MANIFEST}", FAST), workers=1)
+    _assert_same(_epoch(remote, 0), _epoch(_loader(conv / "train", workers=1), 0))
+
+    assert main([*CONVERT, "--out", "s3://shards/conv_s3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sigmanens data convert: error: --out s3://shards/conv_s3 is not empty (it holds "
+                          "s3://shards/conv_s3/") and "pass --force" in err and "\n" not in err, err
+    assert main([*CONVERT, "--out", "s3://shards/conv_s3", "--force"]) == 0
+    capsys.readouterr()
+    assert main([*CONVERT, "--out", "http://127.0.0.1:9/conv"]) == 2
+    assert capsys.readouterr().err == ("sigmanens data convert: error: --out http://127.0.0.1:9/conv: HTTP is "
+                                       "read-only here; write to a local folder (and serve it) or to "
+                                       "s3://BUCKET/PREFIX\n")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Training from a remote root.
 
 
@@ -309,6 +414,12 @@ def test_training_from_s3_writes_no_credential_anywhere(data: Path, conv: Path, 
     proc = run_train(run, *TRAIN, "data.root=s3://shards/conv", "tracking.enabled=true",
                      f"tracking.uri=sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     assert sorted(losses(run)) == [1, 2, 3, 4]
+    assert sum(" INFO remote data: " in line and " MB/s " in line for line in proc.stderr.splitlines()) == 4
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    [tracked] = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert json.loads(tracked.inputs.dataset_inputs[0].dataset.source) == {"uri": "s3://shards/conv"}  # the URL
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert any(p.name == "mlflow.db" for p in written) and len(written) > 5
     assert [p for p in written if secret in p.read_bytes()] == []
@@ -324,12 +435,75 @@ def test_training_from_s3_writes_no_credential_anywhere(data: Path, conv: Path, 
 
 
 @pytest.mark.slow
-def test_two_rank_training_over_http_equals_local_disk(conv: Path, nginx: str, tmp_path: Path) -> None:
+def test_two_rank_training_over_http_equals_local_disk(conv: Path, nginx: _Nginx, tmp_path: Path) -> None:
     run_train(tmp_path / "local", *TRAIN, f"data.root={conv}", nproc=2)
     run_train(tmp_path / "http", *TRAIN, f"data.root={nginx}/conv", nproc=2)
     assert losses(tmp_path / "http") == losses(tmp_path / "local") and len(losses(tmp_path / "local")) == 4
     served = urllib.request.urlopen(f"{nginx}/conv/classes.json", timeout=10).read()
     assert json.loads(served) == json.loads((conv / "classes.json").read_text())
+
+
+# Training through network faults: shards of one batch each (40 a training epoch), so every step needs a request.
+SMALL = [*TRAIN, "train.max_steps=16", "checkpoint.every_steps=4", "checkpoint.keep_last=10"]
+
+
+@pytest.fixture(scope="module")
+def small(data: Path) -> Path:
+    """``data/small``: the conversion ``conv`` is, with one batch (4 images) a shard."""
+    from sigmanens_dist.cli import main
+
+    if not FASHION_MNIST_ROOT.is_dir():
+        pytest.skip("needs Debian's dataset-fashion-mnist (launch/setup.sh installs it)")
+    assert main([*CONVERT[:6], "--max-count", "4", *CONVERT[8:], "--out", str(data / "small")]) == 0
+    return data / "small"
+
+
+@pytest.fixture(scope="module")
+def straight(small: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    """The losses of the undisturbed run on local disk."""
+    run = tmp_path_factory.mktemp("straight") / "run"
+    run_train(run, *SMALL, f"data.root={small}")
+    return losses(run)
+
+
+def _tar_requests(server: _Nginx) -> int:
+    return sum(".tar HTTP/" in line for line in server.access_log.read_text().splitlines())
+
+
+@pytest.mark.slow
+def test_training_survives_the_server_stopped_for_5_s(small: Path, straight: dict[int, float], nginx: _Nginx,
+                                                      tmp_path: Path) -> None:
+    """nginx stopped by PID once 3 shards were requested and started again 5 s later: the run waits with warning
+    lines (connection refused, retry n of 5) and trains on exactly the undisturbed run's batches."""
+    run, err = tmp_path / "http", tmp_path / "http.stderr"
+    before = _tar_requests(nginx)
+    with err.open("w") as f:
+        proc = subprocess.Popen(train_cmd(run, *SMALL, f"data.root={nginx}/small"), cwd=REPO, env=env(),
+                                stdout=subprocess.DEVNULL, stderr=f)
+    try:
+        deadline = time.time() + 120
+        while _tar_requests(nginx) < before + 3:
+            assert proc.poll() is None and time.time() < deadline, err.read_text()[-3000:]
+            time.sleep(0.02)
+        nginx.stop()
+        time.sleep(5)
+        nginx.start()
+        assert proc.wait(timeout=300) == 0, err.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    retries = [line for line in err.read_text().splitlines() if "reading it again from its start" in line]
+    assert retries and all(f"{nginx}/small/" in line and "WARNING" in line for line in retries), retries
+    assert losses(run) == straight and len(straight) == 16
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_over_http_resumes_to_the_undisturbed_losses(small: Path, straight: dict[int, float],
+                                                                    nginx: _Nginx, tmp_path: Path) -> None:
+    run, overrides = tmp_path / "killed", [*SMALL, f"data.root={nginx}/small"]
+    assert interrupted(run, overrides, signal.SIGKILL, "step_00000008.pt") == -signal.SIGKILL
+    run_train(run, *overrides, "checkpoint.resume=auto")
+    assert losses(run) == straight
 
 
 def test_config_takes_a_url_root_for_webdataset_only_and_without_reaching_it() -> None:

@@ -16,9 +16,12 @@ training reads with data.format=ffcv|webdataset.
         --max-resolution 500 --jpeg-quality 90 --compress-probability 0.5
     sigmanens data convert --dataset fashion_mnist --format webdataset --out /data/fmnist_wds --max-count 5000
     sigmanens data convert --dataset sst2 --root /data/SST-2 --format webdataset --out /data/sst2_wds --max-count 8000
+    AWS_PROFILE=training sigmanens data convert --dataset cifar10 --root /data/cifar10 --format webdataset \
+        --out s3://training-data/c10_wds
 
 --out must be new, empty, or an unfinished conversion of the same format (which is resumed); --force writes into
-any folder.
+any folder. An s3://BUCKET/PREFIX --out (webdataset; credentials from the AWS environment) must hold nothing unless
+--force: each shard is uploaded when complete, the manifests and classes.json last. HTTP servers are read-only.
 """
 
 
@@ -43,7 +46,7 @@ def _convert(argv: Sequence[str]) -> int:
     ap.add_argument("--dataset", required=True, choices=sorted(convertible()))
     ap.add_argument("--root", type=Path, help="the dataset in its native format (default: the dataset's default)")
     ap.add_argument("--format", required=True, choices=["ffcv", "webdataset"])
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", required=True, help="a local folder, or s3://BUCKET/PREFIX for webdataset shards")
     ap.add_argument("--force", action="store_true",
                     help="write into --out even if it holds a finished conversion or other files")
     ap.add_argument("--max-count", type=int, default=10_000, help="webdataset: samples per shard")
@@ -58,12 +61,13 @@ def _convert(argv: Sequence[str]) -> int:
                          "(runs then validate on test: data.val_from_test=true); default 0.1, as data.val_split")
     ap.add_argument("--split-seed", type=int, default=0, help="seed of the carved split (data.split_seed); default 0")
     a = ap.parse_args(argv)
-    from sigmanens_dist.data.convert import convert  # after parsing: `--help` answers without torch
+    from sigmanens_dist.data.convert import convert, out_location  # after parsing: `--help` answers without torch
 
     try:
+        target = out_location(a.out)
         cfg = load_config(None, _convert_overrides(a.dataset, a.root, a.train_subset, a.test_subset, a.val_split,
                                                    a.split_seed))
-        out = convert(cfg.data, cfg.data_root(), a.format, a.out, max_count=a.max_count,
+        out = convert(cfg.data, cfg.data_root(), a.format, target, max_count=a.max_count,
                       jpeg_quality=a.jpeg_quality, max_resolution=a.max_resolution,
                       compress_probability=a.compress_probability, num_workers=a.num_workers, force=a.force)
     except UsageError as err:  # the user's to fix: the message alone, exit 2 (errors.py)

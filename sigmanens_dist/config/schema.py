@@ -139,6 +139,9 @@ class RemoteConfig(_Section):
     # failed attempts in a row on one object before the run stops; each waits twice the last (0.5 s first, ≤ 30 s)
     retries: Int = Field(5, ge=0)
     timeout_s: Float = Field(60.0, gt=0, allow_inf_nan=False)  # each connect and each read
+    # whole shards each stream (rank × DataLoader worker) downloads ahead of the one it reads, in memory or past
+    # 64 MiB in a TMPDIR file: read_ahead + 1 shards per stream at once; 0 streams the shard being read
+    read_ahead: Int = Field(1, ge=0)
 
 
 class DataConfig(_Section):
@@ -206,7 +209,8 @@ class DataConfig(_Section):
                 raise _cross_field("tokenizer", f"a remote data.root ({self.root}) has its tokenizer/ read from a "
                                                 "local folder: set data.tokenizer to a copy of it (sigmanens data "
                                                 "convert writes it beside the shards)", None)
-            self.root = self.root.with_settings(RemoteSettings(self.remote.retries, self.remote.timeout_s))
+            self.root = self.root.with_settings(RemoteSettings(self.remote.retries, self.remote.timeout_s,
+                                                             self.remote.read_ahead))
         return self
 
     @field_validator("val_split", mode="before")

@@ -8,13 +8,19 @@ ask for the same split, so converted and raw data of one config train and valida
 
 The output folder must be new, empty, or this command's own unfinished conversion (which is resumed); anything else,
 a finished conversion included, is refused unless ``force``, since converting would overwrite or delete it.
+
+Webdataset shards may also be written to an S3 prefix: each shard is uploaded as soon as it is complete (a local
+temporary folder holds one at a time), then each split's ``manifest.json``, then ``classes.json``; a reader opens
+``classes.json`` and the manifests first, so it never takes a partial upload for a dataset. A prefix that holds
+anything is refused unless ``force`` (an interrupted upload is redone, not resumed).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import json
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -24,36 +30,55 @@ from sigmanens_dist.atomic import write_text
 from sigmanens_dist.data.datasets import convertible
 from sigmanens_dist.data.loaders import CLASSES_FILE
 from sigmanens_dist.data.raw import build_datasets, split_indices
+from sigmanens_dist.data.remote import RemoteNotFound, RemotePath, first_object, upload
 from sigmanens_dist.data.sources import source_classes, unwrap_source
 from sigmanens_dist.data.sst2 import TOKENIZER_DIR, read_sst2, save_default_tokenizer
 from sigmanens_dist.data.webdataset_io import MANIFEST, MANIFEST_FORMAT, PARTIAL_MANIFEST, SHARDS_GLOB
 from sigmanens_dist.data.webdataset_write import write_shards
 from sigmanens_dist.errors import UsageError
 
-__all__ = ["convert", "fraction_or_count"]
+__all__ = ["convert", "fraction_or_count", "out_location"]
 
 _SPLITS = ("train", "val", "test")
 _SHARD_FIELDS = {"name": str, "first": int, "count": int, "bytes": int, "sha256": str}  # what a resume reads of one
 
 
-def convert(data: Any, root: Path, fmt: str, out: Path, *, max_count: int = 10_000, jpeg_quality: int = 90,
-            max_resolution: int | None = 500, compress_probability: float = 0.5, num_workers: int = 2,
-            force: bool = False) -> Path:
+def convert(data: Any, root: Path, fmt: str, out: Path | RemotePath, *, max_count: int = 10_000,
+            jpeg_quality: int = 90, max_resolution: int | None = 500, compress_probability: float = 0.5,
+            num_workers: int = 2, force: bool = False) -> Path | RemotePath:
     """Convert the dataset that the validated data section ``data`` names (``data.dataset``, read from ``root`` in
     its native format) into ``out``: ``train`` (the first ``data.train_subset`` training samples minus the carved
     validation split), ``val`` (``data.val_split`` of them, drawn from ``data.split_seed``; none when 0) and
     ``test`` (the first ``data.test_subset`` test samples). Returns ``out``. An ``out`` that holds anything but an
-    unfinished conversion of ``fmt`` is refused before the dataset is read, unless ``force``.
+    unfinished conversion of ``fmt`` is refused before the dataset is read, unless ``force``; so is an ``s3://``
+    ``out`` that holds anything (webdataset only; see the module docstring).
 
     SST-2 is stored as sentences, with the default tokenizer (``root``'s ``tokenizer/``, or one trained on its
     ``train.tsv``) saved to ``out/tokenizer/`` so the converted folder trains on its own."""
-    dataset, split_seed = data.dataset, data.split_seed
+    dataset = data.dataset
     if dataset not in convertible():
         raise ValueError(f"--dataset {dataset!r}: convertible datasets are {', '.join(convertible())}")
     if fmt not in ("ffcv", "webdataset"):
         raise ValueError(f"--format {fmt!r}: choose ffcv or webdataset")
-    text = dataset == "sst2"
-    _check_out(out, fmt, text, force)
+    options = {"max_count": max_count, "jpeg_quality": jpeg_quality, "max_resolution": max_resolution,
+               "compress_probability": compress_probability, "num_workers": num_workers}
+    if isinstance(out, RemotePath):
+        _check_bucket(out, fmt, force)
+        with tempfile.TemporaryDirectory(prefix="sigmanens-convert-") as stage:
+            local = Path(stage)
+            _write(data, root, fmt, local, lambda shard: _upload(local, shard, out, keep=False), **options)
+            files = sorted(p for p in local.rglob("*") if p.is_file())  # shards are up already; manifests last
+            for path in sorted(files, key=lambda p: (p.name == CLASSES_FILE, p.name == MANIFEST)):
+                _upload(local, path, out)
+        return out
+    _check_out(out, fmt, dataset == "sst2", force)
+    return _write(data, root, fmt, out, None, **options)
+
+
+def _write(data: Any, root: Path, fmt: str, out: Path, on_shard: Callable[[Path], None] | None, *, max_count: int,
+           jpeg_quality: int, max_resolution: int | None, compress_probability: float, num_workers: int) -> Path:
+    """:func:`convert` into the checked local folder ``out``; ``on_shard`` gets each finished webdataset shard."""
+    dataset, split_seed, text = data.dataset, data.split_seed, data.dataset == "sst2"
     out.mkdir(parents=True, exist_ok=True)
     if text:
         pool, test = read_sst2(root, data.train_subset, data.test_subset)
@@ -79,10 +104,44 @@ def convert(data: Any, root: Path, fmt: str, out: Path, *, max_count: int = 10_0
                             compress_probability=compress_probability, num_workers=num_workers)
         else:
             write_shards(ds, out / split, split=split, max_count=max_count, jpeg_quality=jpeg_quality,
-                         num_workers=num_workers, desc=f"{dataset} {split}")
+                         num_workers=num_workers, desc=f"{dataset} {split}", on_shard=on_shard)
     write_text(out / CLASSES_FILE, json.dumps({"dataset": dataset, "classes": list(classes), "train_pool": len(pool),
                                                "val_split": data.val_split, "split_seed": split_seed}, indent=1))
     return out
+
+
+def out_location(text: str) -> Path | RemotePath:
+    """``--out``: a local folder or an ``s3://BUCKET/PREFIX``; HTTP servers are read-only here."""
+    if "://" not in text:
+        return Path(text)
+    scheme = text.split("://", 1)[0].lower()
+    if scheme != "s3":
+        shown = text if "@" not in text else f"{scheme}://…@…"  # never echo credentials
+        why = "HTTP is read-only here" if scheme in ("http", "https") else "not a place shards are written to"
+        raise UsageError(f"--out {shown}: {why}; write to a local folder (and serve it) or to s3://BUCKET/PREFIX")
+    try:
+        return RemotePath(text)
+    except ValueError as err:
+        raise UsageError(f"--out: {err}") from None
+
+
+def _check_bucket(out: RemotePath, fmt: str, force: bool) -> None:
+    if fmt != "webdataset":
+        raise UsageError(f"--out {out}: only webdataset shards are written to a bucket ({fmt} is read from local "
+                         "files); give a local --out")
+    try:
+        found = first_object(out)
+    except RemoteNotFound:
+        raise UsageError(f"--out {out}: no such bucket; create it first (or check AWS_ENDPOINT_URL)") from None
+    if found is not None and not force:
+        raise UsageError(f"--out {out} is not empty (it holds {found}); a conversion to a bucket is not resumed: "
+                         "choose another --out, or pass --force to write over it")
+
+
+def _upload(local: Path, path: Path, out: RemotePath, keep: bool = True) -> None:
+    upload(path, out / path.relative_to(local).as_posix())
+    if not keep:
+        path.unlink()
 
 
 def _check_out(out: Path, fmt: str, text: bool, force: bool) -> None:

@@ -11,6 +11,10 @@ Reading is retried: a connection error, timeout, HTTP 5xx/408/429 or short read 
 30 s) and reads the object again from its start; :func:`stream_items` then skips the items it already yielded, so
 a consumer sees each item of a shard exactly once. A 4xx (not found, forbidden, wrong credentials) is a
 :class:`RemoteRefused`, a :class:`~sigmanens_dist.errors.UsageError`: retrying cannot fix it.
+
+:class:`ReadAhead` downloads whole shards in a background thread ahead of the one being read, so a slow request
+costs a step nothing while the shards before it last. :data:`TRAFFIC` counts what arrives, for the trainer's log.
+:func:`upload` writes converted shards to a bucket (HTTP is read-only here).
 """
 
 from __future__ import annotations
@@ -20,27 +24,33 @@ import http.client
 import logging
 import os
 import random
+import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import IO, Any, TypeVar
 
 from pydantic import GetCoreSchemaHandler
 from pydantic_core import core_schema
 
 from sigmanens_dist.errors import MissingPathError, UsageError
 
-__all__ = ["SCHEMES", "RemoteError", "RemoteMismatch", "RemoteNotFound", "RemotePath", "RemoteRefused",
-           "RemoteSettings", "RemoteUnavailable", "stream_items"]
+__all__ = ["SCHEMES", "TRAFFIC", "ReadAhead", "RemoteError", "RemoteMismatch", "RemoteNotFound", "RemotePath",
+           "RemoteRefused", "RemoteSettings", "RemoteUnavailable", "Traffic", "first_object", "stream_items", "upload"]
 
 log = logging.getLogger(__name__)
 
 SCHEMES = ("http", "https", "s3")
 _FIRST_DELAY_S, _MAX_DELAY_S = 0.5, 30.0
 _JITTER = random.Random()  # its own generator: the global one is seeded per sample for augmentation
+_SPOOL_BYTES = 64 << 20  # a read-ahead shard larger than this waits in an anonymous temporary file (TMPDIR)
 T = TypeVar("T")
 
 
@@ -71,10 +81,66 @@ class _Transient(Exception):
 
 @dataclass(frozen=True)
 class RemoteSettings:
-    """``data.remote``: failed attempts in a row before giving up, and the timeout of each connect and read."""
+    """``data.remote``: failed attempts in a row before giving up, the timeout of each connect and read, and how many
+    whole shards each stream downloads ahead of the one it reads (0: it streams the one it reads)."""
 
     retries: int = 5
     timeout_s: float = 60.0
+    read_ahead: int = 1
+
+
+class Traffic:
+    """Bytes received from remote objects and downloads under way, in this process and, as reported with each batch
+    (:meth:`report`, :meth:`merge`), in its DataLoader workers, which are separate processes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.received = 0  # bytes, every attempt's
+        self.active = 0  # this process's downloads under way
+        self._workers: dict[int, int] = {}  # each worker's downloads under way, as last reported
+        self._reported = 0  # in a worker: the bytes already passed on
+        self._since = (time.monotonic(), 0)  # the last line's time and byte count
+
+    def add(self, received: int = 0, active: int = 0) -> None:
+        with self._lock:
+            self.received += received
+            self.active += active
+
+    def report(self) -> tuple[int, int]:
+        """In a worker: the bytes received since the last report, and the downloads under way now."""
+        with self._lock:
+            new, self._reported = self.received - self._reported, self.received
+            return new, self.active
+
+    def merge(self, worker: int, received: int, active: int) -> None:
+        with self._lock:
+            self.received += received
+            self._workers[worker] = active
+
+    def workers_done(self) -> None:
+        """The workers of an epoch have exited: their downloads are over."""
+        with self._lock:
+            self._workers.clear()
+
+    def _forked(self) -> None:
+        """In a forked DataLoader worker: the parent's lock may be held, and its downloads and bytes are not ours."""
+        self._lock = threading.Lock()
+        self.active, self._workers, self._reported = 0, {}, self.received
+
+    def line(self) -> str | None:
+        """MB/s since the last line and downloads under way; None while nothing was ever received."""
+        with self._lock:
+            now, received = time.monotonic(), self.received
+            active = self.active + sum(self._workers.values())
+            (then, before), self._since = self._since, (now, received)
+        if received == 0:
+            return None
+        return (f"remote data: {(received - before) / 1e6 / max(now - then, 1e-9):.1f} MB/s over {now - then:.1f} s, "
+                f"{received / 1e6:.1f} MB so far, {active} shard download(s) in flight")
+
+
+TRAFFIC = Traffic()  # per process; a forked DataLoader worker reports what it receives with each batch
+os.register_at_fork(after_in_child=TRAFFIC._forked)
 
 
 class RemotePath:
@@ -130,14 +196,10 @@ class RemotePath:
 
     def is_file(self) -> bool:
         """Whether the object exists (HTTP HEAD, S3 HeadObject); refusals other than not-found raise."""
-        backoff = _Backoff(self)
-        while True:
-            try:
-                return _s3_head(self) if self.url.startswith("s3://") else _http_head(self)
-            except RemoteNotFound:
-                return False
-            except _Transient as err:
-                backoff.failed(err)
+        try:
+            return _retrying(self, lambda: _s3_head(self) if self.url.startswith("s3://") else _http_head(self))
+        except RemoteNotFound:
+            return False
 
     def read_bytes(self) -> bytes:
         return b"".join(stream_items(self, None, None, lambda body: iter([body.read()])))
@@ -164,6 +226,15 @@ class _Backoff:
         time.sleep(delay)
 
 
+def _retrying(path: RemotePath, attempt: Callable[[], T]) -> T:
+    backoff = _Backoff(path)
+    while True:
+        try:
+            return attempt()
+        except _Transient as err:
+            backoff.failed(err)
+
+
 class _Body:
     """The response stream as a file for ``tarfile``: a dropped connection or a short read becomes ``_Transient``;
     bytes past the expected size, or (at :meth:`finish`) a sha256 that differs, a :class:`RemoteMismatch`."""
@@ -182,6 +253,7 @@ class _Body:
         if not data and n != 0 and self.size is not None and self.pos < self.size:
             raise _Transient(f"short read: the transfer ended after {self.pos} of {self.size} bytes")
         self.pos += len(data)
+        TRAFFIC.add(len(data))
         if self.size is not None and self.pos > self.size:
             raise RemoteMismatch(f"{self.path}: more than the {self.size} bytes its manifest records; the object "
                                  "was replaced: write the shards and manifest again")
@@ -207,20 +279,91 @@ def stream_items(path: RemotePath, size: int | None, sha256: str | None,
     the size and sha256 checks make it). ``size`` and ``sha256``, when known, are checked against what arrives.
     The retry budget counts failures in a row: an attempt that yields new items resets it."""
     done, backoff = 0, _Backoff(path)
-    while True:
-        try:
-            body = _s3_get(path, size) if path.url.startswith("s3://") else _http_get(path, size)
+    TRAFFIC.add(active=1)
+    try:
+        while True:
             try:
-                for seen, item in enumerate(parse(body), 1):
-                    if seen > done:
-                        done, backoff.failures = seen, 0
-                        yield item
-                body.finish(sha256)
+                body = _s3_get(path, size) if path.url.startswith("s3://") else _http_get(path, size)
+                try:
+                    for seen, item in enumerate(parse(body), 1):
+                        if seen > done:
+                            done, backoff.failures = seen, 0
+                            yield item
+                    body.finish(sha256)
+                finally:
+                    body.close()
+                return
+            except _Transient as err:
+                backoff.failed(err)
+    finally:
+        TRAFFIC.add(active=-1)
+
+
+class _Stopped(Exception):
+    """A read-ahead download abandoned because its stream was closed."""
+
+
+class ReadAhead:
+    """The objects ``(path, size, sha256)``, each downloaded whole (retried, checked as :func:`stream_items` does)
+    by a background thread into memory or, past 64 MiB, an anonymous temporary file, at most ``depth`` ahead of the
+    one being read: iterating yields each as a file positioned at its start, in order, closed once the next is
+    asked for. A failed download raises at its turn, so the objects before it are read first, as without read-ahead.
+    """
+
+    def __init__(self, objects: Sequence[tuple[RemotePath, int | None, str | None]], depth: int) -> None:
+        self.objects, self.depth = list(objects), depth
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="shard-read-ahead")
+        self._pending: deque[Future[IO[bytes]]] = deque()
+        self._next = 0
+
+    def __iter__(self) -> Iterator[IO[bytes]]:
+        self._submit(self.depth + 1)
+        while self._pending:
+            f = self._pending[0].result()
+            self._pending.popleft()
+            self._submit(self.depth)
+            try:
+                yield f
             finally:
-                body.close()
-            return
-        except _Transient as err:
-            backoff.failed(err)
+                f.close()
+
+    def _submit(self, queued: int) -> None:
+        while self._next < len(self.objects) and len(self._pending) < queued:
+            self._pending.append(self._pool.submit(self._fetch, *self.objects[self._next]))
+            self._next += 1
+
+    def _fetch(self, path: RemotePath, size: int | None, sha256: str | None) -> IO[bytes]:
+        f = tempfile.SpooledTemporaryFile(_SPOOL_BYTES)  # noqa: SIM115 (the reader closes it)
+        try:
+            deque(stream_items(path, size, sha256, lambda body: self._copy(body, f)), maxlen=0)
+        except BaseException:
+            f.close()
+            raise
+        f.seek(0)
+        return f
+
+    def _copy(self, body: _Body, f: IO[bytes]) -> Iterator[None]:
+        f.seek(0)
+        f.truncate()
+        while chunk := body.read(1 << 20):
+            if self._stop.is_set():
+                raise _Stopped
+            f.write(chunk)
+        yield None
+
+    def close(self) -> None:
+        """Stops the downloads without waiting (one in a retry's back-off ends by itself) and frees the files."""
+        self._stop.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for future in self._pending:
+            future.add_done_callback(_close_result)  # at once if done; else when its download ends
+        self._pending.clear()
+
+
+def _close_result(future: Future[IO[bytes]]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().close()
 
 
 def _expected(path: RemotePath, size: int | None, length: int | None) -> int | None:
@@ -334,3 +477,22 @@ def _s3_get(path: RemotePath, size: int | None) -> _Body:
         response["Body"].close()
         raise
     return _Body(path, response["Body"], expected, (OSError, BotoCoreError, HTTPError))
+
+
+def upload(local: Path, dest: RemotePath) -> None:
+    """``local``'s bytes as the S3 object ``dest``: one PUT (up to 5 GB; a shard closes at 1 GB by default), retried
+    as reads are."""
+
+    def put() -> None:
+        with local.open("rb") as f:
+            _s3_call(dest, lambda client, bucket, key: client.put_object(Bucket=bucket, Key=key, Body=f))
+
+    _retrying(dest, put)
+
+
+def first_object(prefix: RemotePath) -> RemotePath | None:
+    """An object below the S3 "folder" ``prefix``, or None when it holds none."""
+    listed = _retrying(prefix, lambda: _s3_call(prefix, lambda client, bucket, key: client.list_objects_v2(
+        Bucket=bucket, Prefix=f"{key}/" if key else "", MaxKeys=1)))
+    keys = [entry["Key"] for entry in listed.get("Contents", [])]
+    return RemotePath(f"s3://{_bucket_key(prefix)[0]}/{keys[0]}", prefix.settings) if keys else None

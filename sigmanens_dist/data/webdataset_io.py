@@ -35,6 +35,7 @@ import random
 import tarfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from torchvision.transforms import v2
 from tqdm import tqdm
 
 from sigmanens_dist.data.bad_samples import BadSamples
-from sigmanens_dist.data.remote import RemoteError, RemotePath, stream_items
+from sigmanens_dist.data.remote import TRAFFIC, ReadAhead, RemoteError, RemotePath, stream_items
 from sigmanens_dist.data.sampler import epoch_seed, sample_seed
 
 __all__ = ["MANIFEST", "MANIFEST_FORMAT", "PARTIAL_MANIFEST", "SHARDS_GLOB", "Manifest", "Shard", "ShardError",
@@ -147,6 +148,20 @@ def _records(shard: Shard) -> Iterator[tuple[str, dict[str, bytes]]]:
     return _local_records(shard)
 
 
+def _stream_records(shards: list[Shard]) -> Iterator[tuple[Shard, str, dict[str, bytes]]]:
+    """``(shard, key, parts)`` of ``shards`` in order; remote ones are downloaded whole ``data.remote.read_ahead``
+    shards ahead of the one being read (:class:`ReadAhead`), so a slow request waits while earlier shards last. The
+    items are the same either way: the tar is parsed from the downloaded copy as it would be from the stream."""
+    depth = shards[0].path.settings.read_ahead if shards and isinstance(shards[0].path, RemotePath) else 0
+    if depth == 0:
+        for shard in shards:
+            yield from ((shard, key, parts) for key, parts in _records(shard))
+        return
+    with closing(ReadAhead([(s.path, s.bytes, s.sha256) for s in shards], depth)) as ahead:
+        for shard, f in zip(shards, ahead, strict=True):
+            yield from ((shard, key, parts) for key, parts in _tar_records(shard, f))
+
+
 def _local_records(shard: Shard) -> Iterator[tuple[str, dict[str, bytes]]]:
     with shard.path.open("rb") as f:
         yield from _tar_records(shard, f)
@@ -234,6 +249,17 @@ class _Failed:
     error: Exception
 
 
+@dataclass(frozen=True)
+class _Counted:
+    """A batch from a DataLoader worker streaming remote shards, with what the worker received since its last batch
+    and its downloads under way (:meth:`Traffic.report`): the trainer's throughput line counts every worker."""
+
+    batch: tuple[Any, ...]
+    worker: int
+    received: int
+    active: int
+
+
 class _RankStream(IterableDataset):
     """This rank's part of one epoch; DataLoader worker ``w`` runs stream ``(w + start_batch) mod workers``, so the
     DataLoader's round-robin over workers yields batches ``start_batch, start_batch + 1, ...`` in order."""
@@ -241,9 +267,12 @@ class _RankStream(IterableDataset):
     def __init__(self, loader: WebDatasetLoader, epoch: int, start_batch: int) -> None:
         self.loader, self.epoch, self.start_batch = loader, epoch, start_batch
 
-    def __iter__(self) -> Iterator[tuple[Any, ...] | _Failed]:
+    def __iter__(self) -> Iterator[tuple[Any, ...] | _Counted | _Failed]:
+        info = get_worker_info()
+        counted = info is not None and isinstance(self.loader.manifest.path, RemotePath)
         try:
-            yield from self._batches()
+            for batch in self._batches():
+                yield _Counted(batch, info.id, *TRAFFIC.report()) if counted else batch
         except (ShardError, RemoteError) as err:
             yield _Failed(err)
 
@@ -254,16 +283,18 @@ class _RankStream(IterableDataset):
         shards = ld.epoch_shards(self.epoch)[stream]
         skip = max(0, -(-(self.start_batch - stream) // ld.workers))  # batches of this stream before start_batch
         rng = random.Random(sample_seed(ld.seed, self.epoch, 1 + ld.rank * ld.workers + stream))
-        records = ((shard, key, parts) for shard in shards for key, parts in _records(shard))
-        if ld.shuffle_buffer > 1:
-            records = _shuffled(records, ld.shuffle_buffer, rng)
-        for j in range(ld.batches_per_stream):
-            batch = [next(records, None) for _ in range(ld.batch_size)]
-            if batch[-1] is None:
-                raise ShardError(f"shards {[str(s.path) for s in shards]} ran out after batch {j}, before the "
-                                 f"{ld.batches_per_stream} their manifest counts promise")
-            if j >= skip:
-                yield self._collate(batch)
+        source = _stream_records(shards)
+        records = _shuffled(source, ld.shuffle_buffer, rng) if ld.shuffle_buffer > 1 else source
+        try:
+            for j in range(ld.batches_per_stream):
+                batch = [next(records, None) for _ in range(ld.batch_size)]
+                if batch[-1] is None:
+                    raise ShardError(f"shards {[str(s.path) for s in shards]} ran out after batch {j}, before the "
+                                     f"{ld.batches_per_stream} their manifest counts promise")
+                if j >= skip:
+                    yield self._collate(batch)
+        finally:
+            source.close()  # stops the read-ahead of shards this epoch leaves unread
 
     def _collate(self, batch: list[tuple[Shard, str, dict[str, bytes]]]) -> tuple[Any, ...]:
         ld = self.loader
@@ -352,11 +383,17 @@ class WebDatasetLoader:
         loader = DataLoader(_RankStream(self, epoch, start_batch), batch_size=None, num_workers=self.num_workers,
                             prefetch_factor=4 if self.num_workers else None)
         n = 0
-        for batch in loader:
-            if isinstance(batch, _Failed):
-                raise batch.error
-            yield batch
-            n += 1
+        try:
+            for batch in loader:
+                if isinstance(batch, _Failed):
+                    raise batch.error
+                if isinstance(batch, _Counted):
+                    TRAFFIC.merge(batch.worker, batch.received, batch.active)
+                    batch = batch.batch
+                yield batch
+                n += 1
+        finally:
+            TRAFFIC.workers_done()
         if n != len(self) - start_batch:  # a stream ending early would desynchronise the ranks
             raise ShardError(f"{self.manifest.path}: epoch {epoch} yielded {n} batches from {start_batch}, "
                              f"expected {len(self) - start_batch}")
@@ -373,17 +410,16 @@ def iter_eval(manifest: Path | RemotePath | str, rank: int, world_size: int, bat
     labels: list[int] = []
     index, bad = 0, bad or BadSamples("error")
     man = read_manifest(manifest)
-    for shard in man.shards:
-        for key, parts in _records(shard):
-            mine, index = index % world_size == rank, index + 1
-            decoded = _checked_decode(shard, key, parts, man.num_classes, bad) if mine else None
-            if decoded is None:
-                continue
-            image, label = decoded
-            images.append(transform(image) if transform is not None else image)
-            labels.append(label)
-            if len(images) == batch_size:
-                yield collate(images), torch.tensor(labels, dtype=torch.int64)
-                images, labels = [], []
+    for shard, key, parts in _stream_records(man.shards):
+        mine, index = index % world_size == rank, index + 1
+        decoded = _checked_decode(shard, key, parts, man.num_classes, bad) if mine else None
+        if decoded is None:
+            continue
+        image, label = decoded
+        images.append(transform(image) if transform is not None else image)
+        labels.append(label)
+        if len(images) == batch_size:
+            yield collate(images), torch.tensor(labels, dtype=torch.int64)
+            images, labels = [], []
     if images:
         yield collate(images), torch.tensor(labels, dtype=torch.int64)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -48,10 +49,6 @@ def _encode(dataset: Dataset, index: int, quality: int) -> tuple[str, bytes, int
     return "jpg", buf.getvalue(), label
 
 
-
-
-
-
 def _selection(dataset: Dataset) -> str | None:
     """A digest of which source samples a carved split takes (None: all of them), so re-running a conversion with
     another split never keeps shards of the old one."""
@@ -80,8 +77,9 @@ def _valid_prefix(out_dir: Path, shards: list[dict[str, Any]]) -> list[dict[str,
 class _ShardLog:
     """Records each shard as ShardWriter closes it, in the partial manifest a resumed conversion starts from."""
 
-    def __init__(self, path: Path, settings: dict[str, Any], shards: list[dict[str, Any]], start: int) -> None:
-        self.path, self.settings, self.shards = path, settings, shards
+    def __init__(self, path: Path, settings: dict[str, Any], shards: list[dict[str, Any]], start: int,
+                 on_shard: Callable[[Path], None] | None) -> None:
+        self.path, self.settings, self.shards, self.on_shard = path, settings, shards, on_shard
         self.first = self.next = start
         self.max_label = -1
 
@@ -95,18 +93,21 @@ class _ShardLog:
                             "max_label": self.max_label, "bytes": path.stat().st_size, "sha256": _sha256(path)})
         self.first, self.max_label = self.next, -1
         _write_json(self.path, {"format": MANIFEST_FORMAT, "settings": self.settings, "shards": self.shards})
+        if self.on_shard is not None:
+            self.on_shard(path)
 
 
 def write_shards(dataset: Dataset, out_dir: Path | str, *, split: str = "train", max_count: int = 10_000,
-                 max_size: int = 1 << 30, jpeg_quality: int = 95, num_workers: int = 4, desc: str | None = None
-                 ) -> Path:
+                 max_size: int = 1 << 30, jpeg_quality: int = 95, num_workers: int = 4, desc: str | None = None,
+                 on_shard: Callable[[Path], None] | None = None) -> Path:
     """Writes ``dataset`` as ``out_dir/{split}-%06d.tar`` shards plus ``out_dir/manifest.json``; returns the manifest.
 
     A shard closes after ``max_count`` samples or once it reaches ``max_size`` bytes. Each closed shard is recorded
     (count, size, sha256) in ``manifest.partial.json`` at once, so an interrupted conversion re-run with the same
     settings keeps every shard that still matches that record and restarts after the last one; boundaries, and so the
     bytes, come out as an uninterrupted run's. A finished conversion with the same settings returns at once.
-    ``num_workers`` threads encode (PIL releases the GIL), the writer stays in order.
+    ``num_workers`` threads encode (PIL releases the GIL), the writer stays in order. ``on_shard`` gets each shard
+    once it is recorded; the conversion to a bucket uploads it there and deletes it, so that one is not resumed.
     """
     if max_count < 1 or max_size < 1:
         raise ValueError(f"max_count={max_count} and max_size={max_size} must be positive")
@@ -140,7 +141,7 @@ def write_shards(dataset: Dataset, out_dir: Path | str, *, split: str = "train",
     for stale in out_dir.glob(SHARDS_GLOB.format(split=split)):  # an interrupted shard, or shards of other settings
         if stale.name not in {s["name"] for s in shards}:
             stale.unlink()
-    log = _ShardLog(partial_path, settings, shards, start)
+    log = _ShardLog(partial_path, settings, shards, start, on_shard)
     if start < n:
         pattern = str(out_dir / f"{split}-%06d.tar")
         writer = wds.ShardWriter(pattern, maxcount=max_count, maxsize=max_size, post=log.closed,

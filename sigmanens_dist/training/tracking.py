@@ -289,12 +289,13 @@ def _dataset_input(params: dict[str, Any]) -> Any:
     from sigmanens_dist.data.datasets import DATASETS, resolve_root
 
     name, root = str(data.get("dataset", "unknown")), data.get("root")
-    if name in DATASETS:  # a dataset's default root (Fashion-MNIST's Debian folder) when none is set
+    remote = isinstance(root, str) and "://" in root  # streamed shards: the URL (validation kept credentials out)
+    if name in DATASETS and not remote:  # a dataset's default root (Fashion-MNIST's Debian folder) when none is set
         root = resolve_root(name, Path(root) if root else None)
     if root:
         with warnings.catch_warnings():  # "can be interpreted in multiple ways": every candidate is a local path
             warnings.simplefilter("ignore", UserWarning)
-            source = resolve_dataset_source(str(Path(root).resolve()))
+            source = resolve_dataset_source(root if remote else str(Path(root).resolve()))
     else:
         source = CodeDatasetSource(tags={"generator": f"sigmanens_dist.data ({name})"})
     selection = {k: data.get(k) for k in ("dataset", "format", "root", "img_size", "train_subset", "val_subset",
