@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
 import torch
 
 if TYPE_CHECKING:
@@ -100,6 +102,61 @@ def interrupted(run: Path, overrides: list[str], sig: int, after_ckpt: str, npro
     if sig != signal.SIGKILL:
         assert "checkpointed at step" in err or proc.returncode != 0, err[-3000:]
     return proc.returncode
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, seconds: float = 20) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port`` within ``seconds`` while ``proc`` lives."""
+    deadline = time.time() + seconds
+    while time.time() < deadline and proc.poll() is None:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 10 s: a server this test session started (by its PID)."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class Nginx:
+    """Debian's nginx in the foreground with its own config, serving ``root`` on 127.0.0.1; formats as its base URL. A
+    test may stop it (by PID) and start it again on the same port. tests/test_remote_shards.py, tests/test_slurm.py."""
+
+    def __init__(self, root: Path, conf_dir: Path) -> None:
+        self.conf_dir, self.port, self.proc = conf_dir, free_port(), None
+        self.access_log = conf_dir / "access.log"
+        user = "user root;" if os.geteuid() == 0 else ""  # workers must read pytest's 0700 folders
+        temp = " ".join(f"{kind}_temp_path {conf_dir / kind};" for kind in ("client_body", "proxy", "fastcgi",
+                                                                            "uwsgi", "scgi"))
+        (conf_dir / "nginx.conf").write_text(
+            f"daemon off; {user} worker_processes 1; pid {conf_dir / 'nginx.pid'}; error_log "
+            f"{conf_dir / 'error.log'};\nevents {{ worker_connections 64; }}\n"
+            f"http {{ access_log {self.access_log}; {temp}\n"
+            f"  server {{ listen 127.0.0.1:{self.port}; root {root}; }} }}\n")
+
+    def __str__(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        exe = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not os.access(exe, os.X_OK):
+            pytest.skip("nginx is not installed (launch/setup.sh installs Debian's nginx)")
+        with (self.conf_dir / "stderr").open("w") as err:
+            self.proc = subprocess.Popen([exe, "-p", str(self.conf_dir), "-e", str(self.conf_dir / "error.log"),
+                                          "-c", str(self.conf_dir / "nginx.conf")], stdout=err, stderr=err)
+        if not wait_for_port(self.port, self.proc):
+            self.stop()
+            pytest.skip(f"nginx could not start: {(self.conf_dir / 'stderr').read_text().strip()[-300:]}")
+
+    def stop(self) -> None:
+        stop_process(self.proc)
 
 
 # SST-2 in GLUE format, generated: the text tests (tests/test_sst2.py, tests/test_sst2_formats.py)

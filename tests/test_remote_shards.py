@@ -39,7 +39,19 @@ from sigmanens_dist.data.remote import (
 from sigmanens_dist.data.synthetic_tree import make_image_folder
 from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, image_transform
 from sigmanens_dist.data.webdataset_write import write_shards
-from tests.helpers import REPO, TINY_VIT, env, free_port, interrupted, losses, run_train, train_cmd
+from tests.helpers import (
+    REPO,
+    TINY_VIT,
+    Nginx,
+    env,
+    free_port,
+    interrupted,
+    losses,
+    run_train,
+    stop_process,
+    train_cmd,
+    wait_for_port,
+)
 
 FAST = RemoteSettings(retries=3, timeout_s=10)  # read_ahead=1, the default
 TRAIN = [*TINY_VIT, "data.dataset=fashion_mnist", "data.format=webdataset", "data.img_size=16", "data.num_workers=1",
@@ -74,62 +86,9 @@ def conv(data: Path) -> Path:
     return data / "conv"
 
 
-def _wait_for_port(port: int, proc: subprocess.Popen, seconds: float = 20) -> bool:
-    deadline = time.time() + seconds
-    while time.time() < deadline and proc.poll() is None:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return True
-        time.sleep(0.05)
-    return False
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-class _Nginx:
-    """Debian's nginx in the foreground with its own config, serving ``root``; formats as its base URL. A test may
-    stop it (by PID) and start it again on the same port."""
-
-    def __init__(self, root: Path, conf_dir: Path) -> None:
-        self.conf_dir, self.port, self.proc = conf_dir, free_port(), None
-        self.access_log = conf_dir / "access.log"
-        user = "user root;" if os.geteuid() == 0 else ""  # workers must read pytest's 0700 folders
-        temp = " ".join(f"{kind}_temp_path {conf_dir / kind};" for kind in ("client_body", "proxy", "fastcgi",
-                                                                            "uwsgi", "scgi"))
-        (conf_dir / "nginx.conf").write_text(
-            f"daemon off; {user} worker_processes 1; pid {conf_dir / 'nginx.pid'}; error_log "
-            f"{conf_dir / 'error.log'};\nevents {{ worker_connections 64; }}\n"
-            f"http {{ access_log {self.access_log}; {temp}\n"
-            f"  server {{ listen 127.0.0.1:{self.port}; root {root}; }} }}\n")
-
-    def __str__(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        exe = shutil.which("nginx") or "/usr/sbin/nginx"
-        if not os.access(exe, os.X_OK):
-            pytest.skip("nginx is not installed (launch/setup.sh installs Debian's nginx)")
-        with (self.conf_dir / "stderr").open("w") as err:
-            self.proc = subprocess.Popen([exe, "-p", str(self.conf_dir), "-e", str(self.conf_dir / "error.log"),
-                                          "-c", str(self.conf_dir / "nginx.conf")], stdout=err, stderr=err)
-        if not _wait_for_port(self.port, self.proc):
-            self.stop()
-            pytest.skip(f"nginx could not start: {(self.conf_dir / 'stderr').read_text().strip()[-300:]}")
-
-    def stop(self) -> None:
-        _stop(self.proc)
-
-
 @pytest.fixture(scope="module")
-def nginx(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Nginx]:
-    server = _Nginx(data, tmp_path_factory.mktemp("nginx"))
+def nginx(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nginx]:
+    server = Nginx(data, tmp_path_factory.mktemp("nginx"))
     server.start()
     yield server
     server.stop()
@@ -147,8 +106,8 @@ def s3(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                                 env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}, stdout=out, stderr=out)
-    if not _wait_for_port(port, proc, 60):
-        _stop(proc)
+    if not wait_for_port(port, proc, 60):
+        stop_process(proc)
         pytest.skip(f"moto's S3 server could not start: {log.read_text().strip()[-300:]}")
     url = f"http://127.0.0.1:{port}"
     iam = boto3.client("iam", endpoint_url=url, region_name="us-east-1", aws_access_key_id="bootstrap",
@@ -165,7 +124,7 @@ def s3(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     client.create_bucket(Bucket="shards")
     _upload(client, data, "loose")
     yield aws
-    _stop(proc)
+    stop_process(proc)
 
 
 def _upload(client: Any, data: Path, folder: str) -> None:
@@ -257,7 +216,7 @@ def _assert_same(got: list[tuple[Any, ...]], want: list[tuple[Any, ...]]) -> Non
 
 
 @pytest.mark.parametrize("read_ahead", [0, 1, 3])
-def test_nginx_streams_the_batches_of_local_disk(data: Path, nginx: _Nginx, read_ahead: int) -> None:
+def test_nginx_streams_the_batches_of_local_disk(data: Path, nginx: Nginx, read_ahead: int) -> None:
     settings = RemoteSettings(retries=3, timeout_s=10, read_ahead=read_ahead)
     local, remote = _loader(data / "loose" / "train"), _loader(RemotePath(f"{nginx}/loose/train/{MANIFEST}", settings))
     assert len(remote) == len(local) == 12
@@ -294,7 +253,7 @@ def test_dropped_connections_and_503s_are_retried_without_losing_or_repeating_a_
 
 
 def test_read_ahead_is_bounded_and_every_byte_is_counted(data: Path, flaky: http.server.ThreadingHTTPServer,
-                                                          nginx: _Nginx) -> None:
+                                                          nginx: Nginx) -> None:
     """A stream downloads the next ``read_ahead`` shards while it reads one, and no more; the bytes DataLoader
     workers receive reach the main process's count (what the trainer's throughput line reports) exactly."""
     for depth in (1, 2):
@@ -435,7 +394,7 @@ def test_training_from_s3_writes_no_credential_anywhere(data: Path, conv: Path, 
 
 
 @pytest.mark.slow
-def test_two_rank_training_over_http_equals_local_disk(conv: Path, nginx: _Nginx, tmp_path: Path) -> None:
+def test_two_rank_training_over_http_equals_local_disk(conv: Path, nginx: Nginx, tmp_path: Path) -> None:
     run_train(tmp_path / "local", *TRAIN, f"data.root={conv}", nproc=2)
     run_train(tmp_path / "http", *TRAIN, f"data.root={nginx}/conv", nproc=2)
     assert losses(tmp_path / "http") == losses(tmp_path / "local") and len(losses(tmp_path / "local")) == 4
@@ -466,12 +425,12 @@ def straight(small: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int,
     return losses(run)
 
 
-def _tar_requests(server: _Nginx) -> int:
+def _tar_requests(server: Nginx) -> int:
     return sum(".tar HTTP/" in line for line in server.access_log.read_text().splitlines())
 
 
 @pytest.mark.slow
-def test_training_survives_the_server_stopped_for_5_s(small: Path, straight: dict[int, float], nginx: _Nginx,
+def test_training_survives_the_server_stopped_for_5_s(small: Path, straight: dict[int, float], nginx: Nginx,
                                                       tmp_path: Path) -> None:
     """nginx stopped by PID once 3 shards were requested and started again 5 s later: the run waits with warning
     lines (connection refused, retry n of 5) and trains on exactly the undisturbed run's batches."""
@@ -499,7 +458,7 @@ def test_training_survives_the_server_stopped_for_5_s(small: Path, straight: dic
 
 @pytest.mark.slow
 def test_sigkill_mid_run_over_http_resumes_to_the_undisturbed_losses(small: Path, straight: dict[int, float],
-                                                                    nginx: _Nginx, tmp_path: Path) -> None:
+                                                                    nginx: Nginx, tmp_path: Path) -> None:
     run, overrides = tmp_path / "killed", [*SMALL, f"data.root={nginx}/small"]
     assert interrupted(run, overrides, signal.SIGKILL, "step_00000008.pt") == -signal.SIGKILL
     run_train(run, *overrides, "checkpoint.resume=auto")

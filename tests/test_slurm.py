@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sigmanens_dist.data import FASHION_MNIST_ROOT
 from sigmanens_dist.training.tracking import read_records
-from tests.helpers import REPO, SYNTHETIC, TINY_VIT, env, losses, torchrun
+from tests.helpers import REPO, SYNTHETIC, TINY_VIT, Nginx, env, losses, torchrun
 from tests.slurm_cluster import FINAL_STATES, SlurmCluster, bring_up, can_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(can_run() is not None, reason=str(can_run()))]
@@ -29,6 +30,12 @@ OVERRIDES = [*TINY_VIT, *SYNTHETIC, "data.format=raw", "data.val_split=0.1", f"t
              "strategy.backend=gloo", "train.ema_decay=null", "train.mixup_alpha=0", "train.cutmix_alpha=0",
              "train.randaugment=null", "train.label_smoothing=0", "schedule.warmup_steps=2"]
 NO_GPUS = ["--gpus-per-node=0", "--cpus-per-task=1", "--time=15"]  # the test nodes have no GPUs and few CPUs
+# The same tiny job over webdataset shards of Fashion-MNIST (the conversion of `served`), for a few steps: 5 a training
+# epoch (8 shards of 20 images, 4 a rank, batches of 16), so the run crosses an epoch boundary.
+STREAM_STEPS = 8
+STREAM = [*TINY_VIT, "data.dataset=fashion_mnist", "data.format=webdataset", "data.img_size=16", "data.num_workers=0",
+          "data.val_split=40", f"train.max_steps={STREAM_STEPS}",
+          *[o for o in OVERRIDES if not o.startswith(("model.", "data.", "train.max_steps="))]]
 
 
 @pytest.fixture(scope="session")
@@ -62,6 +69,25 @@ def m_scaling_array(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactor
     compare = re.search(r"comparison job (\d+) \(afterany\)", proc.stderr)
     assert compare is not None, proc.stderr
     return int(proc.stdout.strip()), int(compare.group(1)), tmp
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Nginx]]:
+    """Fashion-MNIST's first 200 + 50 images converted to webdataset shards (``sigmanens data convert``: 160 for
+    training in 8 shards, 40 validation, 50 test) in ``<served>/fmnist``, and Debian's nginx serving ``<served>`` on
+    127.0.0.1."""
+    from sigmanens_dist.cli import main
+
+    if not FASHION_MNIST_ROOT.is_dir():
+        pytest.skip("needs Debian's dataset-fashion-mnist (launch/setup.sh installs it)")
+    root = tmp_path_factory.mktemp("served")
+    assert main(["data", "convert", "--dataset", "fashion_mnist", "--format", "webdataset", "--out",
+                 str(root / "fmnist"), "--max-count", "20", "--train-subset", "200", "--test-subset", "50",
+                 "--val-split", "40"]) == 0
+    server = Nginx(root, tmp_path_factory.mktemp("nginx"))
+    server.start()
+    yield root / "fmnist", server
+    server.stop()
 
 
 def _wait_for(done: Callable[[], bool], job: int, cluster: SlurmCluster, timeout: float = 300) -> None:
@@ -273,3 +299,56 @@ def test_m_scaling_study_trains_each_m_and_compares(slurm: SlurmCluster,
     table = (study / "compare" / "table.md").read_text()
     assert all(f"| sigma | {m} |" in table for m in (1, 2, 4)), table
     assert (study / "compare" / "metric_vs_members.png").stat().st_size > 10_000
+
+
+def test_two_nodes_stream_shards_from_http_as_from_local_disk(slurm: SlurmCluster, served: tuple[Path, Nginx],
+                                                              tmp_path: Path) -> None:
+    """slurm/imagenet_vit.sh on n1 and n2 with ``data.root=http://…`` (nginx on 127.0.0.1): the job trains to its last
+    step with the losses of plain torchrun over the local copy of the same shards; between them the two ranks request
+    every training shard from the server; rank 0 logs the ``remote data:`` throughput line, and MLflow records the
+    URL as the dataset's source. ``sigmanens eval --checkpoint RUN`` then scores the test split streamed from the same
+    URL, with the metrics of the local copy."""
+    shards, server = served
+    url, runs = f"{server}/{shards.name}", tmp_path / "runs"
+    with (tmp_path / "local.log").open("w") as log:  # the reference over local disk, alongside
+        local = subprocess.Popen([*torchrun(2), "-m", "sigmanens_dist.train", "--config", "configs/imagenet_vit.yaml",
+                                  f"run_dir={tmp_path / 'local'}", "tracking.enabled=false", *STREAM,
+                                  f"data.root={shards}"], cwd=REPO, env=env(), stdout=log, stderr=subprocess.STDOUT)
+    job = slurm.sbatch(tmp_path, "--nodes=2", *NO_GPUS, str(REPO / "slurm/imagenet_vit.sh"), *STREAM,
+                       f"data.root={url}", env=slurm.env(SIGMANENS_RUNS_ROOT=str(runs)))
+    run = runs / f"imagenet_vit-{job}"
+    info = slurm.wait_done(job, timeout=400)
+    log = (tmp_path / f"slurm-sigmanens-imagenet-vit-{job}.out").read_text()
+
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", log[-4000:]
+    assert info["NodeList"] == "n[1-2]"
+    assert [a[4] for a in _attempts(run)] == ["finished"]
+    assert local.wait(timeout=300) == 0, (tmp_path / "local.log").read_text()[-3000:]
+    assert losses(run) == losses(tmp_path / "local")
+    assert sorted(losses(run)) == list(range(1, STREAM_STEPS + 1))
+    requested = {line.split()[6] for line in server.access_log.read_text().splitlines() if ".tar HTTP/" in line}
+    train_shards = {f"/{shards.name}/train/{p.name}" for p in (shards / "train").glob("*.tar")}
+    assert len(train_shards) == 8 and train_shards <= requested, sorted(requested)
+    throughput = [line for line in log.splitlines() if " INFO remote data: " in line and " MB/s " in line]
+    assert len(throughput) == STREAM_STEPS, log[-4000:]  # after each log line (every step), from rank 0 only
+
+    [(mlrun, _)] = _mlflow_runs(runs)
+    assert mlrun.info.status == "FINISHED" and mlrun.data.tags["world_size"] == "2"
+    assert json.loads(mlrun.inputs.dataset_inputs[0].dataset.source) == {"url": url}  # MLflow's HTTP dataset source
+
+    # `sigmanens eval` of the run reads its saved http:// root: the test split streams from nginx and scores as the
+    # local copy does.
+    from sigmanens_dist.cli import main
+
+    def served_test_shards() -> list[str]:
+        return sorted(line.split()[6] for line in server.access_log.read_text().splitlines()
+                      if f" /{shards.name}/test/" in line and ".tar HTTP/" in line)
+
+    assert served_test_shards() == []  # training read train and val only
+    for name, data in (("http", []), ("local", ["--data", f"root={shards}"])):
+        assert main(["eval", "--checkpoint", str(run), "--no-mlflow", "--no-sub-ensembles", "--out",
+                     str(tmp_path / f"eval_{name}"), *data]) == 0
+    assert served_test_shards() == sorted(f"/{shards.name}/test/{p.name}" for p in (shards / "test").glob("*.tar"))
+    http, local_eval = (json.loads((tmp_path / f"eval_{n}" / "eval.json").read_text()) for n in ("http", "local"))
+    assert http["split"] == "test" and http["weights"]["raw"]["metrics"]["num_samples"] == 50
+    assert http["weights"]["raw"]["metrics"] == local_eval["weights"]["raw"]["metrics"]
