@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _convert(argv: Sequence[str]) -> int:
     """``sigmanens data convert``: the options are checked as a training run's config (the same validation and
     missing-path errors), then :func:`sigmanens_dist.data.convert.convert` writes the format."""
-    from sigmanens_dist.config import load_config
+    from sigmanens_dist.config import DataConfig, choices, load_config
     from sigmanens_dist.data.datasets import convertible
     from sigmanens_dist.errors import EXIT_USAGE, UsageError
 
@@ -45,7 +45,7 @@ def _convert(argv: Sequence[str]) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", required=True, choices=sorted(convertible()))
     ap.add_argument("--root", type=Path, help="the dataset in its native format (default: the dataset's default)")
-    ap.add_argument("--format", required=True, choices=["ffcv", "webdataset"])
+    ap.add_argument("--format", required=True, choices=[f for f in choices(DataConfig, "format") if f != "raw"])
     ap.add_argument("--out", required=True, help="a local folder, or s3://BUCKET/PREFIX for webdataset shards")
     ap.add_argument("--force", action="store_true",
                     help="write into --out even if it holds a finished conversion or other files")

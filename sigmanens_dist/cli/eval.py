@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from sigmanens_dist.config import EvalConfig, choices
 from sigmanens_dist.data.corruption_table import CORRUPTIONS, SEVERITIES, unknown
 
 __all__ = ["main", "parse_corruptions", "parse_severities"]
@@ -69,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--members", type=int, help="score the first K members (default: all M)")
     ap.add_argument("--no-sub-ensembles", action="store_true",
                     help="score only the K-member ensemble, not k = 1..K-1 (each is one more pass of the eval set)")
-    ap.add_argument("--calibration", choices=["none", "temperature"], default="none",
+    ap.add_argument("--calibration", choices=choices(EvalConfig, "calibration"), default="none",
                     help="temperature: fit one temperature on the validation split, report every metric before and "
                          "after (test set and shift)")
     ap.add_argument("--conformal", metavar="ALPHA",
@@ -94,7 +95,6 @@ def _run(args: argparse.Namespace) -> int:
     import torch  # here, not at the top: `sigmanens eval --help` answers without it
 
     from sigmanens_dist.checkpoint import resolve_checkpoint
-    from sigmanens_dist.config import EvalConfig
     from sigmanens_dist.evaluation.conformal import parse_alphas
     from sigmanens_dist.evaluation.load import load_for_eval
     from sigmanens_dist.evaluation.run import check_options, run_eval

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from sigmanens_dist.config import EvalConfig, choices
 from sigmanens_dist.errors import EXIT_USAGE, UsageError
 
 __all__ = ["main"]
@@ -40,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--format", help="with --program: torch (a torch.export .pt2) or onnx; default: onnx for an OUT "
                                      "ending in .onnx, else torch")
     ap.add_argument("--members", metavar="LIST", help="with --program: only these members, e.g. 0,1 (a sub-ensemble)")
-    ap.add_argument("--calibration", choices=("temperature", "none"), default="none",
+    ap.add_argument("--calibration", choices=choices(EvalConfig, "calibration"), default="none",
                     help="with --program: divide member logits by a temperature fitted on the validation split")
     ap.add_argument("--conformal", metavar="ALPHA", help="with --program: also output the conformal set at "
                                                          "miscoverage ALPHA in (0, 1), fitted on the validation split")

@@ -7,7 +7,7 @@ default instead.
 
 Three parts: ``schema`` (the sections and their checks), ``loading`` (YAML + overrides → a validated config; save,
 flatten, the packaged recipes), ``messages`` (:class:`ConfigError` and the wording of its lines). Everything public is
-importable from here, as it was from the single ``config.py``.
+importable from here.
 """
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ from sigmanens_dist.config.schema import (
     StrategyConfig,
     TrackingConfig,
     TrainConfig,
+    choices,
 )
 
 __all__ = ["RECIPES", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "ModelConfig",
            "OptimConfig", "RegConfig", "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig",
-           "check_paths", "config_from_dict", "flatten", "load_config", "recipe_path", "recipes", "save_config"]
+           "check_paths", "choices", "config_from_dict", "flatten", "load_config", "recipe_path", "recipes",
+           "save_config"]

@@ -7,19 +7,28 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from sigmanens_dist.config.model_section import Float, Int, ModelConfig, _cross_field, _number, _Section
+from sigmanens_dist.data.corruption_table import CORRUPTIONS, unknown
 from sigmanens_dist.data.datasets import DatasetName, resolve_root
 from sigmanens_dist.data.remote import RemotePath, RemoteSettings
 
 Alpha = Annotated[Float, Field(gt=0, lt=1)]  # a miscoverage level of conformal sets
 
 __all__ = ["CheckpointConfig", "Config", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig", "RegConfig",
-           "RemoteConfig", "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig"]
+           "RemoteConfig", "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig", "choices"]
+
+
+def choices(section: type[BaseModel], field: str) -> tuple[Any, ...]:
+    """The values a ``Literal`` field of a section allows, in order: the one list of them that command-line choices
+    and the registries (methods, strategies, data formats; a test holds their keys equal) are read from."""
+    annotation = section.model_fields[field].annotation
+    literals = [annotation] if get_origin(annotation) is Literal else get_args(annotation)  # Literal[...] | None
+    return tuple(value for lit in literals if get_origin(lit) is Literal for value in get_args(lit))
 
 
 class RegConfig(_Section):
@@ -310,7 +319,7 @@ class EvalConfig(_Section):
 
     at_end: bool = False
     split: Literal["test", "val"] = "test"
-    corruptions: list[str] = Field(default_factory=list)  # names from data.corruptions.CORRUPTIONS, or ["all"]
+    corruptions: list[str] = Field(default_factory=list)  # names from data.corruption_table.CORRUPTIONS, or ["all"]
     severities: list[Int] = Field(default_factory=lambda: [1, 2, 3, 4, 5])
     ood: str | None = None  # an OOD set name (eval.ood_sets), e.g. digits for Fashion-MNIST, svhn for CIFAR
     ood_root: Path | None = None  # where the OOD set's files are (svhn)
@@ -332,8 +341,6 @@ class EvalConfig(_Section):
     def _known_corruptions(cls, names: list[str]) -> list[str]:
         if not names:
             return names
-        from sigmanens_dist.data.corruptions import CORRUPTIONS, unknown  # only when asked for: it imports torch
-
         bad = [n for n in names if n not in (*CORRUPTIONS, "all")]
         if bad:
             raise ValueError(unknown(bad))

@@ -25,11 +25,12 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from sigmanens_dist.config import DataConfig
 from sigmanens_dist.data.bad_samples import BadSamples, Checked, collate_present
 from sigmanens_dist.data.datasets import DATASETS, convertible, resolve_root
 from sigmanens_dist.data.raw import build_datasets
@@ -37,7 +38,10 @@ from sigmanens_dist.data.remote import RemotePath
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler, epoch_seed
 from sigmanens_dist.distributed.env import DistEnv
 
-__all__ = ["CLASSES_FILE", "Data", "MapStyleStream", "TrainStream", "build_data"]
+if TYPE_CHECKING:  # sst2 loads the tokenizers library, wanted only for text
+    from sigmanens_dist.data.sst2 import TextBatcher
+
+__all__ = ["CLASSES_FILE", "FORMATS", "Data", "MapStyleStream", "TrainStream", "build_data"]
 
 CLASSES_FILE = "classes.json"
 
@@ -109,72 +113,114 @@ class MapStyleStream:
                 self.loader = None  # abandoned midway: dropping the loader shuts its workers down now
 
 
-def build_data(d: Any, batch_size: int, seed: int, env: DistEnv, randaugment: str | None = None) -> Data:
+def build_data(d: DataConfig, batch_size: int, seed: int, env: DistEnv, randaugment: str | None = None) -> Data:
     """Train stream and eval pass for the data config ``d``, at ``batch_size`` per rank; ``seed`` fixes the order
-    and augmentation of every epoch."""
-    batch, root = batch_size, resolve_root(d.dataset, d.root)
-    bad = BadSamples(d.on_bad_sample)
+    and augmentation of every epoch. ``d.format`` picks the reader from :data:`FORMATS`."""
     if d.val_from_test and env.is_main:
         log.warning("data.val_from_test=true: the loop validates and picks best.pt on the TEST set, so test "
                     "numbers of this run are not held out")
-    if d.format == "raw":
-        bundle = build_datasets(d, root, randaugment)
-        train = MapStyleStream(Checked(bundle.train, bundle.num_classes, bad, "train"), batch, env, seed,
-                               d.num_workers)
+    return FORMATS[d.format](d, batch_size, seed, env, randaugment)
 
-        def eval_pass(dataset: Dataset, split: str) -> Callable[[], Iterable[Batch]]:
-            checked = Checked(dataset, bundle.num_classes, bad, split)
 
-            def one_pass() -> Iterable[Batch]:
-                sampler = EvalShardSampler(len(checked), batch, env.rank, env.world_size)
-                return DataLoader(checked, batch_sampler=sampler, num_workers=d.num_workers,
-                                  collate_fn=collate_present)
+def _raw(d: DataConfig, batch: int, seed: int, env: DistEnv, randaugment: str | None) -> Data:
+    """The dataset's native files, read by map-style datasets (data/raw.py)."""
+    bad = BadSamples(d.on_bad_sample)
+    bundle = build_datasets(d, resolve_root(d.dataset, d.root), randaugment)
+    train = MapStyleStream(Checked(bundle.train, bundle.num_classes, bad, "train"), batch, env, seed, d.num_workers)
 
-            return one_pass
+    def eval_pass(dataset: Dataset, split: str) -> Callable[[], Iterable[Batch]]:
+        checked = Checked(dataset, bundle.num_classes, bad, split)
 
-        return Data(train, eval_pass(bundle.val, "val"), eval_pass(bundle.test, "test"), bundle.num_classes,
-                    bundle.in_chans, bundle.vocab_size, bad)
+        def one_pass() -> Iterable[Batch]:
+            sampler = EvalShardSampler(len(checked), batch, env.rank, env.world_size)
+            return DataLoader(checked, batch_sampler=sampler, num_workers=d.num_workers, collate_fn=collate_present)
 
+        return one_pass
+
+    return Data(train, eval_pass(bundle.val, "val"), eval_pass(bundle.test, "test"), bundle.num_classes,
+                bundle.in_chans, bundle.vocab_size, bad)
+
+
+@dataclass(frozen=True)
+class _Converted:
+    """What a converted folder (``sigmanens data convert``) holds, read from its classes file."""
+
+    root: Path | RemotePath
+    num_classes: int
+    val_name: str  # the split the loop validates on: "val", or "test" with data.val_from_test
+
+
+def _converted(d: DataConfig) -> _Converted:
     if d.dataset not in convertible():
         raise ValueError(f"data.format={d.format!r} needs a converted dataset, one of "
                          f"{', '.join(convertible())}; got data.dataset={d.dataset!r}")
+    root = resolve_root(d.dataset, d.root)
     root = root if isinstance(root, RemotePath) else Path(root)  # a URL root streams webdataset shards
     classes_file = root / CLASSES_FILE
     if not classes_file.is_file():
         raise FileNotFoundError(f"{classes_file} is missing: write {d.format} data with `sigmanens data convert "
                                 f"--format {d.format} --out {root} …`")
     meta = json.loads(classes_file.read_text())
-    num_classes = len(meta["classes"])
-    val_name = _converted_val(d, root, meta)
-    if d.dataset == "sst2":
-        return _converted_text(d, batch, seed, env, root, num_classes, bad, val_name)
-    spec = DATASETS[d.dataset]
-    mean, std, size = spec.mean, spec.std, d.img_size or spec.size
-    if d.format == "ffcv":
-        from sigmanens_dist.data.ffcv_io import FFCVLoader
+    return _Converted(root, len(meta["classes"]), _converted_val(d, root, meta))
 
+
+def _ffcv(d: DataConfig, batch: int, seed: int, env: DistEnv, randaugment: str | None) -> Data:
+    """FFCV .beton files: decoded and augmented by FFCV's own pipelines (data/ffcv_io.py)."""
+    from sigmanens_dist.data.ffcv_io import FFCVLoader, FFCVTextLoader
+
+    c = _converted(d)
+    common: dict[str, Any] = dict(batch_size=batch, rank=env.rank, world_size=env.world_size,
+                                  num_workers=max(1, d.num_workers), seed=seed)
+    if d.dataset == "sst2":
+        batcher = _text_batcher(d, c.root)
+        loader, common, in_chans, vocab = FFCVTextLoader, {**common, "batcher": batcher}, 0, len(batcher.tokenizer)
+    else:
+        spec = DATASETS[d.dataset]
+        mean, std = spec.mean, spec.std
         if len(mean) == 1:  # FFCV stores grayscale as 3 equal channels
             mean, std = mean * 3, std * 3
-        common = dict(batch_size=batch, rank=env.rank, world_size=env.world_size, num_workers=max(1, d.num_workers),
-                      seed=seed, img_size=size, mean=mean, std=std, device=env.device)
-        train = FFCVLoader(root / "train.beton", train=True, **common)
-        val_loader = FFCVLoader(root / f"{val_name}.beton", train=False, **common)
-        test_loader = val_loader if val_name == "test" else FFCVLoader(root / "test.beton", train=False, **common)
-        return Data(train, lambda: val_loader.iter_epoch(0), lambda: test_loader.iter_epoch(0), num_classes, 3)
+        loader, in_chans, vocab = FFCVLoader, 3, None
+        common.update(img_size=d.img_size or spec.size, mean=mean, std=std, device=env.device)
+    train = loader(c.root / "train.beton", train=True, **common)
+    val_loader = loader(c.root / f"{c.val_name}.beton", train=False, **common)
+    test_loader = val_loader if c.val_name == "test" else loader(c.root / "test.beton", train=False, **common)
+    return Data(train, lambda: val_loader.iter_epoch(0), lambda: test_loader.iter_epoch(0), c.num_classes, in_chans,
+                vocab)
 
+
+def _webdataset(d: DataConfig, batch: int, seed: int, env: DistEnv, randaugment: str | None) -> Data:
+    """webdataset tar shards on local disk or behind a URL (data/webdataset_io.py, data/remote.py)."""
     from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, image_transform, iter_eval
 
-    train = WebDatasetLoader(root / "train" / MANIFEST, batch, env.rank, env.world_size, d.num_workers,
-                             seed, image_transform(True, size, mean, std), bad=bad)
-    eval_tf = image_transform(False, size, mean, std)
+    c = _converted(d)
+    bad = BadSamples(d.on_bad_sample)
+    if d.dataset == "sst2":
+        batcher = _text_batcher(d, c.root)
+        train_tf = eval_tf = None
+        collate: Any = batcher
+        in_chans, vocab = 0, len(batcher.tokenizer)
+    else:
+        spec = DATASETS[d.dataset]
+        size = d.img_size or spec.size
+        train_tf, eval_tf = image_transform(True, size, spec.mean, spec.std), image_transform(False, size, spec.mean,
+                                                                                               spec.std)
+        collate, in_chans, vocab = None, len(spec.mean), None
+    extra = {} if collate is None else {"collate": collate}
+    train = WebDatasetLoader(c.root / "train" / MANIFEST, batch, env.rank, env.world_size, d.num_workers, seed,
+                             train_tf, bad=bad, **extra)
 
     def eval_pass(split: str) -> Callable[[], Iterable[Batch]]:
-        return lambda: iter_eval(root / split / MANIFEST, env.rank, env.world_size, batch, eval_tf, bad)
+        return lambda: iter_eval(c.root / split / MANIFEST, env.rank, env.world_size, batch, eval_tf, bad, **extra)
 
-    return Data(train, eval_pass(val_name), eval_pass("test"), num_classes, len(mean), bad=bad)
+    return Data(train, eval_pass(c.val_name), eval_pass("test"), c.num_classes, in_chans, vocab, bad=bad)
 
 
-def _converted_val(d: Any, root: Path, meta: dict[str, Any]) -> str:
+#: data.format → its reader; the config's ``data.format`` choices are these names (a test holds them equal)
+FORMATS: dict[str, Callable[[DataConfig, int, int, DistEnv, str | None], Data]] = {
+    "raw": _raw, "ffcv": _ffcv, "webdataset": _webdataset}
+
+
+def _converted_val(d: DataConfig, root: Path | RemotePath, meta: dict[str, Any]) -> str:
     """Which converted split the loop validates on (``val`` or ``test``), once the run's split settings are checked
     against the ones the folder was converted with."""
     if "val_split" not in meta:
@@ -194,35 +240,11 @@ def _converted_val(d: Any, root: Path, meta: dict[str, Any]) -> str:
     return "val"
 
 
-def _converted_text(d: Any, batch: int, seed: int, env: DistEnv, root: Path, num_classes: int, bad: BadSamples,
-                    val_name: str) -> Data:
-    """Sentences from converted data, tokenised per batch by the same ``TextBatcher`` as the raw reader."""
+def _text_batcher(d: DataConfig, root: Path | RemotePath) -> TextBatcher:
+    """Sentences of converted data are tokenised per batch by the same ``TextBatcher`` as the raw reader."""
     from sigmanens_dist.data.sst2 import TOKENIZER_DIR, TextBatcher, load_tokenizer
 
     if d.tokenizer is None and not (root / TOKENIZER_DIR / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{root / TOKENIZER_DIR} is missing: `sigmanens data convert --dataset sst2` writes "
                                 f"it there; or set data.tokenizer to the backbone's tokenizer folder")
-    tokenizer = load_tokenizer(d.tokenizer, root)
-    batcher = TextBatcher(tokenizer, d.max_length)
-    if d.format == "ffcv":
-        from sigmanens_dist.data.ffcv_io import FFCVTextLoader
-
-        common = dict(batch_size=batch, rank=env.rank, world_size=env.world_size, num_workers=max(1, d.num_workers),
-                      seed=seed, batcher=batcher)
-        train = FFCVTextLoader(root / "train.beton", train=True, **common)
-        val_loader = FFCVTextLoader(root / f"{val_name}.beton", train=False, **common)
-        test_loader = (val_loader if val_name == "test"
-                       else FFCVTextLoader(root / "test.beton", train=False, **common))
-        return Data(train, lambda: val_loader.iter_epoch(0), lambda: test_loader.iter_epoch(0), num_classes, 0,
-                    len(tokenizer))
-
-    from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, iter_eval
-
-    train = WebDatasetLoader(root / "train" / MANIFEST, batch, env.rank, env.world_size, d.num_workers, seed,
-                             None, bad=bad, collate=batcher)
-
-    def eval_pass(split: str) -> Callable[[], Iterable[Batch]]:
-        return lambda: iter_eval(root / split / MANIFEST, env.rank, env.world_size, batch, None, bad,
-                                 collate=batcher)
-
-    return Data(train, eval_pass(val_name), eval_pass("test"), num_classes, 0, len(tokenizer), bad=bad)
+    return TextBatcher(load_tokenizer(d.tokenizer, root), d.max_length)

@@ -1,8 +1,8 @@
 """Member-major train streams: when members read their own batches (``model.member_batches=independent``), M train
 streams, one per member, are read in lockstep and concatenated member-major, ``(M·B, …)``.
 
-Only the trainer uses them; the model is passed duck-typed (``num_members`` and its class's
-``default_member_batches``), since data/ sits below methods/.
+Only the trainer uses them; the model is typed by what is read of it (:class:`MemberModel`), since data/ sits below
+methods/.
 """
 
 from __future__ import annotations
@@ -10,18 +10,27 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import torch
 
-from sigmanens_dist.data.loaders import MapStyleStream, build_data
+from sigmanens_dist.config import Config
+from sigmanens_dist.data.loaders import Data, MapStyleStream, TrainStream, build_data
+from sigmanens_dist.distributed.env import DistEnv
 
 __all__ = ["MemberStream", "member_major", "member_train_stream"]
 
 log = logging.getLogger(__name__)
 
 
-def member_major(cfg: Any, model: Any) -> bool:
+class MemberModel(Protocol):
+    """What the streams read of an ensemble (methods/base.py's ``EnsembleMethod``)."""
+
+    num_members: int
+    default_member_batches: ClassVar[str]
+
+
+def member_major(cfg: Config, model: MemberModel) -> bool:
     """Whether training batches are member-major (each member its own samples): ``model.member_batches``, or the
     method's default when unset."""
     choice = cfg.model.member_batches or type(model).default_member_batches
@@ -79,14 +88,14 @@ class MemberStream:
             yield x, self._cat(list(ys))
 
 
-def member_train_stream(cfg: Any, env: Any, data: Any, model: Any) -> Any:
+def member_train_stream(cfg: Config, env: DistEnv, data: Data, model: MemberModel) -> Data:
     """``data`` with a member-major train stream when members get their own batches (``member_major``), else
     ``data`` unchanged. Member 0 reuses ``data.train``; member k reads the stream of seed ``cfg.seed + k`` (a raw
     dataset is shared by all members; a converted format gets one loader per member)."""
     if not member_major(cfg, model):
         return data
 
-    def stream(seed: int) -> Any:
+    def stream(seed: int) -> TrainStream:
         if isinstance(data.train, MapStyleStream):
             return MapStyleStream(data.train.dataset, cfg.train.batch_size, env, seed, data.train.num_workers)
         return build_data(cfg.data, cfg.train.batch_size, seed, env, cfg.train.randaugment).train

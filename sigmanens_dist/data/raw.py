@@ -5,6 +5,7 @@ webdataset_io.py."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,11 +14,12 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
+from sigmanens_dist.config import DataConfig
 from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.data.idx import IdxImageDataset
 from sigmanens_dist.errors import UsageError
 
-__all__ = ["DataBundle", "Resized", "SeededAugment", "SyntheticImages", "build_datasets", "split_indices"]
+__all__ = ["READERS", "DataBundle", "Resized", "SeededAugment", "SyntheticImages", "build_datasets", "split_indices"]
 
 
 
@@ -110,7 +112,7 @@ class _Parts:
     vocab_size: int | None = None
 
 
-def build_datasets(data_cfg: Any, root: Path | None, randaugment: str | None = None) -> DataBundle:
+def build_datasets(data_cfg: DataConfig, root: Path | None, randaugment: str | None = None) -> DataBundle:
     """Train, validation and test datasets for ``data.dataset``; nothing downloads.
 
     The training pool is the first ``data.train_subset`` training samples; ``data.val_split`` of them become the
@@ -129,36 +131,37 @@ def _take(ds: Dataset, indices: list[int]) -> Dataset:
     return ds if indices == list(range(len(ds))) else torch.utils.data.Subset(ds, indices)
 
 
-def _parts(data_cfg: Any, root: Path | None, randaugment: str | None) -> _Parts:
-    name = data_cfg.dataset
-    if name == "synthetic":
-        size = data_cfg.img_size or 16
-        train = SyntheticImages(data_cfg.train_subset or 2048, size=size, seed=0)
-        test = SyntheticImages(data_cfg.test_subset or 512, size=size, seed=1)
-        return _Parts(train, train, test, v2.RandomHorizontalFlip(), train.num_classes, train.in_chans)
-    if name == "fashion_mnist":
-        train = IdxImageDataset(root, "train", subset=data_cfg.train_subset)
-        # subset here, not by a Subset wrapper: converters read IdxImageDataset's stored uint8 pixels
-        test = IdxImageDataset(root, "test", subset=data_cfg.test_subset)
-        size = data_cfg.img_size or 28
-        black = -train.mean / train.std  # images are already normalised: pad with the value of a black pixel
-        aug = [v2.RandomCrop(28, padding=2, fill=black), v2.RandomHorizontalFlip()]
-        plain: Dataset = train
-        if size != 28:
-            aug.append(v2.Resize(size, antialias=True))
-            plain, test = Resized(train, size), Resized(test, size)
-        return _Parts(train, plain, test, v2.Compose(aug), train.num_classes, train.in_chans)
-    if name in ("cifar10", "cifar100"):
-        return _cifar(name, root, data_cfg)
-    if name in ("imagenet", "imagefolder"):
-        return _image_folder(root, data_cfg, randaugment)
-    if name == "sst2":
-        from sigmanens_dist.data.sst2 import build_sst2
+def _parts(data_cfg: DataConfig, root: Path | None, randaugment: str | None) -> _Parts:
+    return READERS[data_cfg.dataset](data_cfg, root, randaugment)
 
-        train, test, vocab_size = build_sst2(data_cfg, root)
-        # No text augmentation; SeededAugment still gives the (index, seed) keys the train stream fetches by.
-        return _Parts(train, train, test, None, 2, 0, vocab_size)
-    raise ValueError(f"data.dataset={name!r} is not one of {', '.join(DATASETS)}")
+
+def _synthetic(data_cfg: DataConfig, root: Path | None, randaugment: str | None) -> _Parts:
+    size = data_cfg.img_size or 16
+    train = SyntheticImages(data_cfg.train_subset or 2048, size=size, seed=0)
+    test = SyntheticImages(data_cfg.test_subset or 512, size=size, seed=1)
+    return _Parts(train, train, test, v2.RandomHorizontalFlip(), train.num_classes, train.in_chans)
+
+
+def _fashion_mnist(data_cfg: DataConfig, root: Path | None, randaugment: str | None) -> _Parts:
+    train = IdxImageDataset(root, "train", subset=data_cfg.train_subset)
+    # subset here, not by a Subset wrapper: converters read IdxImageDataset's stored uint8 pixels
+    test = IdxImageDataset(root, "test", subset=data_cfg.test_subset)
+    size = data_cfg.img_size or 28
+    black = -train.mean / train.std  # images are already normalised: pad with the value of a black pixel
+    aug = [v2.RandomCrop(28, padding=2, fill=black), v2.RandomHorizontalFlip()]
+    plain: Dataset = train
+    if size != 28:
+        aug.append(v2.Resize(size, antialias=True))
+        plain, test = Resized(train, size), Resized(test, size)
+    return _Parts(train, plain, test, v2.Compose(aug), train.num_classes, train.in_chans)
+
+
+def _sst2(data_cfg: DataConfig, root: Path | None, randaugment: str | None) -> _Parts:
+    from sigmanens_dist.data.sst2 import build_sst2
+
+    train, test, vocab_size = build_sst2(data_cfg, root)
+    # No text augmentation; SeededAugment still gives the (index, seed) keys the train stream fetches by.
+    return _Parts(train, train, test, None, 2, 0, vocab_size)
 
 
 class Resized(Dataset):
@@ -176,7 +179,8 @@ class Resized(Dataset):
         return self.resize(x), y
 
 
-def _cifar(name: str, root: Path, data_cfg: Any) -> _Parts:
+def _cifar(data_cfg: DataConfig, root: Path, randaugment: str | None) -> _Parts:
+    name = data_cfg.dataset
     from torchvision import datasets
 
     cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
@@ -194,7 +198,7 @@ def _cifar(name: str, root: Path, data_cfg: Any) -> _Parts:
     return _Parts(_subset(train, n), _subset(plain, n), test, aug, len(train.classes), 3)
 
 
-def _image_folder(root: Path, data_cfg: Any, randaugment: str | None) -> _Parts:
+def _image_folder(data_cfg: DataConfig, root: Path, randaugment: str | None) -> _Parts:
     from timm.data import create_transform
     from torchvision import datasets
 
@@ -212,3 +216,9 @@ def _image_folder(root: Path, data_cfg: Any, randaugment: str | None) -> _Parts:
     aug = create_transform(size, is_training=True, auto_augment=randaugment)
     n = data_cfg.train_subset
     return _Parts(_subset(train, n), _subset(plain, n), test, aug, len(train.classes), 3)
+
+
+#: data.dataset → its reader of the native files; the keys are data/datasets.py's DATASETS (a test holds them equal)
+READERS: dict[str, Callable[[DataConfig, Path | None, str | None], _Parts]] = {
+    "fashion_mnist": _fashion_mnist, "cifar10": _cifar, "cifar100": _cifar, "imagenet": _image_folder,
+    "imagefolder": _image_folder, "synthetic": _synthetic, "sst2": _sst2}

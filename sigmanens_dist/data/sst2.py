@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from sigmanens_dist.config import DataConfig
+
 __all__ = ["SPECIAL_TOKENS", "SST2_CLASSES", "Sst2Dataset", "TextBatcher", "TextDataset", "load_tokenizer",
            "read_sst2", "read_sst2_tsv", "save_default_tokenizer", "train_wordpiece"]
 
@@ -217,7 +219,7 @@ def read_sst2(root: Path, train_subset: int | None = None, val_subset: int | Non
     return splits[0], splits[1]
 
 
-def build_sst2(data_cfg: Any, root: Path) -> tuple[Sst2Dataset, Sst2Dataset, int]:
+def build_sst2(data_cfg: DataConfig, root: Path) -> tuple[Sst2Dataset, Sst2Dataset, int]:
     """Train (first ``train_subset`` samples) and dev sets and the tokenizer's vocabulary size, which a from-scratch
     backbone's embedding table must match. Dev is the test set; data/raw.py carves validation from train."""
     root = Path(root)

@@ -21,6 +21,7 @@ from typing import Any, Literal, cast
 import torch
 from torch import Tensor, nn
 
+from sigmanens_dist.config import Config
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation.conformal import METHODS, class_scores
 from sigmanens_dist.evaluation.metrics import ensemble_log_probs, entropy, mutual_information
@@ -109,7 +110,7 @@ def parse_members(text: str | None, num_members: int) -> list[int] | None:
     return members
 
 
-def _normalisation(cfg: Any, in_chans: int) -> tuple[list[float], list[float]]:
+def _normalisation(cfg: Config, in_chans: int) -> tuple[list[float], list[float]]:
     """The mean/std the recipe's loaders normalise with (none for the synthetic recipe, already model inputs)."""
     from sigmanens_dist.data.datasets import DATASETS
 
@@ -122,7 +123,7 @@ def _normalisation(cfg: Any, in_chans: int) -> tuple[list[float], list[float]]:
     return list(spec.mean) * repeat, list(spec.std) * repeat
 
 
-def class_names(cfg: Any, num_classes: int) -> list[str] | None:
+def class_names(cfg: Config, num_classes: int) -> list[str] | None:
     """The names of labels 0..K-1 as the run's data builder sees them: the dataset's own, else a converted folder's
     ``classes.json``, else a raw folder's ``train/`` class folders (sorted, as ImageFolder); None when unknown or not
     K names (data on disk that is not what the run trained on). Never reads the test split."""
@@ -138,7 +139,7 @@ def class_names(cfg: Any, num_classes: int) -> list[str] | None:
     return [str(name) for name in names] if len(names) == num_classes else None
 
 
-def _fit(cfg: Any, model: nn.Module, num_classes: int, calibrate: bool, alpha: float | None,
+def _fit(cfg: Config, model: nn.Module, num_classes: int, calibrate: bool, alpha: float | None,
          score: str) -> dict[str, Any]:
     """T and q̂ fitted on the validation split by eval's own fit (:func:`fit_posthoc`: never the test set) from one
     pass of it, and the validation scores they were fitted on."""
@@ -224,7 +225,7 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
     return meta
 
 
-def _default_size(cfg: Any) -> int:
+def _default_size(cfg: Config) -> int:
     """The side the loaders use when ``data.img_size`` is unset."""
     from sigmanens_dist.data.datasets import DATASETS
 

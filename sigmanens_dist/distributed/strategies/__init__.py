@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from sigmanens_dist.config import Config, StrategyConfig, choices
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.distributed.strategies.base import OptimizerFactory, Strategy
 from sigmanens_dist.distributed.strategies.ddp import DDPStrategy
@@ -13,11 +14,12 @@ from sigmanens_dist.errors import UsageError
 __all__ = ["CHECKPOINT_FORMATS", "STRATEGIES", "DDPStrategy", "OptimizerFactory", "Strategy", "build_strategy",
            "folder_format", "strategy_class", "strategy_options"]
 
-#: name → the module and class of each strategy, imported when asked for (DeepSpeed is an optional extra)
+#: name → the module and class of each strategy, imported when asked for (DeepSpeed is an optional extra); its keys
+#: are the config's ``strategy.name`` choices (a test holds them equal)
 _CLASSES = {"ddp": ("sigmanens_dist.distributed.strategies.ddp", "DDPStrategy"),
             "fsdp": ("sigmanens_dist.distributed.strategies.fsdp", "FSDPStrategy"),
             "deepspeed": ("sigmanens_dist.distributed.strategies.deepspeed", "DeepSpeedStrategy")}
-STRATEGIES = tuple(_CLASSES)
+STRATEGIES = choices(StrategyConfig, "name")
 #: The checkpoint format each strategy writes and reads (its ``checkpoint_format``), known without importing it: a
 #: checkpoint's metadata names its format, and resume tells a strategy's checkpoint from another's by it.
 CHECKPOINT_FORMATS = {"ddp": "file", "fsdp": "dcp", "deepspeed": "deepspeed"}
@@ -43,6 +45,6 @@ def build_strategy(name: str, env: DistEnv, *, amp: str = "none", options: dict[
     return strategy_class(name)(env, amp=amp, **(options or {}))
 
 
-def strategy_options(cfg: Any, *, elastic: bool = False) -> dict[str, Any]:
+def strategy_options(cfg: Config, *, elastic: bool = False) -> dict[str, Any]:
     """The keyword options of ``cfg.strategy.name``'s constructor (each strategy's :meth:`Strategy.options_from`)."""
     return strategy_class(cfg.strategy.name).options_from(cfg, elastic=elastic)

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from sigmanens_dist.config import Config
 from sigmanens_dist.distributed.env import DistEnv
 
 __all__ = ["FOLDER_KEY", "CheckpointWriter", "OptimizerFactory", "Strategy", "WeightAverage"]
@@ -74,7 +75,7 @@ class Strategy(ABC):
 
     # -- what resume checks, from the strategy section of a config (a saved one or this run's) -------------------
     @classmethod
-    def options_from(cls, cfg: Any, *, elastic: bool = False) -> dict[str, Any]:
+    def options_from(cls, cfg: Config, *, elastic: bool = False) -> dict[str, Any]:
         """The keyword options of the constructor, from a validated ``Config``; ``elastic``: the run resumes a
         checkpoint written at another world size."""
         return {}

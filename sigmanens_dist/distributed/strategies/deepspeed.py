@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from sigmanens_dist.atomic import replace_folder
+from sigmanens_dist.config import Config
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.distributed.strategies.base import FOLDER_KEY, OptimizerFactory, Strategy
 from sigmanens_dist.errors import UsageError
@@ -108,7 +109,7 @@ class DeepSpeedStrategy(Strategy):
     needs_process_group = True
 
     @classmethod
-    def options_from(cls, cfg: Any, *, elastic: bool = False) -> dict[str, Any]:
+    def options_from(cls, cfg: Config, *, elastic: bool = False) -> dict[str, Any]:
         s = cfg.strategy
         return {"zero_stage": s.zero_stage or 2, "config_file": s.deepspeed_config,
                 "per_rank_batch": cfg.train.batch_size, "grad_accum": cfg.train.grad_accum,

@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
+from sigmanens_dist.config import Config
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.distributed.strategies.base import FOLDER_KEY, Strategy
 from sigmanens_dist.errors import UsageError
@@ -64,7 +65,7 @@ class FSDPStrategy(Strategy):
     sharded_parameters = True  # the EMA keeps shadows of the local shards, saved in the DCP checkpoint
 
     @classmethod
-    def options_from(cls, cfg: Any, *, elastic: bool = False) -> dict[str, Any]:
+    def options_from(cls, cfg: Config, *, elastic: bool = False) -> dict[str, Any]:
         s = cfg.strategy
         return {"reshard_after_forward": s.fsdp_reshard_after_forward is not False, "replicate": s.fsdp_replicate or 1}
 

@@ -1,0 +1,66 @@
+"""Each list of names has one source: the config's ``Literal`` choices (``config.choices``), or the dataset table.
+The registries that map those names to code (strategies, data formats, dataset readers) cover exactly them, so a new
+strategy or dataset is one module plus one line (CONTRIBUTING.md), and a name the config accepts always has code.
+Config sections reach the code typed: no function takes a config section as ``Any``."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from sigmanens_dist.config import DataConfig, EvalConfig, ModelConfig, StrategyConfig, choices
+from sigmanens_dist.data.datasets import DATASETS
+from sigmanens_dist.data.loaders import FORMATS
+from sigmanens_dist.data.raw import READERS
+from sigmanens_dist.distributed.strategies import CHECKPOINT_FORMATS, STRATEGIES, strategy_class
+
+PACKAGE = Path(__file__).resolve().parent.parent / "sigmanens_dist"
+CONFIG_NAMES = {"cfg", "config", "d", "data_cfg", "section"}  # how the package names a config (section) parameter
+
+
+def test_choices_reads_a_literal_field_with_or_without_none() -> None:
+    assert choices(StrategyConfig, "name") == ("ddp", "fsdp", "deepspeed")
+    assert choices(EvalConfig, "calibration") == ("none", "temperature")
+    assert choices(ModelConfig, "member_batches") == ("shared", "independent")  # Literal[...] | None
+
+
+def test_every_strategy_name_has_a_class_and_a_checkpoint_format() -> None:
+    assert set(CHECKPOINT_FORMATS) == set(STRATEGIES) == {"ddp", "fsdp", "deepspeed"}
+    for name in STRATEGIES:  # each class is imported here (DeepSpeed: the extra CI installs)
+        cls = strategy_class(name)
+        assert cls.name == name and cls.checkpoint_format == CHECKPOINT_FORMATS[name]
+
+
+def test_every_data_format_has_a_reader() -> None:
+    assert tuple(FORMATS) == choices(DataConfig, "format")
+
+
+def test_every_dataset_has_a_reader_of_its_native_files() -> None:
+    assert set(READERS) == set(DATASETS)
+    assert choices(DataConfig, "dataset") == tuple(DATASETS)
+
+
+def test_command_line_choices_come_from_the_config(capsys: pytest.CaptureFixture[str]) -> None:
+    from sigmanens_dist.cli.data import main as data_main
+
+    with pytest.raises(SystemExit) as err:
+        data_main(["convert", "--dataset", "fashion_mnist", "--format", "raw", "--out", "x"])
+    assert err.value.code == 2
+    assert "'ffcv', 'webdataset'" in capsys.readouterr().err
+
+
+def _config_params_typed_any() -> list[str]:
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+                    if arg.arg in CONFIG_NAMES and arg.annotation is not None and ast.unparse(arg.annotation) == "Any":
+                        found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}({arg.arg})")
+    return found
+
+
+def test_no_config_section_is_typed_any() -> None:
+    assert _config_params_typed_any() == []
