@@ -7,7 +7,7 @@ VENV="${SIGMANENS_VENV:-$ROOT/.venv}"
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
 
 # System packages: Fashion-MNIST (the demo's data, shipped by Debian); FFCV's build needs turbojpeg and OpenCV;
-# nginx serves shards over HTTP in tests/test_remote_shards.py (its own config, started and stopped by the test).
+# nginx serves shards over HTTP in tests/data/test_remote_shards.py (its own config, started and stopped by the test).
 APT_PACKAGES=(dataset-fashion-mnist pkg-config libturbojpeg0-dev libopencv-dev nginx)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

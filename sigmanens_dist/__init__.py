@@ -9,7 +9,7 @@ __all__ = ["SigmaEnsemble", "convert_to_sigma_ensemble", "diversity_loss", "memb
 __version__ = "0.3.0"
 
 # name -> the module defining it, imported on first use: these import torch, which `sigmanens --help`, `--check` and
-# the other commands that need no model should not wait for (tests/test_cli_startup.py).
+# the other commands that need no model should not wait for (tests/cli/test_cli_startup.py).
 _LAZY = {"SigmaEnsemble": "sigmanens_dist.methods.sigma", "convert_to_sigma_ensemble": "sigmanens_dist.methods.sigma",
          "diversity_loss": "sigmanens_dist.sigma.regularizer", "members_on": "sigmanens_dist.sigma.regularizer",
          "optimal_members_on": "sigmanens_dist.sigma.regularizer"}

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 __all__ = ["WIDTH", "LineProgress", "near", "progress", "shell_command", "text_console", "wrap"]
 
-WIDTH = 100  # what the project prints fits a 100-column terminal (tests/test_terminal_output.py)
+WIDTH = 100  # what the project prints fits a 100-column terminal (tests/experiments/test_terminal_output.py)
 
 log = logging.getLogger("sigmanens")
 

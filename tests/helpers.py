@@ -127,7 +127,8 @@ def stop_process(proc: subprocess.Popen) -> None:
 
 class Nginx:
     """Debian's nginx in the foreground with its own config, serving ``root`` on 127.0.0.1; formats as its base URL. A
-    test may stop it (by PID) and start it again on the same port. tests/test_remote_shards.py, tests/test_slurm.py."""
+    test may stop it (by PID) and start it again on the same port. tests/data/test_remote_shards.py,
+    tests/distributed/test_slurm.py."""
 
     def __init__(self, root: Path, conf_dir: Path) -> None:
         self.conf_dir, self.port, self.proc = conf_dir, free_port(), None
@@ -159,7 +160,7 @@ class Nginx:
         stop_process(self.proc)
 
 
-# SST-2 in GLUE format, generated: the text tests (tests/test_sst2.py, tests/test_sst2_formats.py)
+# SST-2 in GLUE format, generated: the text tests (tests/data/test_sst2.py, tests/data/test_sst2_formats.py)
 POSITIVE = ["good", "great", "wonderful", "delightful", "brilliant"]
 NEGATIVE = ["bad", "awful", "terrible", "boring", "dreadful"]
 FILLER = ["the", "movie", "film", "plot", "acting", "was", "really", "quite", "a", "story", "and", "it", "felt",
@@ -185,7 +186,8 @@ def write_sst2(root: Path, n_train: int = 400, n_dev: int = 100, seed: int = 0) 
 
 
 def run_record(method: str, m: int, tau: float | None, seed: int, acc: float, budget: int = 1) -> RunRecord:
-    """A finished run's record for the comparison's statistics (tests/test_study.py, tests/test_terminal_output.py)."""
+    """A finished run's record for the comparison's statistics (tests/experiments/test_study.py,
+    tests/experiments/test_terminal_output.py)."""
     from sigmanens_dist.experiments.compare.records import RunRecord
 
     return RunRecord(f"{method}{m}{tau}{seed}x{budget}", f"{method}-{m}-{tau}-x{budget}-{seed}", "FINISHED", method, m,

@@ -1,5 +1,5 @@
-"""The normalization layers every σ-layer test runs over (tests/test_layers.py, tests/test_interleave.py): a factory
-of the source layer and the per-sample input shape it takes."""
+"""The normalization layers every σ-layer test runs over (tests/sigma/test_layers.py, tests/sigma/test_interleave.py):
+a factory of the source layer and the per-sample input shape it takes."""
 
 from __future__ import annotations
 

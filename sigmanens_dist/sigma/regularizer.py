@@ -7,7 +7,7 @@ vertex where some ``k`` members are fully on (s=1) and the rest off. The vertex 
 ``k/τ − M·log(k·e^{1/τ} + M − k)``; its best ``k`` is :func:`optimal_members_on`, about
 ``M(τ − 1/(e^{1/τ} − 1))``: low τ → one owner per feature, high τ → many members share it. Every vertex is a
 local minimum, so gradient descent lands on one that depends on the γ initialisation; what holds is that from a
-fixed init the number of members on grows with τ (see ``tests/test_regularizer.py``).
+fixed init the number of members on grows with τ (see ``tests/sigma/test_regularizer.py``).
 
 ``normalize`` sets what λ means. ``none`` (the sum above): the pull on each γ_{m,i} is O(1/τ) whatever M and F are,
 while a task loss *averaged* over members pulls each member's γ with 1/M of a single model's gradient, so at fixed λ

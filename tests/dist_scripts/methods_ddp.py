@@ -1,4 +1,4 @@
-"""Every method under 2-process DDP, in ONE torchrun launch (tests/test_methods_train.py checks what it writes).
+"""Every method under 2-process DDP, in ONE torchrun launch (tests/methods/test_methods_train.py checks what it writes).
 
     torchrun --nproc_per_node 2 methods_ddp.py OUT
 

@@ -1,4 +1,5 @@
-"""The strategy matrix, run inside ONE launch per world size (tests/test_sharded.py compares what it writes).
+"""The strategy matrix, run inside ONE launch per world size (tests/distributed/test_sharded.py compares what it
+writes).
 
     python strategy_matrix.py single OUT          world 1: the reference (batch 2B) and 1-rank FSDP/DDP runs
     torchrun --nproc_per_node 2 strategy_matrix.py two OUT
@@ -30,7 +31,7 @@ from sigmanens_dist.train import Trainer
 
 TINY_VIT = ["model.name=vit_tiny_patch16_224", "model.kwargs.img_size=16", "model.kwargs.patch_size=4",
             "model.kwargs.depth=2", "model.kwargs.embed_dim=48", "model.kwargs.num_heads=2"]
-# SGD: Adam turns fp-noise gradients into full steps (see tests/test_train.py); eval only at the end.
+# SGD: Adam turns fp-noise gradients into full steps (see tests/training/test_train.py); eval only at the end.
 COMMON = [*TINY_VIT, "data.dataset=synthetic", "data.img_size=16", "data.train_subset=256", "data.val_subset=64",
           "data.num_workers=0", "optim.name=sgd", "optim.lr=0.05", "optim.momentum=0.9", "schedule.warmup_steps=2",
           "train.max_steps=6", "checkpoint.every_steps=3", "checkpoint.keep_last=3", "train.log_every_steps=1",

@@ -21,7 +21,7 @@ from sigmanens_dist.config import (
 )
 from sigmanens_dist.data.idx import FASHION_MNIST_ROOT
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "configs").glob("*.yaml"))
 
 
@@ -197,7 +197,7 @@ def test_no_number_field_takes_a_boolean() -> None:
 @pytest.mark.parametrize("url", ["http://example.com/fmnist", "https://example.com/fmnist", "s3://bucket/fmnist"])
 def test_a_remote_data_root_is_refused_as_remote_not_as_missing(url: str) -> None:
     """It was reported as a missing folder ``https:/example.com/…`` with advice to apt-get Fashion-MNIST. Only
-    webdataset streams (tests/test_remote_shards.py)."""
+    webdataset streams (tests/data/test_remote_shards.py)."""
     with pytest.raises(ConfigError) as info:
         load_config(None, [f"data.root={url}"])
     assert info.value.problems == [f"  - data.root: a remote root is read by data.format=webdataset only, not "

@@ -303,7 +303,8 @@ def test_eval_config_errors(overrides: list[str], match: str) -> None:
 def test_calibration_and_conformal_end_to_end(trained: Path, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     """`--calibration temperature --conformal 0.1` through the CLI: fitted on the 300 validation samples, scored on
-    the 300 test samples, clean and under shift (tests/test_posthoc.py proves the fit never reads the test split)."""
+    the 300 test samples, clean and under shift (tests/evaluation/test_posthoc.py proves the fit never reads the test
+    split)."""
     out = tmp_path / "out"
     assert eval_main(["--checkpoint", str(trained / "checkpoints" / "best.pt"), "--out", str(out), "--no-mlflow",
                       "--no-sub-ensembles", "--corruptions", "contrast", "--severities", "1", "--calibration",
