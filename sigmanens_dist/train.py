@@ -62,7 +62,7 @@ from sigmanens_dist.training.run_lock import own_run_dir
 from sigmanens_dist.training.throughput import Throughput
 from sigmanens_dist.training.tracking import Tracker, git_commit
 
-__all__ = ["USAGE_MARKER", "Position", "Trainer", "fit", "run"]
+__all__ = ["USAGE_MARKER", "Position", "Trainer", "fit"]
 
 log = logging.getLogger("sigmanens")
 
@@ -387,10 +387,6 @@ class Trainer:
         loss, task, div, bad = counts.tolist()
         return {"train/loss": loss, "train/task_loss": task, "train/div_loss": div, "train/lr": lr,
                 "train/img_per_s": window.take_rate(), "train/epoch": self.pos.epoch, "data/bad_samples": bad}
-
-
-def run(cfg: Config) -> int:
-    return Trainer(cfg).fit()
 
 
 # -- pieces of the step ------------------------------------------------------------------------------------------

@@ -27,12 +27,12 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from torch.utils.data import Dataset
-from tqdm import tqdm
 
 from sigmanens_dist.atomic import atomic_path
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler
 from sigmanens_dist.data.sources import read_source, unwrap_source
 from sigmanens_dist.data.sst2 import TextDataset
+from sigmanens_dist.progress import progress
 
 __all__ = ["FFCVLoader", "FFCVTextLoader", "check_beton", "write_beton", "write_text_beton"]
 
@@ -110,7 +110,7 @@ def _writer_class() -> type:
                 p.start()
             try:
                 allocations: list[Any] = []
-                with tqdm(total=num_samples, desc=f"ffcv → {self.target}", unit="img") as bar:
+                with progress(total=num_samples, desc=f"ffcv → {self.target}", unit="img") as bar:
                     received = 0
                     while received < len(workers):
                         self._check_workers(workers)

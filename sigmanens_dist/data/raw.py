@@ -4,7 +4,6 @@ webdataset_io.py."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from torchvision.transforms import v2
 from sigmanens_dist.config import DataConfig
 from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.data.idx import IdxImageDataset
+from sigmanens_dist.data.sampler import seeded
 from sigmanens_dist.errors import UsageError
 
 __all__ = ["READERS", "DataBundle", "Resized", "SeededAugment", "SyntheticImages", "build_datasets", "split_indices"]
@@ -49,15 +49,9 @@ class SeededAugment(Dataset):
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         index, seed = key
-        torch_state, py_state = torch.get_rng_state(), random.getstate()
-        torch.default_generator.manual_seed(seed)  # CPU generator only: torch.manual_seed would also seed CUDA
-        random.seed(seed)  # timm's RandAugment draws from python's random
-        try:
+        with seeded(seed):
             x, y = self.dataset[index]
             return (self.transform(x) if self.transform is not None else x), y
-        finally:
-            torch.set_rng_state(torch_state)
-            random.setstate(py_state)
 
 
 class SyntheticImages(Dataset):

@@ -8,11 +8,13 @@ Each sample also gets its own augmentation seed, derived from its place in the g
 
 from __future__ import annotations
 
+import contextlib
+import random
 from collections.abc import Iterator
 
 import torch
 
-__all__ = ["EvalShardSampler", "ShardedBatchSampler", "epoch_seed", "sample_seed"]
+__all__ = ["EvalShardSampler", "ShardedBatchSampler", "epoch_seed", "sample_seed", "seeded"]
 
 _MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, epoch, position) over 63 bits
 
@@ -77,3 +79,19 @@ def epoch_seed(seed: int, epoch: int) -> int:
 def sample_seed(seed: int, epoch: int, position: int) -> int:
     """Augmentation seed of one sample, from its place in the epoch (never from rank, worker or resume point)."""
     return (epoch_seed(seed, epoch) * _MIX + position * 0xBF58476D1CE4E5B9) % (2**63 - 1)
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """One sample's augmentation under its own seed (:func:`sample_seed`), every reader the same way: torch's CPU
+    generator and python's ``random`` (timm's RandAugment draws from it) are seeded, then restored, so augmentation
+    replays on resume whatever worker or rank draws the sample. CPU only: ``torch.manual_seed`` would also seed
+    CUDA, 3× slower."""
+    torch_state, py_state = torch.get_rng_state(), random.getstate()
+    torch.default_generator.manual_seed(seed)
+    random.seed(seed)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(torch_state)
+        random.setstate(py_state)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from tqdm import tqdm
+
+from sigmanens_dist.progress import progress
 
 __all__ = ["class_name", "make_image_folder"]
 
@@ -37,7 +38,7 @@ def make_image_folder(root: Path | str, num_classes: int, per_class: int, size: 
     colours = style.uniform(0.2, 0.9, (num_classes, 3))
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
     total = num_classes * (per_class + val_per_class)
-    with tqdm(total=total, desc=f"synthetic JPEGs → {root}", unit="img", leave=False) as bar:
+    with progress(total=total, desc=f"synthetic JPEGs → {root}", unit="img", leave=False) as bar:
         for split_id, (split, count) in enumerate((("train", per_class), ("val", val_per_class))):
             for c in range(num_classes):
                 folder = root / split / class_name(c)

@@ -44,11 +44,11 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchvision.transforms import v2
-from tqdm import tqdm
 
 from sigmanens_dist.data.bad_samples import BadSamples
 from sigmanens_dist.data.remote import TRAFFIC, ReadAhead, RemoteError, RemotePath, stream_items
-from sigmanens_dist.data.sampler import epoch_seed, sample_seed
+from sigmanens_dist.data.sampler import epoch_seed, sample_seed, seeded
+from sigmanens_dist.progress import progress
 
 __all__ = ["MANIFEST", "MANIFEST_FORMAT", "PARTIAL_MANIFEST", "SHARDS_GLOB", "Manifest", "Shard", "ShardError",
            "WebDatasetLoader", "image_transform", "iter_eval", "read_manifest"]
@@ -118,7 +118,7 @@ def read_manifest(path: Path | RemotePath | str, verify: bool = False) -> Manife
         raise ValueError(f"{path}: shard counts add up to {sum(s.count for s in shards)}, "
                          f"but num_samples is {manifest.num_samples}")
     local = [s for s in shards if isinstance(s.path, Path)]
-    for s in tqdm(local, desc=f"verifying {path.parent}", unit="shard", disable=not verify, leave=False):
+    for s in progress(local, desc=f"verifying {path.parent}", unit="shard", disable=not verify, leave=False):
         if not s.path.is_file():
             raise ShardError(f"shard {s.path} listed in {path} is missing")
         size = s.path.stat().st_size
@@ -309,13 +309,8 @@ class _RankStream(IterableDataset):
             if ld.transform is None:
                 images.append(image)
                 continue
-            with torch.random.fork_rng(devices=[]):
-                state = random.getstate()
-                aug_seed = sample_seed(ld.seed, self.epoch, int(key) if key.isdigit() else zlib.crc32(key.encode()))
-                torch.default_generator.manual_seed(aug_seed)  # CPU only: torch.manual_seed also seeds CUDA, 3× slower
-                random.seed(aug_seed)  # timm's RandAugment draws from python's random
+            with seeded(sample_seed(ld.seed, self.epoch, int(key) if key.isdigit() else zlib.crc32(key.encode()))):
                 images.append(ld.transform(image))
-                random.setstate(state)
         if not images:
             raise ShardError(f"all {len(batch)} samples of a batch were unreadable and skipped")
         out = (ld.collate(images), torch.tensor(labels, dtype=torch.int64))

@@ -18,12 +18,12 @@ from typing import Any
 
 from PIL import Image
 from torch.utils.data import Dataset, Subset
-from tqdm import tqdm
 
 from sigmanens_dist.atomic import write_text
 from sigmanens_dist.data.sources import _base, _source_file, read_source, source_classes, unwrap_source
 from sigmanens_dist.data.sst2 import TextDataset
 from sigmanens_dist.data.webdataset_io import MANIFEST, MANIFEST_FORMAT, PARTIAL_MANIFEST, SHARDS_GLOB, _sha256
+from sigmanens_dist.progress import progress
 
 __all__ = ["write_shards"]
 
@@ -147,7 +147,7 @@ def write_shards(dataset: Dataset, out_dir: Path | str, *, split: str = "train",
         writer = wds.ShardWriter(pattern, maxcount=max_count, maxsize=max_size, post=log.closed,
                                  start_shard=len(shards), verbose=0, encoder=False, mtime=0.0)
         with ThreadPoolExecutor(max(1, num_workers)) as pool, \
-                tqdm(total=n, initial=start, desc=desc or f"webdataset {split} → {out_dir}", unit="img") as bar:
+                progress(total=n, initial=start, desc=desc or f"webdataset {split} → {out_dir}", unit="img") as bar:
             for lo in range(start, n, _CHUNK):
                 indices = range(lo, min(n, lo + _CHUNK))
                 for i, (ext, data, label) in zip(indices, pool.map(lambda i: _encode(dataset, i, jpeg_quality),

@@ -20,7 +20,7 @@ from sigmanens_dist.methods.deep import DeepEnsemble
 from sigmanens_dist.methods.film import convert_to_film_ensemble
 from sigmanens_dist.methods.packed import MIN_CHANNELS_PER_GROUP, convert_to_packed_ensemble
 from sigmanens_dist.models import build_model
-from sigmanens_dist.train import run
+from sigmanens_dist.train import fit
 from sigmanens_dist.training.objective import member_loss
 from sigmanens_dist.training.optim import param_groups
 from tests.helpers import SYNTHETIC, final_state
@@ -202,7 +202,7 @@ def test_fast_weight_lr_scale_gives_r_and_s_their_own_undecayed_rate(tmp_path: P
     cfg = load_config(None, [*RESNET, "model.method=batch", "model.num_members=2", "optim.lr=0.1",
                              "optim.fast_weight_lr_scale=0.5", *SYNTHETIC, "train.batch_size=4", "train.max_steps=1",
                              "eval.at_end=false", "tracking.enabled=false", f"run_dir={tmp_path}"])
-    assert run(cfg) == 0
+    assert fit(cfg) == 0
     saved = final_state(tmp_path, "optimizer")["param_groups"]
     assert len(saved) == 3 and saved[2]["initial_lr"] == pytest.approx(0.05) and saved[2]["weight_decay"] == 0
     assert len(saved[2]["params"]) == 2 * len(layers)

@@ -13,7 +13,7 @@ from sigmanens_dist import convert_to_sigma_ensemble, diversity_loss
 from sigmanens_dist.config import load_config
 from sigmanens_dist.data.member_streams import member_major
 from sigmanens_dist.models import build_model
-from sigmanens_dist.train import run
+from sigmanens_dist.train import fit
 from sigmanens_dist.training.objective import loss_reduction, member_loss
 from sigmanens_dist.training.optim import build_optimizer, param_groups, sigma_lr
 from tests.helpers import SYNTHETIC, TINY_VIT, final_state, losses
@@ -140,12 +140,12 @@ def test_independent_batches_train_and_resume_bit_identically(tmp_path: Path) ->
               "checkpoint.every_steps=2", "checkpoint.keep_last=2", "model.num_members=2", "tracking.enabled=false",
               "model.member_batches=independent", "train.member_loss=sum", "optim.sigma_lr_scale=num_members",
               "model.affine_init=plain", "reg.normalize=members", "train.log_every_steps=1"]
-    assert run(load_config(None, [*common, f"run_dir={tmp_path / 'straight'}"])) == 0
+    assert fit(load_config(None, [*common, f"run_dir={tmp_path / 'straight'}"])) == 0
     # The step-2 checkpoint of the straight run, resumed: the same 2 remaining batches and the same final weights.
     ckpt = tmp_path / "straight" / "checkpoints"
     (tmp_path / "again" / "checkpoints").mkdir(parents=True)
     (tmp_path / "again" / "checkpoints" / "step_00000002.pt").write_bytes((ckpt / "step_00000002.pt").read_bytes())
-    assert run(load_config(None, [*common, f"run_dir={tmp_path / 'again'}", "checkpoint.resume=auto"])) == 0
+    assert fit(load_config(None, [*common, f"run_dir={tmp_path / 'again'}", "checkpoint.resume=auto"])) == 0
     assert losses(tmp_path / "again") == {k: v for k, v in losses(tmp_path / "straight").items() if k > 2}
     groups = final_state(tmp_path / "again", "optimizer")["param_groups"]
     assert len(groups) == 3 and groups[2]["initial_lr"] == pytest.approx(2 * 0.05)  # the σ store at M × lr
