@@ -3,8 +3,8 @@
 # network once both are temperature scaled? Trains, per seed, the single model, σN-Ens M=4 (the recipe: τ = 0.5,
 # λ = 0.01), the Deep Ensemble M=4 and Packed-Ensembles M=4 α=3, with no end-of-training evaluation: the test set is
 # read once, by the second phase. Each finished study's runs are kept in results/posthoc_long/records/<study>.jsonl; an
-# evaluated study is not trained again; a recorded one whose checkpoint is not in OUT is trained again (training is
-# bit-exact for a seed, so its record is rewritten unchanged), and the checkpoints are kept in OUT.
+# evaluated study is not trained again; a recorded one whose checkpoint is not in OUT is trained again and its record
+# rewritten (same seed, same recipe; on another machine the floats may differ), and the checkpoints are kept in OUT.
 #   bash research/long_posthoc.sh train [OUT] [LANE...]   # lanes: single sigma deep packed3 (default: all, in turn)
 #   bash research/long_posthoc.sh eval [OUT]              # each run's best checkpoint (chosen on validation), once
 # Two train lanes may run at once on one OUT (they share its MLflow server), e.g. `train OUT sigma single` and
@@ -43,8 +43,8 @@ if [ "$phase" = train ]; then
     for lane in "${LANES[@]}"; do
       name="${lane}_s$seed"
       if [ -s "$RESULTS/evals/$name/eval.json" ]; then echo "[$(date +%T)] $name: evaluated before, skipped"; continue; fi
-      # Recorded but not evaluated, and its checkpoint is not in OUT (a fresh clone): train it again; the rewritten
-      # record equals the committed one if training is bit-exact for the seed (git diff shows it).
+      # Recorded but not evaluated, and its checkpoint is not in OUT (a fresh clone): train it again, so that the
+      # evaluation reads the checkpoint its record describes.
       [ -e "$OUT/$name/.finished" ] || rm -f "$RECORDS/$name.jsonl"
       # shellcheck disable=SC2086  # LANE_ARGS holds several words
       study "$name" methods ${LANE_ARGS[$lane]} --seeds "$seed"
