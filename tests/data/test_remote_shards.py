@@ -394,12 +394,22 @@ def test_training_from_s3_writes_no_credential_anywhere(data: Path, conv: Path, 
 
 
 @pytest.mark.slow
-def test_two_rank_training_over_http_equals_local_disk(conv: Path, nginx: Nginx, tmp_path: Path) -> None:
+def test_two_rank_training_over_http_and_s3_equals_local_disk(data: Path, conv: Path, nginx: Nginx,
+                                                              s3: dict[str, str], tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 8 training shards of ``conv`` served by nginx and by the S3 server: both 2-rank runs train on exactly
+    the batches of the run over local disk (the same losses, to the last digit)."""
+    import boto3
+
     run_train(tmp_path / "local", *TRAIN, f"data.root={conv}", nproc=2)
     run_train(tmp_path / "http", *TRAIN, f"data.root={nginx}/conv", nproc=2)
     assert losses(tmp_path / "http") == losses(tmp_path / "local") and len(losses(tmp_path / "local")) == 4
     served = urllib.request.urlopen(f"{nginx}/conv/classes.json", timeout=10).read()
     assert json.loads(served) == json.loads((conv / "classes.json").read_text())
+    _aws_env(monkeypatch, s3)
+    _upload(boto3.client("s3"), data, conv.name)
+    run_train(tmp_path / "s3", *TRAIN, "data.root=s3://shards/conv", nproc=2)
+    assert losses(tmp_path / "s3") == losses(tmp_path / "local")
 
 
 # Training through network faults: shards of one batch each (40 a training epoch), so every step needs a request.
