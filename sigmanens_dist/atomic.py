@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import shutil
 import tempfile
@@ -20,7 +21,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-__all__ = ["atomic_path", "atomic_write", "file_mode", "replace_folder", "torch_save", "write_bytes", "write_text"]
+__all__ = ["atomic_path", "atomic_write", "file_mode", "file_sha256", "replace_folder", "torch_save", "write_bytes",
+           "write_text"]
 
 
 def file_mode() -> int:
@@ -117,3 +119,13 @@ def _fsync_dir(folder: Path) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def file_sha256(path: Path) -> str:
+    """A file's SHA-256, read in 1 MiB blocks: what a manifest records of a file written whole (a shard, a
+    program), to tell it from another or a torn one."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -28,7 +28,6 @@ Evaluation should use the map-style val set (``EvalShardSampler``), which scores
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import random
@@ -45,6 +44,7 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchvision.transforms import v2
 
+from sigmanens_dist.atomic import file_sha256
 from sigmanens_dist.data.bad_samples import BadSamples
 from sigmanens_dist.data.remote import TRAFFIC, ReadAhead, RemoteError, RemotePath, stream_items
 from sigmanens_dist.data.sampler import epoch_seed, sample_seed, seeded
@@ -61,14 +61,6 @@ SHARDS_GLOB = "{split}-*.tar"  # every shard of a split (written as {split}-%06d
 
 class ShardError(ValueError):
     """A shard that does not match its manifest, or holds a sample that cannot be read."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -125,7 +117,7 @@ def read_manifest(path: Path | RemotePath | str, verify: bool = False) -> Manife
         if size != s.bytes:
             raise ShardError(f"shard {s.path} is {size} bytes but {path} records {s.bytes} "
                              f"({'truncated' if size < s.bytes else 'replaced or appended to'}); {_RECONVERT}")
-        if verify and _sha256(s.path) != s.sha256:
+        if verify and file_sha256(s.path) != s.sha256:
             raise ShardError(f"shard {s.path}: sha256 differs from {path}; the shard is corrupt, {_RECONVERT}")
     return manifest
 

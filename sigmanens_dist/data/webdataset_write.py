@@ -19,10 +19,10 @@ from typing import Any
 from PIL import Image
 from torch.utils.data import Dataset, Subset
 
-from sigmanens_dist.atomic import write_text
+from sigmanens_dist.atomic import file_sha256, write_text
 from sigmanens_dist.data.sources import _base, _source_file, read_source, source_classes, unwrap_source
 from sigmanens_dist.data.sst2 import TextDataset
-from sigmanens_dist.data.webdataset_io import MANIFEST, MANIFEST_FORMAT, PARTIAL_MANIFEST, SHARDS_GLOB, _sha256
+from sigmanens_dist.data.webdataset_io import MANIFEST, MANIFEST_FORMAT, PARTIAL_MANIFEST, SHARDS_GLOB
 from sigmanens_dist.progress import progress
 
 __all__ = ["write_shards"]
@@ -68,7 +68,7 @@ def _valid_prefix(out_dir: Path, shards: list[dict[str, Any]]) -> list[dict[str,
     keep = []
     for entry in shards:
         path = out_dir / entry["name"]
-        if not path.is_file() or path.stat().st_size != entry["bytes"] or _sha256(path) != entry["sha256"]:
+        if not path.is_file() or path.stat().st_size != entry["bytes"] or file_sha256(path) != entry["sha256"]:
             break
         keep.append(entry)
     return keep
@@ -90,7 +90,7 @@ class _ShardLog:
     def closed(self, fname: str) -> None:
         path = Path(fname)
         self.shards.append({"name": path.name, "first": self.first, "count": self.next - self.first,
-                            "max_label": self.max_label, "bytes": path.stat().st_size, "sha256": _sha256(path)})
+                            "max_label": self.max_label, "bytes": path.stat().st_size, "sha256": file_sha256(path)})
         self.first, self.max_label = self.next, -1
         _write_json(self.path, {"format": MANIFEST_FORMAT, "settings": self.settings, "shards": self.shards})
         if self.on_shard is not None:

@@ -10,7 +10,6 @@ and ``__call__`` (a ``(B, C, H, W)`` float32 batch → its outputs as numpy arra
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,7 +20,7 @@ import torch
 from sigmanens_dist.errors import MissingPathError, UsageError
 from sigmanens_dist.evaluation.program import METADATA_FILE, OUTPUTS
 
-__all__ = ["Program", "load_program", "sha256"]
+__all__ = ["Program", "load_program"]
 
 
 class Program(Protocol):
@@ -29,14 +28,6 @@ class Program(Protocol):
     meta: dict[str, Any]
 
     def __call__(self, images: torch.Tensor) -> dict[str, np.ndarray]: ...
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _checked_meta(path: Path, text: str | None) -> dict[str, Any]:

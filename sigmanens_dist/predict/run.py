@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from sigmanens_dist.atomic import file_sha256
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.predict.backends import Program, load_program, sha256
+from sigmanens_dist.predict.backends import Program, load_program
 from sigmanens_dist.predict.inputs import (
     BadInput,
     Sample,
@@ -63,7 +64,7 @@ def predict(program_path: Path, inputs: Sequence[Path], out: Path, *, batch_size
     program = load_program(program_path, _device(device, int(os.environ.get("LOCAL_RANK", "0")), world))
     channels, height, width = (int(v) for v in program.meta["input"]["shape"][1:])
     check_shapes(units, channels, (height, width))
-    manifest = {"format": FORMAT, "program": {"path": str(program_path), "sha256": sha256(program_path)},
+    manifest = {"format": FORMAT, "program": {"path": str(program_path), "sha256": file_sha256(program_path)},
                 "inputs": [str(p) for p in inputs], "inputs_sha256": inputs_digest(units),
                 "chunk_size": chunk_size, "output_format": fmt, "units": [u.describe() for u in units]}
     env = None
