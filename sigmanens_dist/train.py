@@ -37,7 +37,7 @@ from sigmanens_dist.checkpoint import CheckpointManager, resolve_checkpoint
 from sigmanens_dist.config import Config, flatten, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.data.member_streams import member_major, member_train_stream
-from sigmanens_dist.data.remote import TRAFFIC
+from sigmanens_dist.data.traffic import TRAFFIC
 from sigmanens_dist.distributed.env import DistEnv, all_gather_object, init_distributed
 from sigmanens_dist.distributed.strategies import build_strategy, strategy_class, strategy_options
 from sigmanens_dist.errors import USAGE_MARKER, RunExistsError, UsageError

@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "sigmanens_dist"
 FLOORS = [
     ("errors", "progress", "timm_names"),
     ("atomic", "safe_load"),
-    ("data.datasets", "data.corruption_table", "data.remote"),  # torch-free tables and paths the config validates
+    ("data.datasets", "data.corruption_table", "data.traffic", "data.remote"),  # torch-free: what the config reads
     ("config",),  # the typed sections every floor above takes
     ("sigma",),
     ("distributed",),

@@ -151,6 +151,11 @@ class RemoteConfig(_Section):
     # whole shards each stream (rank × DataLoader worker) downloads ahead of the one it reads, in memory or past
     # 64 MiB in a TMPDIR file: read_ahead + 1 shards per stream at once; 0 streams the shard being read
     read_ahead: Int = Field(1, ge=0)
+    # a node-local folder keeping a copy of each shard read (named by its sha256), so later epochs, ranks and member
+    # streams on the node read it from disk; None: every read streams. cache_gb: the least recently used copies
+    # go beyond it
+    cache_dir: Path | None = None
+    cache_gb: Float = Field(20.0, gt=0, allow_inf_nan=False)
 
 
 class DataConfig(_Section):
@@ -218,8 +223,9 @@ class DataConfig(_Section):
                 raise _cross_field("tokenizer", f"a remote data.root ({self.root}) has its tokenizer/ read from a "
                                                 "local folder: set data.tokenizer to a copy of it (sigmanens data "
                                                 "convert writes it beside the shards)", None)
-            self.root = self.root.with_settings(RemoteSettings(self.remote.retries, self.remote.timeout_s,
-                                                             self.remote.read_ahead))
+            r = self.remote
+            self.root = self.root.with_settings(RemoteSettings(r.retries, r.timeout_s, r.read_ahead, r.cache_dir,
+                                                             r.cache_gb))
         return self
 
     @field_validator("val_split", mode="before")

@@ -13,7 +13,8 @@ a consumer sees each item of a shard exactly once. A 4xx (not found, forbidden, 
 :class:`RemoteRefused`, a :class:`~sigmanens_dist.errors.UsageError`: retrying cannot fix it.
 
 :class:`ReadAhead` downloads whole shards in a background thread ahead of the one being read, so a slow request
-costs a step nothing while the shards before it last. :data:`TRAFFIC` counts what arrives, for the trainer's log.
+costs a step nothing while the shards before it last. :data:`~sigmanens_dist.data.traffic.TRAFFIC` counts what
+arrives, for the trainer's log.
 :func:`upload` writes converted shards to a bucket (HTTP is read-only here).
 """
 
@@ -40,10 +41,11 @@ from typing import IO, Any, TypeVar
 from pydantic import GetCoreSchemaHandler
 from pydantic_core import core_schema
 
+from sigmanens_dist.data.traffic import TRAFFIC
 from sigmanens_dist.errors import MissingPathError, UsageError
 
-__all__ = ["SCHEMES", "TRAFFIC", "ReadAhead", "RemoteError", "RemoteMismatch", "RemoteNotFound", "RemotePath",
-           "RemoteRefused", "RemoteSettings", "RemoteUnavailable", "Traffic", "first_object", "stream_items", "upload"]
+__all__ = ["SCHEMES", "ReadAhead", "RemoteError", "RemoteMismatch", "RemoteNotFound", "RemotePath", "RemoteRefused",
+           "RemoteSettings", "RemoteUnavailable", "first_object", "stream_items", "upload"]
 
 log = logging.getLogger(__name__)
 
@@ -81,66 +83,15 @@ class _Transient(Exception):
 
 @dataclass(frozen=True)
 class RemoteSettings:
-    """``data.remote``: failed attempts in a row before giving up, the timeout of each connect and read, and how many
-    whole shards each stream downloads ahead of the one it reads (0: it streams the one it reads)."""
+    """``data.remote``: failed attempts in a row before giving up, the timeout of each connect and read, how many
+    whole shards each stream downloads ahead of the one it reads (0: it streams the one it reads), and the node-local
+    shard cache (data/shard_cache.py; None: none) with its size limit."""
 
     retries: int = 5
     timeout_s: float = 60.0
     read_ahead: int = 1
-
-
-class Traffic:
-    """Bytes received from remote objects and downloads under way, in this process and, as reported with each batch
-    (:meth:`report`, :meth:`merge`), in its DataLoader workers, which are separate processes."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.received = 0  # bytes, every attempt's
-        self.active = 0  # this process's downloads under way
-        self._workers: dict[int, int] = {}  # each worker's downloads under way, as last reported
-        self._reported = 0  # in a worker: the bytes already passed on
-        self._since = (time.monotonic(), 0)  # the last line's time and byte count
-
-    def add(self, received: int = 0, active: int = 0) -> None:
-        with self._lock:
-            self.received += received
-            self.active += active
-
-    def report(self) -> tuple[int, int]:
-        """In a worker: the bytes received since the last report, and the downloads under way now."""
-        with self._lock:
-            new, self._reported = self.received - self._reported, self.received
-            return new, self.active
-
-    def merge(self, worker: int, received: int, active: int) -> None:
-        with self._lock:
-            self.received += received
-            self._workers[worker] = active
-
-    def workers_done(self) -> None:
-        """The workers of an epoch have exited: their downloads are over."""
-        with self._lock:
-            self._workers.clear()
-
-    def _forked(self) -> None:
-        """In a forked DataLoader worker: the parent's lock may be held, and its downloads and bytes are not ours."""
-        self._lock = threading.Lock()
-        self.active, self._workers, self._reported = 0, {}, self.received
-
-    def line(self) -> str | None:
-        """MB/s since the last line and downloads under way; None while nothing was ever received."""
-        with self._lock:
-            now, received = time.monotonic(), self.received
-            active = self.active + sum(self._workers.values())
-            (then, before), self._since = self._since, (now, received)
-        if received == 0:
-            return None
-        return (f"remote data: {(received - before) / 1e6 / max(now - then, 1e-9):.1f} MB/s over {now - then:.1f} s, "
-                f"{received / 1e6:.1f} MB so far, {active} shard download(s) in flight")
-
-
-TRAFFIC = Traffic()  # per process; a forked DataLoader worker reports what it receives with each batch
-os.register_at_fork(after_in_child=TRAFFIC._forked)
+    cache_dir: Path | None = None
+    cache_gb: float = 20.0
 
 
 class RemotePath:
@@ -310,8 +261,9 @@ class ReadAhead:
     asked for. A failed download raises at its turn, so the objects before it are read first, as without read-ahead.
     """
 
-    def __init__(self, objects: Sequence[tuple[RemotePath, int | None, str | None]], depth: int) -> None:
-        self.objects, self.depth = list(objects), depth
+    def __init__(self, objects: Sequence[tuple[RemotePath, int | None, str | None]], depth: int,
+                 local: Callable[[RemotePath, int | None, str | None], IO[bytes] | None] | None = None) -> None:
+        self.objects, self.depth, self.local = list(objects), depth, local  # local: a cached copy, or None
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="shard-read-ahead")
         self._pending: deque[Future[IO[bytes]]] = deque()
@@ -334,6 +286,8 @@ class ReadAhead:
             self._next += 1
 
     def _fetch(self, path: RemotePath, size: int | None, sha256: str | None) -> IO[bytes]:
+        if self.local is not None and (copy := self.local(path, size, sha256)) is not None:
+            return copy
         f = tempfile.SpooledTemporaryFile(_SPOOL_BYTES)  # noqa: SIM115 (the reader closes it)
         try:
             deque(stream_items(path, size, sha256, lambda body: self._copy(body, f)), maxlen=0)

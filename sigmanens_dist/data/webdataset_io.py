@@ -46,8 +46,10 @@ from torchvision.transforms import v2
 
 from sigmanens_dist.atomic import file_sha256
 from sigmanens_dist.data.bad_samples import BadSamples
-from sigmanens_dist.data.remote import TRAFFIC, ReadAhead, RemoteError, RemotePath, stream_items
+from sigmanens_dist.data.remote import ReadAhead, RemoteError, RemotePath, stream_items
 from sigmanens_dist.data.sampler import epoch_seed, sample_seed, seeded
+from sigmanens_dist.data.shard_cache import cached_copy, open_cached
+from sigmanens_dist.data.traffic import TRAFFIC
 from sigmanens_dist.progress import progress
 
 __all__ = ["MANIFEST", "MANIFEST_FORMAT", "PARTIAL_MANIFEST", "SHARDS_GLOB", "Manifest", "Shard", "ShardError",
@@ -134,10 +136,14 @@ def image_transform(train: bool, img_size: int, mean: Sequence[float], std: Sequ
 
 def _records(shard: Shard) -> Iterator[tuple[str, dict[str, bytes]]]:
     """``(key, {extension: bytes})`` per sample, in tar order; truncation and stray members name shard and key. A
-    remote shard survives dropped connections: :func:`stream_items` reads it again and skips what was yielded."""
+    remote shard survives dropped connections: :func:`stream_items` reads it again and skips what was yielded; with
+    ``data.remote.cache_dir`` it is read from its node-local copy (data/shard_cache.py)."""
     if isinstance(shard.path, RemotePath):
-        return stream_items(shard.path, shard.bytes, shard.sha256, lambda body: _tar_records(shard, body))
-    return _local_records(shard)
+        copy = cached_copy(shard.path, shard.bytes, shard.sha256)
+        if copy is None:
+            return stream_items(shard.path, shard.bytes, shard.sha256, lambda body: _tar_records(shard, body))
+        return _local_records(shard, copy)
+    return _local_records(shard, shard.path)
 
 
 def _stream_records(shards: list[Shard]) -> Iterator[tuple[Shard, str, dict[str, bytes]]]:
@@ -149,13 +155,15 @@ def _stream_records(shards: list[Shard]) -> Iterator[tuple[Shard, str, dict[str,
         for shard in shards:
             yield from ((shard, key, parts) for key, parts in _records(shard))
         return
-    with closing(ReadAhead([(s.path, s.bytes, s.sha256) for s in shards], depth)) as ahead:
+    cache = shards[0].path.settings.cache_dir is not None
+    with closing(ReadAhead([(s.path, s.bytes, s.sha256) for s in shards], depth, open_cached if cache else None)
+                 ) as ahead:
         for shard, f in zip(shards, ahead, strict=True):
             yield from ((shard, key, parts) for key, parts in _tar_records(shard, f))
 
 
-def _local_records(shard: Shard) -> Iterator[tuple[str, dict[str, bytes]]]:
-    with shard.path.open("rb") as f:
+def _local_records(shard: Shard, path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
+    with path.open("rb") as f:
         yield from _tar_records(shard, f)
 
 

@@ -29,7 +29,6 @@ from torchvision import datasets
 from sigmanens_dist.config import ConfigError, load_config
 from sigmanens_dist.data import FASHION_MNIST_ROOT
 from sigmanens_dist.data.remote import (
-    TRAFFIC,
     RemoteMismatch,
     RemoteNotFound,
     RemotePath,
@@ -37,6 +36,7 @@ from sigmanens_dist.data.remote import (
     RemoteUnavailable,
 )
 from sigmanens_dist.data.synthetic_tree import make_image_folder
+from sigmanens_dist.data.traffic import TRAFFIC
 from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, image_transform
 from sigmanens_dist.data.webdataset_write import write_shards
 from tests.helpers import (
@@ -276,6 +276,40 @@ def test_read_ahead_is_bounded_and_every_byte_is_counted(data: Path, flaky: http
     assert TRAFFIC.received - before == sum(s.bytes for stream in remote.epoch_shards(1) for s in stream)
     line = TRAFFIC.line()
     assert line is not None and line.startswith("remote data: ") and "0 shard download(s) in flight" in line, line
+
+
+@pytest.mark.parametrize("read_ahead", [0, 1])
+def test_the_shard_cache_downloads_each_shard_once_and_gives_the_same_batches(data: Path, nginx: Nginx,
+                                                                              tmp_path: Path, read_ahead: int) -> None:
+    """With ``data.remote.cache_dir``, epochs 1, 2 and 1 again read the batches of local disk, and nginx serves each
+    shard they touch once; the copies, named by their sha256, hold the shards' bytes."""
+    cache = tmp_path / "cache"
+    settings = RemoteSettings(retries=3, timeout_s=10, read_ahead=read_ahead, cache_dir=cache)
+    local, remote = _loader(data / "loose" / "train"), _loader(RemotePath(f"{nginx}/loose/train/{MANIFEST}", settings))
+    before = _tar_requests(nginx)
+    for epoch in (1, 2, 1):
+        _assert_same(_epoch(remote, epoch), _epoch(local, epoch))
+    touched = {s.sha256: s.path.name for epoch in (1, 2) for stream in remote.epoch_shards(epoch) for s in stream}
+    assert _tar_requests(nginx) - before == len(touched) > 4  # rank 1 of 2 reads 4 shards an epoch, others the next
+    assert sorted(p.name for p in cache.iterdir()) == sorted(f"{sha}.tar" for sha in touched)
+    for sha, name in touched.items():
+        assert (cache / f"{sha}.tar").read_bytes() == (data / "loose" / "train" / name).read_bytes()
+
+
+def test_the_shard_cache_keeps_to_its_size_limit(data: Path, nginx: Nginx, tmp_path: Path) -> None:
+    """A limit of two shards' bytes: the least recently used copies go, the batches stay those of local disk; the
+    config carries the cache settings into every remote path."""
+    sizes = sorted(p.stat().st_size for p in (data / "loose" / "train").glob("*.tar"))
+    limit = sizes[-1] + sizes[-2]
+    cache = tmp_path / "cache"
+    cfg = load_config(None, [*TRAIN, f"data.root={nginx}/loose", f"data.remote.cache_dir={cache}",
+                             f"data.remote.cache_gb={limit / 2**30}"])
+    settings = cfg.data.root.settings
+    assert (settings.cache_dir, settings.cache_gb) == (cache, limit / 2**30)
+    local, remote = _loader(data / "loose" / "train"), _loader(cfg.data.root / "train" / MANIFEST)
+    _assert_same(_epoch(remote, 1), _epoch(local, 1))
+    kept = list(cache.iterdir())
+    assert 1 <= len(kept) <= 2 and sum(p.stat().st_size for p in kept) <= limit
 
 
 def test_refusals_and_corrupt_shards_are_one_line_naming_the_url(data: Path,
