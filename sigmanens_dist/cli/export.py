@@ -46,13 +46,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--conformal", metavar="ALPHA", help="with --program: also output the conformal set at "
                                                          "miscoverage ALPHA in (0, 1), fitted on the validation split")
     ap.add_argument("--conformal-score", metavar="SCORE", help="with --conformal: thr (default), aps or raps")
+    ap.add_argument("--weights", choices=("raw", "ema"), default="raw",
+                    help="with --program: the trained weights (default) or their EMA (train.ema_decay), as eval "
+                         "scores them")
     ap.add_argument("--force", action="store_true", help="replace OUT if it exists (never the checkpoint itself)")
     args = ap.parse_args(argv)
     if (args.out is None) == (args.program is None) or (args.program is not None and args.member is not None):
         return _usage("give OUT (a state dict, optionally --member K) or --program OUT, one of the two")
     program_only = (args.members, args.format, args.conformal, args.conformal_score)
-    if args.program is None and (any(v is not None for v in program_only) or args.calibration != "none"):
-        return _usage("--members, --calibration, --format and --conformal(-score) go with --program OUT")
+    if args.program is None and (any(v is not None for v in program_only) or args.calibration != "none"
+                                 or args.weights != "raw"):
+        return _usage("--members, --calibration, --format, --conformal(-score) and --weights go with --program OUT")
     out = args.out or args.program
     from sigmanens_dist.atomic import torch_save  # after parsing: `sigmanens export --help` answers without torch
     from sigmanens_dist.checkpoint import consolidated_state_dict, resolve_checkpoint
@@ -75,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.program is not None:
             from sigmanens_dist.evaluation.program import export_program
 
-            meta = export_program(checkpoint, out, args.members, args.calibration, fmt, alpha, score)
+            meta = export_program(checkpoint, out, args.members, args.calibration, fmt, alpha, score, args.weights)
             extra, sets = "", meta.get("conformal")
             if sets is not None:
                 qhat = "inf" if sets["qhat"] is None else f"{sets['qhat']:.4g}"

@@ -173,17 +173,22 @@ def _fit(cfg: Config, model: nn.Module, num_classes: int, calibrate: bool, alpha
 
 def export_program(checkpoint: Path, out: Path, members: str | None = None,
                    calibration: Literal["temperature", "none"] = "none", fmt: Literal["torch", "onnx"] = "torch",
-                   conformal: float | None = None, score: str = "thr") -> dict[str, Any]:
-    """Write ``checkpoint``'s ensemble (or the sub-ensemble ``members``) as a ``fmt`` program at ``out``, with
-    the conformal set at miscoverage ``conformal`` if given; returns its metadata. Bad ``members`` and a fit that
-    would read the test set are refused before anything is computed."""
+                   conformal: float | None = None, score: str = "thr",
+                   weights: Literal["raw", "ema"] = "raw") -> dict[str, Any]:
+    """Write ``checkpoint``'s ensemble (or the sub-ensemble ``members``; its raw or EMA ``weights``) as a ``fmt``
+    program at ``out``, with the conformal set at miscoverage ``conformal`` if given; returns its metadata. Bad
+    ``members``, EMA weights the run did not keep and a fit that would read the test set are refused before
+    anything is computed."""
     import sigmanens_dist
     from sigmanens_dist.atomic import atomic_write
     from sigmanens_dist.evaluation.load import load_for_eval, method_of
     from sigmanens_dist.evaluation.run import sub_ensemble
 
     loaded = load_for_eval(checkpoint)
-    cfg, full = loaded.cfg, loaded.model
+    cfg, full = loaded.cfg, loaded.model if weights == "raw" else loaded.ema
+    if full is None:
+        raise UsageError(f"--weights ema: {checkpoint} holds no EMA weights (the run had no train.ema_decay); export "
+                         "its raw weights")
     asked = [flag for flag, on in (("--calibration temperature", calibration == "temperature"),
                                    (f"--conformal {conformal}", conformal is not None)) if on]
     if asked and cfg.data.val_from_test:
@@ -208,6 +213,7 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
             "input": {"name": "images", "shape": ["B", in_chans, size, size], "channels": in_chans, "size": size,
                       "dtype": "float32", "range": [0.0, 1.0]},
             "normalisation": {"mean": mean, "std": std}, "members": chosen, "trained_members": full.num_members,
+            "weights": weights,
             "method": method_of(cfg), "tau": cfg.reg.tau, "run_id": loaded.run_id, "step": loaded.step,
             "dataset": cfg.data.dataset, "package_version": sigmanens_dist.__version__, "calibration": calibration,
             **fit, "outputs": list(head.outputs)}

@@ -116,6 +116,29 @@ def _random_run(run: Path, *overrides: str) -> Path:
     return run
 
 
+def test_ema_weights_export_as_eval_scores_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--weights ema``: the program of the run's EMA weights equals the eager EMA ensemble, not the raw one; a
+    run without an EMA is refused in one line before anything is written."""
+    run = _random_run(tmp_path / "run")
+    path = run / "checkpoints" / "step_00000000.pt"
+    state = torch.load(path, weights_only=True)
+    torch.manual_seed(1)
+    state["ema"] = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v
+                    for k, v in state["model"].items()}
+    assert main(["export", str(run), "--program", str(tmp_path / "raw.pt2"), "--weights", "ema"]) == 2
+    assert "holds no EMA weights" in capsys.readouterr().err and not (tmp_path / "raw.pt2").exists()
+    torch.save(state, path)
+    out = _export(run, "ema.pt2", "--weights", "ema")
+    assert _metadata(out)["weights"] == "ema"
+    loaded = load_for_eval(path)
+    x = torch.rand(7, 3, 16, 16)
+    with torch.no_grad():
+        want = loaded.ema(x).softmax(-1).mean(0)  # the synthetic recipe: mean 0, std 1
+        raw = loaded.model(x).softmax(-1).mean(0)
+    got = _run_program(out, x)["probabilities"]
+    assert torch.allclose(got, want, atol=1e-5) and not torch.allclose(got, raw, atol=1e-3)
+
+
 def _metadata(path: Path) -> dict:
     if path.suffix == ".onnx":
         return json.loads(ort.InferenceSession(path).get_modelmeta().custom_metadata_map[METADATA_FILE])
