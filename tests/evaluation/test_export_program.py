@@ -404,9 +404,11 @@ def test_bad_program_flags_are_refused_before_the_checkpoint_is_read(
 
 
 def test_program_flags_without_program_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["export", str(tmp_path / "run"), str(tmp_path / "w.pt"), "--format", "onnx"]) == 2
-    assert capsys.readouterr().err == ("sigmanens export: error: --members, --calibration, --format and "
-                                       "--conformal(-score) go with --program OUT\n")
+    message = ("sigmanens export: error: --members, --calibration, --format, --conformal(-score) and --weights go "
+               "with --program OUT\n")
+    for flags in (["--format", "onnx"], ["--weights", "ema"]):
+        assert main(["export", str(tmp_path / "run"), str(tmp_path / "w.pt"), *flags]) == 2
+        assert capsys.readouterr().err == message
 
 
 def test_fits_on_a_run_that_validates_on_test_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
