@@ -45,7 +45,7 @@ from sigmanens_dist.data.traffic import TRAFFIC
 from sigmanens_dist.errors import MissingPathError, UsageError
 
 __all__ = ["SCHEMES", "ReadAhead", "RemoteError", "RemoteMismatch", "RemoteNotFound", "RemotePath", "RemoteRefused",
-           "RemoteSettings", "RemoteUnavailable", "first_object", "stream_items", "upload"]
+           "RemoteSettings", "RemoteUnavailable", "download", "first_object", "stream_items", "upload"]
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +250,23 @@ def stream_items(path: RemotePath, size: int | None, sha256: str | None,
         TRAFFIC.add(active=-1)
 
 
+def download(path: RemotePath, size: int | None, sha256: str | None, f: IO[bytes],
+             stop: threading.Event | None = None) -> None:
+    """The object's bytes into ``f``, retried and checked as :func:`stream_items` does (an attempt after a failure
+    writes ``f`` again from its start); a set ``stop`` abandons it."""
+
+    def copy(body: _Body) -> Iterator[None]:
+        f.seek(0)
+        f.truncate()
+        while chunk := body.read(1 << 20):
+            if stop is not None and stop.is_set():
+                raise _Stopped
+            f.write(chunk)
+        yield None
+
+    deque(stream_items(path, size, sha256, copy), maxlen=0)
+
+
 class _Stopped(Exception):
     """A read-ahead download abandoned because its stream was closed."""
 
@@ -290,21 +307,12 @@ class ReadAhead:
             return copy
         f = tempfile.SpooledTemporaryFile(_SPOOL_BYTES)  # noqa: SIM115 (the reader closes it)
         try:
-            deque(stream_items(path, size, sha256, lambda body: self._copy(body, f)), maxlen=0)
+            download(path, size, sha256, f, self._stop)
         except BaseException:
             f.close()
             raise
         f.seek(0)
         return f
-
-    def _copy(self, body: _Body, f: IO[bytes]) -> Iterator[None]:
-        f.seek(0)
-        f.truncate()
-        while chunk := body.read(1 << 20):
-            if self._stop.is_set():
-                raise _Stopped
-            f.write(chunk)
-        yield None
 
     def close(self) -> None:
         """Stops the downloads without waiting (one in a retry's back-off ends by itself) and frees the files."""

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import deque
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 from sigmanens_dist.atomic import atomic_path
-from sigmanens_dist.data.remote import RemotePath, stream_items
+from sigmanens_dist.data.remote import RemotePath, download
 
 __all__ = ["cached_copy", "open_cached"]
 
@@ -40,7 +38,7 @@ def cached_copy(path: RemotePath, size: int | None, sha256: str | None) -> Path 
         return copy
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_path(copy) as tmp, tmp.open("wb") as f:
-        deque(stream_items(path, size, sha256, lambda body: _copy(body, f)), maxlen=0)  # retried, size and sha checked
+        download(path, size, sha256, f)  # retried, size and sha256 checked
     _evict(folder, keep=copy, limit=round(path.settings.cache_gb * 2**30))
     return copy
 
@@ -49,15 +47,6 @@ def open_cached(path: RemotePath, size: int | None, sha256: str | None) -> IO[by
     """The cached copy open for reading (see :func:`cached_copy`), or None to stream the shard instead."""
     copy = cached_copy(path, size, sha256)
     return None if copy is None else copy.open("rb")
-
-
-def _copy(body: IO[bytes], f: IO[bytes]) -> Iterator[None]:
-    """One attempt's bytes into ``f`` (an attempt after a failure starts the file again)."""
-    f.seek(0)
-    f.truncate()
-    while chunk := body.read(1 << 20):
-        f.write(chunk)
-    yield None
 
 
 def _evict(folder: Path, keep: Path, limit: int) -> None:
