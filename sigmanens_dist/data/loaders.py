@@ -194,23 +194,23 @@ def _webdataset(d: DataConfig, batch: int, seed: int, env: DistEnv, randaugment:
 
     c = _converted(d)
     bad = BadSamples(d.on_bad_sample)
-    if d.dataset == "sst2":
+    collate: Callable[[list[Any]], Any]
+    if d.dataset == "sst2":  # sentences in, the batcher tokenises them per batch
         batcher = _text_batcher(d, c.root)
         train_tf = eval_tf = None
-        collate: Any = batcher
-        in_chans, vocab = 0, len(batcher.tokenizer)
+        collate, in_chans, vocab = batcher, 0, len(batcher.tokenizer)
     else:
         spec = DATASETS[d.dataset]
         size = d.img_size or spec.size
-        train_tf, eval_tf = image_transform(True, size, spec.mean, spec.std), image_transform(False, size, spec.mean,
-                                                                                               spec.std)
-        collate, in_chans, vocab = None, len(spec.mean), None
-    extra = {} if collate is None else {"collate": collate}
+        train_tf = image_transform(True, size, spec.mean, spec.std)
+        eval_tf = image_transform(False, size, spec.mean, spec.std)
+        collate, in_chans, vocab = torch.stack, len(spec.mean), None
     train = WebDatasetLoader(c.root / "train" / MANIFEST, batch, env.rank, env.world_size, d.num_workers, seed,
-                             train_tf, bad=bad, **extra)
+                             train_tf, bad=bad, collate=collate)
 
     def eval_pass(split: str) -> Callable[[], Iterable[Batch]]:
-        return lambda: iter_eval(c.root / split / MANIFEST, env.rank, env.world_size, batch, eval_tf, bad, **extra)
+        return lambda: iter_eval(c.root / split / MANIFEST, env.rank, env.world_size, batch, eval_tf, bad,
+                                 collate=collate)
 
     return Data(train, eval_pass(c.val_name), eval_pass("test"), c.num_classes, in_chans, vocab, bad=bad)
 
