@@ -39,33 +39,12 @@ METHODS = ("sigma", "single", "deep", "batch", "packed", "film")
 TINY = ["model.name=test_resnet", "model.num_members=2", "data.dataset=synthetic", "data.img_size=16",
         "data.val_split=16", "data.val_subset=16", "train.batch_size=16"]
 
-# Runs in a fresh interpreter: imports of sigmanens_dist and timm fail before the program is loaded.
-LOAD_WITHOUT_PACKAGE = """
-import importlib.abc, sys
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("sigmanens_dist", "timm"):
-            raise ImportError("blocked: " + name)
-sys.meta_path.insert(0, Block())
-for name in ("sigmanens_dist", "timm"):
-    try:
-        __import__(name)
-    except ImportError:
-        pass
-    else:
-        raise SystemExit(name + " was importable")
-import torch
-extra = {"sigmanens.json": ""}
-program = torch.export.load(sys.argv[1], extra_files=extra).module()
-x = torch.load(sys.argv[2])
-torch.save({k: v for k, v in program(x).items()}, sys.argv[3])
-print(extra["sigmanens.json"])
-"""
 
-# The same for ONNX with onnxruntime and numpy alone: torch and the onnx package are blocked too.
-RUN_ONNX_ALONE = """
+def _blocking(*modules: str) -> str:
+    """The head of a script for a fresh interpreter in which importing ``modules`` fails (checked at once)."""
+    return f"""
 import importlib.abc, json, sys
-BLOCKED = ("sigmanens_dist", "timm", "torch", "onnx")
+BLOCKED = {modules!r}
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in BLOCKED:
@@ -78,6 +57,21 @@ for name in BLOCKED:
         pass
     else:
         raise SystemExit(name + " was importable")
+"""
+
+
+# Imports of sigmanens_dist and timm fail before the program is loaded.
+LOAD_WITHOUT_PACKAGE = _blocking("sigmanens_dist", "timm") + """
+import torch
+extra = {"sigmanens.json": ""}
+program = torch.export.load(sys.argv[1], extra_files=extra).module()
+x = torch.load(sys.argv[2])
+torch.save({k: v for k, v in program(x).items()}, sys.argv[3])
+print(extra["sigmanens.json"])
+"""
+
+# The same for ONNX with onnxruntime and numpy alone: torch and the onnx package are blocked too.
+RUN_ONNX_ALONE = _blocking("sigmanens_dist", "timm", "torch", "onnx") + """
 import numpy as np
 import onnxruntime as ort
 session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
