@@ -39,13 +39,16 @@ trap "echo SIGTERM > \"$d/.step_signal.$(hostname)\"" TERM
 while :; do wait "$p"; rc=$?; kill -0 "$p" 2>/dev/null || break; done
 exit "$rc"'
 
-# The M-scaling grid from SIGMANENS_MEMBERS, SIGMANENS_SEEDS, SIGMANENS_TAUS, SIGMANENS_METHODS (space separated) as
-# `sigmanens study m-scaling` arguments, one per line: slurm/m_scaling.sh and launch/m_scaling_local.sh share it.
+# The M-scaling grid from SIGMANENS_MEMBERS, SIGMANENS_SEEDS, SIGMANENS_TAUS, SIGMANENS_METHODS (space separated), and
+# the micro-batch split SIGMANENS_MAX_BACKBONE_BATCH, as `sigmanens study m-scaling` arguments, one per line:
+# slurm/m_scaling.sh and launch/m_scaling_local.sh share it.
 sigmanens_study_axes() {
   _sm_csv() { local -a v; read -r -a v <<< "$1"; (IFS=,; echo "${v[*]}"); }
   printf '%s\n' --members "$(_sm_csv "${SIGMANENS_MEMBERS:-1 2 4 8 16}")" --seeds "$(_sm_csv "${SIGMANENS_SEEDS:-0}")"
   [ -z "${SIGMANENS_TAUS:-}" ] || printf '%s\n' --taus "$(_sm_csv "$SIGMANENS_TAUS")"
   [ -z "${SIGMANENS_METHODS:-}" ] || printf '%s\n' --methods "$(_sm_csv "$SIGMANENS_METHODS")"
+  # The study turns it into each child's train.batch_size / train.grad_accum (the global batch stays the same)
+  [ -z "${SIGMANENS_MAX_BACKBONE_BATCH:-}" ] || printf '%s\n' --max-backbone-batch "$SIGMANENS_MAX_BACKBONE_BATCH"
 }
 
 # "<children> <parent run id or -> <tracking URI or ->" of the study definition $1.

@@ -20,6 +20,9 @@
 #   SIGMANENS_EXPERIMENT      MLflow experiment (default m_scaling)
 #   SIGMANENS_STUDY_DIR       the study folder (default <runs root>/m_scaling)
 #   SIGMANENS_ARRAY_LIMIT     at most this many array elements run at once (sbatch --array=…%N; default: no limit)
+#   SIGMANENS_MAX_BACKBONE_BATCH  most images (batch × M) in one backbone pass (`sigmanens study
+#                             --max-backbone-batch`): a child above it gets a smaller train.batch_size and more
+#                             train.grad_accum steps, the same global batch (default: no split; values in docs/slurm.md)
 #   MLFLOW_TRACKING_URI       set it to an MLflow server: array elements write at the same time, and one sqlite file
 #                             on a shared file system is unsafe under concurrent writers (the script warns)
 #SBATCH --job-name=sigmanens-m-scaling
@@ -47,6 +50,11 @@ if [ -z "${SLURM_JOB_ID:-}" ]; then  # submit mode: the study definition and par
   if [[ " $* " == *" -- "* ]]; then
     while [ "$1" != "--" ]; do sbatch_args+=("$1"); shift; done
     shift
+  fi
+  split="${SIGMANENS_MAX_BACKBONE_BATCH:-}"
+  if [ -n "$split" ] && ! [[ "$split" =~ ^[1-9][0-9]*$ ]]; then
+    echo "m_scaling: SIGMANENS_MAX_BACKBONE_BATCH=$split: give a whole number ≥ 1 (images per backbone pass)" >&2
+    exit 2
   fi
   export SIGMANENS_ROOT="${SIGMANENS_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
   runs_root="$(realpath -m "$(_sm_runs_root)")"
