@@ -30,11 +30,10 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from sigmanens_dist.errors import UsageError
+from sigmanens_dist.program_check import ZIP_MAGIC, ProgramError, ProgramRefused, check_program, unreadable
 
 __all__ = ["RefusedFileError", "SafeDCPReader", "check_program_file", "check_torch_file", "dcp_refusals", "load_file",
            "load_safetensors", "written_by_us"]
-
-_ZIP_MAGIC = b"PK\x03\x04"  # how torch.load tells its zip format from the legacy one: the first four bytes
 
 
 class RefusedFileError(UsageError):
@@ -79,9 +78,7 @@ def load_safetensors(path: Path, what: str) -> dict[str, torch.Tensor]:
 
 
 def _unreadable(what: str, path: Any, err: BaseException) -> UsageError:
-    text = str(err).split("WeightsUnpickler error:")[-1]  # torch's own finding, not its advice around it
-    detail = ([line.strip() for line in text.splitlines() if line.strip()] or [type(err).__name__])[0][:200]
-    return UsageError(f"{what} {path}: unreadable (truncated, empty or not this format: {detail})")
+    return UsageError(unreadable(what, path, err))
 
 
 # What the pickles of this project's checkpoints name besides containers and numbers: torch's tensor rebuilding, the
@@ -159,7 +156,7 @@ def check_torch_file(path: Path, allowed: Callable[[str], bool], what: str) -> N
     reader finds, so a pickle with a zip appended or a zip inside a pickle is judged as torch would read it; the
     legacy (non-zip) format, which nothing here writes, is refused."""
     with open(path, "rb") as f:
-        if f.read(4) != _ZIP_MAGIC:
+        if f.read(4) != ZIP_MAGIC:
             raise RefusedFileError(f"{what} {path}: refused: not a torch.save zip file, the only format this "
                                    "project's checkpoints use (a legacy or foreign pickle could run any code)")
     try:
@@ -253,132 +250,16 @@ class SafeDCPReader(FileSystemReader):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# torch.export programs (.pt2). torch.export.load runs code from the file in several ways: payloads marked
-# ``use_pickle`` and legacy weight files go through torch.load(weights_only=False), opaque constants through
-# pickle.loads, sample inputs fall back to weights_only=False when the safe load fails, AOTInductor entries load a
-# shared library, every symbolic shape (``expr_str``) goes through sympy.sympify (an eval), ``guards_code`` is
-# compiled into a Python function by ``.module()``, and a tree spec may name a module to import. A program this
-# project writes uses none of these beyond plain shape expressions, so anything else is refused.
-
-_PROGRAM_RECORD = re.compile(r"archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"
-                             r"|models/model\.json|data/sample_inputs/model\.pt|extra/[^/]+"
-                             r"|data/weights/model_weights_config\.json|data/weights/weight_\d+"
-                             r"|data/constants/model_constants_config\.json|data/constants/tensor_\d+")
-# names a shape expression may call: sympy's own constructors (as srepr writes them) and torch's shape functions
-_SYMPY_NAMES = frozenset({
-    "Symbol", "Integer", "Rational", "Float", "Add", "Mul", "Pow", "Max", "Min", "Abs", "Mod", "floor", "ceiling",
-    "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "StrictLessThan", "StrictGreaterThan", "LessThan", "GreaterThan",
-    "Equality", "Unequality", "And", "Or", "Not", "Piecewise", "ITE", "true", "false", "True", "False", "oo", "zoo",
-    "nan", "Infinity", "NegativeInfinity", "Half", "One", "Zero", "NegativeOne", "IntInfinity",
-    "NegativeIntInfinity", "BooleanTrue", "BooleanFalse", "FloorDiv", "ModularIndexing", "Where", "PythonMod",
-    "CleanDiv", "CeilToInt", "FloorToInt", "CeilDiv", "IntTrueDiv", "FloatTrueDiv", "LShift", "RShift",
-    "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt", "RoundToInt", "RoundDecimal", "ToFloat",
-    "FloatPow", "PowByNatural", "Identity"})
-_SYMBOL_NAME = re.compile(r"[a-z]+\d+")  # s77, u0: a name sympify turns into a Symbol
-_EXPR_OPS = frozenset({"(", ")", ",", "+", "-", "*", "/", "**", "//", "%", "=", "<", ">", "<=", ">=", "==", "!=", "&",
-                       "|", "~"})
-_QUOTED_NAME = re.compile(r"""(['"])[A-Za-z_]\w*\1""")
+# torch.export programs (.pt2): vetted by sigmanens_dist/program_check.py, standalone so that a registered program's
+# pyfunc runs the same check where this package is not installed.
 
 
 def check_program_file(path: Path, what: str = "PROGRAM") -> None:
-    """Refuse (one line) a ``.pt2`` that ``torch.export.load`` or ``.module()`` would run code from (the list
-    above); return quietly for a program made only of JSON, raw tensor bytes and plain shape expressions."""
-    import json
-
-    with open(path, "rb") as f:
-        if f.read(4) != _ZIP_MAGIC:
-            raise UsageError(f"{what} {path}: not a torch.export program (.pt2, a zip archive)")
+    """Refuse (one line) a ``.pt2`` that ``torch.export.load`` or ``.module()`` would run code from
+    (:func:`~sigmanens_dist.program_check.check_program`), or that is not a readable program."""
     try:
-        reader = torch._C.PyTorchFileReader(str(path))
-        records = reader.get_all_records()
-        if "models/model.json" not in records:
-            raise UsageError(f"{what} {path}: not a torch.export program (no models/model.json)")
-        for name in records:
-            if not _PROGRAM_RECORD.fullmatch(name):
-                raise _program_refused(what, path, f"the entry {name!r}, which a saved program of plain tensors "
-                                                   "does not have")
-        for name in ("data/weights/model_weights_config.json", "data/constants/model_constants_config.json"):
-            if name in records:
-                pickled = [k for k, v in json.loads(reader.get_record(name))["config"].items() if v["use_pickle"]]
-                if pickled:
-                    raise _program_refused(what, path, f"pickled payloads ({pickled[0]!r})")
-        if "data/sample_inputs/model.pt" in records:
-            _sample_inputs(reader.get_record("data/sample_inputs/model.pt"), what, path)
-        model = json.loads(reader.get_record("models/model.json"))
-    except (RuntimeError, KeyError, TypeError, ValueError) as err:
-        if isinstance(err, UsageError):
-            raise
-        raise _unreadable(what, path, err) from None
-    if model.get("guards_code"):
-        raise _program_refused(what, path, "guards code, which .module() compiles into Python")
-    _check_program_json(model, what, path)
-
-
-def _sample_inputs(data: bytes, what: str, path: Path) -> None:
-    """torch loads a program's sample inputs with ``weights_only`` and, when that fails, without restriction: the
-    same safe load must succeed here (nothing besides tensors and plain values)."""
-    try:
-        torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        found = re.search(r"GLOBAL (\S+)", str(err))
-        name = found.group(1) if found else "other objects"
-        raise _program_refused(what, path, f"sample inputs naming {name}") from None
-    except (RuntimeError, EOFError, ValueError, TypeError, OverflowError, MemoryError, KeyError, AttributeError,
-            IndexError, UnicodeDecodeError) as err:
-        raise _unreadable(what, path, err) from None
-
-
-def _program_refused(what: str, path: Any, name: str) -> RefusedFileError:
-    return RefusedFileError(f"{what} {path}: refused: it holds {name}, and loading it could run any code")
-
-
-def _check_program_json(node: Any, what: str, path: Any) -> None:
-    """Every shape expression passes :func:`_plain_expression`; no tree spec (a JSON string inside) names a module
-    to import."""
-    import json
-
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key in ("__enum__", "default_factory_module"):
-                raise _program_refused(what, path, f"a tree spec that imports a module ({key})")
-            if key == "expr_str" and not _plain_expression(value):
-                raise _program_refused(what, path, f"the shape expression {str(value)[:80]!r}, which sympy evals")
-            _check_program_json(value, what, path)
-    elif isinstance(node, list):
-        for value in node:
-            _check_program_json(value, what, path)
-    elif isinstance(node, str) and node.lstrip()[:1] in ("[", "{"):
-        try:
-            inner = json.loads(node)
-        except ValueError:
-            return
-        _check_program_json(inner, what, path)
-
-
-def _plain_expression(text: Any) -> bool:
-    """Whether ``text`` is an arithmetic expression of sympy constructors, symbol names, numbers and quoted names:
-    nothing sympify's eval could turn into a call of anything else."""
-    import tokenize
-
-    if not isinstance(text, str):
-        return False
-    try:
-        tokens = [t for t in tokenize.generate_tokens(io.StringIO(text).readline)
-                  if t.type not in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER)]
-    except (tokenize.TokenError, SyntaxError):
-        return False
-    for i, tok in enumerate(tokens):
-        keyword = i + 1 < len(tokens) and tokens[i + 1].string == "=" and tok.type == tokenize.NAME
-        if tok.type == tokenize.NAME:
-            if not (tok.string in _SYMPY_NAMES or _SYMBOL_NAME.fullmatch(tok.string)
-                    or (keyword and not tok.string.startswith("_"))):
-                return False
-        elif tok.type == tokenize.STRING:
-            if not _QUOTED_NAME.fullmatch(tok.string):
-                return False
-        elif tok.type == tokenize.OP:
-            if tok.string not in _EXPR_OPS:
-                return False
-        elif tok.type != tokenize.NUMBER:
-            return False
-    return True
+        check_program(path, what)
+    except ProgramRefused as err:
+        raise RefusedFileError(str(err)) from None
+    except ProgramError as err:
+        raise UsageError(str(err)) from None

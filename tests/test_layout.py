@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "sigmanens_dist"
 
 # bottom first; modules on one floor may import each other (no circle: checked below)
 FLOORS = [
-    ("errors", "progress", "timm_names"),
+    ("errors", "progress", "timm_names", "program_check"),
     ("atomic", "safe_load"),
     ("data.datasets", "data.corruption_table", "data.traffic", "data.remote"),  # torch-free: what the config reads
     ("config",),  # the typed sections every floor above takes
@@ -30,7 +30,7 @@ FLOORS = [
     ("training",),
     ("models", "export"),
     ("evaluation",),
-    ("train", "experiments", "predict"),
+    ("train", "experiments", "predict", "registry"),
     ("cli",),
 ]
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
