@@ -153,9 +153,17 @@ class RemoteConfig(_Section):
     read_ahead: Int = Field(1, ge=0)
     # a node-local folder keeping a copy of each shard read (named by its sha256), so later epochs, ranks and member
     # streams on the node read it from disk; None: every read streams. cache_gb: the least recently used copies
-    # go beyond it
+    # go beyond it. A folder that cannot take a copy (read-only, full) is one warning and the shards are streamed;
+    # cache_required: true stops the run instead (exit 2)
     cache_dir: Path | None = None
     cache_gb: Float = Field(20.0, gt=0, allow_inf_nan=False)
+    cache_required: bool = False
+
+    @model_validator(mode="after")
+    def _required_cache_is_named(self) -> RemoteConfig:
+        if self.cache_required and self.cache_dir is None:
+            raise _cross_field("cache_required", "true needs data.remote.cache_dir (the folder to cache in)", True)
+        return self
 
 
 class DataConfig(_Section):
@@ -225,7 +233,7 @@ class DataConfig(_Section):
                                                 "convert writes it beside the shards)", None)
             r = self.remote
             self.root = self.root.with_settings(RemoteSettings(r.retries, r.timeout_s, r.read_ahead, r.cache_dir,
-                                                             r.cache_gb))
+                                                             r.cache_gb, r.cache_required))
         return self
 
     @field_validator("val_split", mode="before")

@@ -85,13 +85,15 @@ class _Transient(Exception):
 class RemoteSettings:
     """``data.remote``: failed attempts in a row before giving up, the timeout of each connect and read, how many
     whole shards each stream downloads ahead of the one it reads (0: it streams the one it reads), and the node-local
-    shard cache (data/shard_cache.py; None: none) with its size limit."""
+    shard cache (data/shard_cache.py; None: none) with its size limit and whether a folder that cannot take a copy
+    stops the run (else it is a warning and the shards are streamed)."""
 
     retries: int = 5
     timeout_s: float = 60.0
     read_ahead: int = 1
     cache_dir: Path | None = None
     cache_gb: float = 20.0
+    cache_required: bool = False
 
 
 class RemotePath:

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from PIL import Image, UnidentifiedImageError
@@ -48,7 +48,7 @@ from sigmanens_dist.atomic import file_sha256
 from sigmanens_dist.data.bad_samples import BadSamples
 from sigmanens_dist.data.remote import ReadAhead, RemoteError, RemotePath, stream_items
 from sigmanens_dist.data.sampler import epoch_seed, sample_seed, seeded
-from sigmanens_dist.data.shard_cache import cached_copy, open_cached
+from sigmanens_dist.data.shard_cache import check_cache, open_cached
 from sigmanens_dist.data.traffic import TRAFFIC
 from sigmanens_dist.progress import progress
 
@@ -139,10 +139,10 @@ def _records(shard: Shard) -> Iterator[tuple[str, dict[str, bytes]]]:
     remote shard survives dropped connections: :func:`stream_items` reads it again and skips what was yielded; with
     ``data.remote.cache_dir`` it is read from its node-local copy (data/shard_cache.py)."""
     if isinstance(shard.path, RemotePath):
-        copy = cached_copy(shard.path, shard.bytes, shard.sha256)
+        copy = open_cached(shard.path, shard.bytes, shard.sha256)
         if copy is None:
             return stream_items(shard.path, shard.bytes, shard.sha256, lambda body: _tar_records(shard, body))
-        return _local_records(shard, copy)
+        return _open_records(shard, copy)
     return _local_records(shard, shard.path)
 
 
@@ -163,7 +163,11 @@ def _stream_records(shards: list[Shard]) -> Iterator[tuple[Shard, str, dict[str,
 
 
 def _local_records(shard: Shard, path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
-    with path.open("rb") as f:
+    yield from _open_records(shard, path.open("rb"))
+
+
+def _open_records(shard: Shard, f: IO[bytes]) -> Iterator[tuple[str, dict[str, bytes]]]:
+    with f:
         yield from _tar_records(shard, f)
 
 
@@ -335,6 +339,8 @@ class WebDatasetLoader:
             raise ValueError(f"need 0 ≤ rank < world_size, batch_size ≥ 1, num_workers ≥ 0; got rank={rank}, "
                              f"world_size={world_size}, batch_size={batch_size}, num_workers={num_workers}")
         self.manifest = read_manifest(manifest)
+        if isinstance(self.manifest.path, RemotePath):
+            check_cache(self.manifest.path.settings)  # before any worker forks: they inherit its verdict
         self.batch_size, self.rank, self.world_size, self.seed = batch_size, rank, world_size, seed
         self.num_workers, self.workers = num_workers, max(1, num_workers)
         self.transform, self.shuffle_buffer, self.return_keys = transform, shuffle_buffer, return_keys

@@ -5,6 +5,7 @@ corrupt shards are one line naming the URL; no credential reaches any file a run
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
@@ -26,6 +27,7 @@ import pytest
 import torch
 from torchvision import datasets
 
+from sigmanens_dist.atomic import file_sha256
 from sigmanens_dist.config import ConfigError, load_config
 from sigmanens_dist.data import FASHION_MNIST_ROOT
 from sigmanens_dist.data.remote import (
@@ -35,10 +37,12 @@ from sigmanens_dist.data.remote import (
     RemoteSettings,
     RemoteUnavailable,
 )
+from sigmanens_dist.data.shard_cache import CacheUnwritable, open_cached
 from sigmanens_dist.data.synthetic_tree import make_image_folder
 from sigmanens_dist.data.traffic import TRAFFIC
 from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, image_transform
 from sigmanens_dist.data.webdataset_write import write_shards
+from sigmanens_dist.errors import UsageError
 from tests.helpers import (
     REPO,
     TINY_VIT,
@@ -310,6 +314,152 @@ def test_the_shard_cache_keeps_to_its_size_limit(data: Path, nginx: Nginx, tmp_p
     _assert_same(_epoch(remote, 1), _epoch(local, 1))
     kept = list(cache.iterdir())
     assert 1 <= len(kept) <= 2 and sum(p.stat().st_size for p in kept) <= limit
+
+
+def test_a_copy_handed_to_a_reader_is_read_whole_though_it_is_evicted_before_the_reader_starts(
+        data: Path, nginx: Nginx, tmp_path: Path) -> None:
+    """The cache hands out an open copy, not a name: with room for one shard, fetching a second evicts the first
+    (another job's download does the same), and its reader, handed it before, still reads all its bytes."""
+    shards = sorted((data / "loose" / "train").glob("*.tar"))[:2]
+    settings = RemoteSettings(retries=3, timeout_s=10, cache_dir=tmp_path / "cache",
+                              cache_gb=max(p.stat().st_size for p in shards) / 2**30)
+    first, second = (open_cached(RemotePath(f"{nginx}/loose/train/{p.name}", settings), p.stat().st_size,
+                                 file_sha256(p)) for p in shards)
+    assert first is not None and second is not None
+    with first, second:
+        assert [p.name for p in (tmp_path / "cache").iterdir()] == [f"{file_sha256(shards[1])}.tar"]  # first evicted
+        assert first.read() == shards[0].read_bytes() and second.read() == shards[1].read_bytes()
+
+
+_SHARING = """
+import sys, time
+from pathlib import Path
+import torch
+from sigmanens_dist.data import webdataset_io as wds
+from sigmanens_dist.data.remote import RemotePath, RemoteSettings
+
+data, url, cache, read_ahead, seed = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), *map(int, sys.argv[4:])
+handed = wds.open_cached
+
+def slow_reader(*args):  # the copy handed over waits before its first read: the other job evicts it meanwhile
+    copy = handed(*args)
+    time.sleep(0.2)
+    return copy
+
+wds.open_cached = slow_reader  # DataLoader workers fork with it
+limit = max(p.stat().st_size for p in (data / "loose" / "train").glob("*.tar"))
+settings = RemoteSettings(retries=3, timeout_s=10, read_ahead=read_ahead, cache_dir=cache, cache_gb=limit / 2**30)
+tf = wds.image_transform(True, 24, (0.5,) * 3, (0.25,) * 3)
+remote, local = (wds.WebDatasetLoader(m, 4, 0, 1, 2, seed=seed, transform=tf, shuffle_buffer=16, return_keys=True)
+                 for m in (RemotePath(f"{url}/loose/train/{wds.MANIFEST}", settings), data / "loose" / "train"))
+for epoch in (1, 2):
+    got, want = list(remote.iter_epoch(epoch)), list(local.iter_epoch(epoch))
+    assert [b[2] for b in got] == [b[2] for b in want] and len(got) == 24
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, want))
+print("local disk's batches")
+"""
+
+
+def test_two_jobs_sharing_a_cache_of_one_shard_read_the_batches_of_local_disk(data: Path, nginx: Nginx,
+                                                                              tmp_path: Path) -> None:
+    """Two processes (read-ahead 0 and 1) with 2 DataLoader workers each share one cache folder with room for one
+    shard, so every download evicts a copy another worker may have been handed; each reader is slow to start on its
+    copy. Both read all 8 shards twice and get the batches of local disk: no copy vanishes under its reader."""
+    jobs = [subprocess.Popen([sys.executable, "-c", _SHARING, str(data), str(nginx), str(tmp_path / "cache"),
+                              str(read_ahead), str(seed)], cwd=REPO, env=env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for read_ahead, seed in ((0, 5), (1, 6))]
+    for job in jobs:
+        out, err = job.communicate(timeout=120)
+        assert job.returncode == 0 and out.strip() == "local disk's batches", err[-3000:]
+        assert "Traceback" not in err, err[-3000:]
+    assert len(list((tmp_path / "cache").iterdir())) <= 1
+
+
+@contextlib.contextmanager
+def _tmpfs(folder: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at ``folder`` (``ro`` or a small ``size``): a file system that is really read-only or full,
+    which no ``chmod`` gives root. Skips where this process may not mount."""
+    folder.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)]
+    if shutil.which("mount") is None or subprocess.run(mount, capture_output=True, check=False).returncode != 0:
+        pytest.skip("needs to mount a tmpfs (root with CAP_SYS_ADMIN) for a read-only or a full file system")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)
+
+
+UNWRITABLE = {"read-only": ("ro", "Read-only file system"), "full": ("size=64k", "No space left on device")}
+
+
+@pytest.mark.parametrize("fs", UNWRITABLE)
+def test_a_cache_folder_that_cannot_take_a_copy_is_one_warning_and_the_shards_stream(
+        data: Path, nginx: Nginx, tmp_path: Path, fs: str) -> None:
+    """A read-only file system (found before any worker starts) and a full one (70 KB shards, 64 KB of room: met
+    by the DataLoader workers mid-write): one warning in all, from whichever process meets it first, through two
+    epochs of two workers; the batches are those of local disk, and nothing is left half-written."""
+    options, reason = UNWRITABLE[fs]
+    with _tmpfs(tmp_path / "mnt", options) as mnt:
+        settings = RemoteSettings(retries=3, timeout_s=10, cache_dir=mnt / "cache")
+        logged = tmp_path / "warnings.log"
+        handler, logger = logging.FileHandler(logged), logging.getLogger("sigmanens_dist.data.shard_cache")
+        logger.addHandler(handler)  # the workers fork with it: their warnings are appended there too
+        try:
+            local, remote = _loader(data / "loose" / "train"), _loader(RemotePath(f"{nginx}/loose/train/{MANIFEST}",
+                                                                                  settings))
+            for epoch in (1, 2):
+                _assert_same(_epoch(remote, epoch), _epoch(local, epoch))
+        finally:
+            logger.removeHandler(handler)
+            handler.close()
+        assert logged.read_text().splitlines() == [
+            f"data.remote.cache_dir={mnt / 'cache'} cannot take a shard copy ({reason}): for the rest of this run the "
+            "shards it does not hold are streamed, uncached"]
+        assert [p.name for p in mnt.rglob("*")] == ([] if fs == "read-only" else ["cache"])
+
+
+def test_a_required_cache_that_cannot_take_a_copy_stops_in_one_line(data: Path, nginx: Nginx, tmp_path: Path
+                                                                    ) -> None:
+    """``data.remote.cache_required``: a read-only folder is refused when the loader is built (before compute), a
+    disk found full by a worker mid-epoch stops the epoch; both are usage errors of one line."""
+    manifest = f"{nginx}/loose/train/{MANIFEST}"
+    for fs in UNWRITABLE:
+        options, reason = UNWRITABLE[fs]
+        with _tmpfs(tmp_path / fs, options) as mnt:
+            settings = RemoteSettings(retries=3, timeout_s=10, cache_dir=mnt / "cache", cache_required=True)
+            if fs == "read-only":
+                with pytest.raises(CacheUnwritable) as err:
+                    _loader(RemotePath(manifest, settings))  # found when the loader is built, before any batch
+            else:
+                loader = _loader(RemotePath(manifest, settings))  # the probe's one byte fits
+                with pytest.raises(CacheUnwritable) as err:
+                    _epoch(loader, 1)  # a worker writing its first copy finds the disk full
+            assert isinstance(err.value, UsageError)
+            assert str(err.value) == (
+                f"data.remote.cache_dir={mnt / 'cache'} cannot take a shard copy ({reason}) and "
+                "data.remote.cache_required=true: free space or give a writable folder, or set "
+                "data.remote.cache_required=false to stream the shards uncached")
+    with pytest.raises(ConfigError, match=r"data.remote.cache_required: true needs data.remote.cache_dir"):
+        load_config(None, [*TRAIN, f"data.root={nginx}/loose", "data.remote.cache_required=true"])
+
+
+def test_training_on_a_read_only_cache_warns_once_and_a_required_one_is_exit_2(conv: Path, nginx: Nginx,
+                                                                               tmp_path: Path) -> None:
+    """What the trainer makes of it (a read-only cache was a 72-line traceback, exit 1): the run trains on the
+    streamed shards after one warning; with ``data.remote.cache_required=true`` it stops before the first step in
+    one line, exit 2."""
+    with _tmpfs(tmp_path / "ro", "ro") as mnt:
+        overrides = [*TRAIN, "train.max_steps=2", f"data.root={nginx}/conv", f"data.remote.cache_dir={mnt / 'cache'}"]
+        proc = run_train(tmp_path / "run", *overrides)
+        assert sorted(losses(tmp_path / "run")) == [1, 2] and "Traceback" not in proc.stderr
+        assert [line.split(" WARNING ")[1] for line in proc.stderr.splitlines() if "cache_dir" in line] == [
+            f"data.remote.cache_dir={mnt / 'cache'} cannot take a shard copy (Read-only file system): for the rest "
+            "of this run the shards it does not hold are streamed, uncached"], proc.stderr[-3000:]
+        proc = run_train(tmp_path / "required", *overrides, "data.remote.cache_required=true", expect=2)
+        assert [line for line in proc.stderr.splitlines() if "error" in line.lower()] == [
+            f"error: data.remote.cache_dir={mnt / 'cache'} cannot take a shard copy (Read-only file system) and "
+            "data.remote.cache_required=true: free space or give a writable folder, or set "
+            "data.remote.cache_required=false to stream the shards uncached"], proc.stderr[-3000:]
 
 
 def test_refusals_and_corrupt_shards_are_one_line_naming_the_url(data: Path,
