@@ -8,7 +8,7 @@ subclasses keep the built-in types callers already catch.
 
 from __future__ import annotations
 
-__all__ = ["EXIT_USAGE", "USAGE_MARKER", "MissingPathError", "RunExistsError", "UsageError"]
+__all__ = ["EXIT_USAGE", "USAGE_MARKER", "MissingPathError", "RunExistsError", "UnsupportedError", "UsageError"]
 
 EXIT_USAGE = 2  # argparse's status for a bad command line: the same contract for a bad config
 # in a run directory, the refusal of the last attempt: batch scripts (slurm/common.sh) read it and do not requeue
@@ -25,3 +25,8 @@ class MissingPathError(UsageError, FileNotFoundError):
 
 class RunExistsError(UsageError, FileExistsError):
     """A new run was started in a run directory that holds another run's checkpoints."""
+
+
+class UnsupportedError(UsageError, TypeError):
+    """A model or value of a kind that cannot do what was asked (a backbone a method cannot convert, a method
+    without per-member models)."""

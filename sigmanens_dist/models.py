@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from sigmanens_dist.config import Config, ModelConfig
-from sigmanens_dist.errors import UsageError
+from sigmanens_dist.errors import MissingPathError, UsageError
 from sigmanens_dist.methods import EnsembleMethod, build_method
 from sigmanens_dist.methods.single import SingleModel
 from sigmanens_dist.sigma.layers import SigmaStore
@@ -129,10 +129,10 @@ def enable_grad_checkpointing(backbone: nn.Module, name: str) -> None:
         try:
             backbone.set_grad_checkpointing(True)
         except (AssertionError, NotImplementedError) as err:
-            raise ValueError(f"train.grad_checkpointing: model.name={name!r} does not support it ({err or 'timm'})"
+            raise UsageError(f"train.grad_checkpointing: model.name={name!r} does not support it ({err or 'timm'})"
                              ) from err
     else:
-        raise ValueError(f"train.grad_checkpointing: model.name={name!r} ({type(backbone).__name__}) has neither "
+        raise UsageError(f"train.grad_checkpointing: model.name={name!r} ({type(backbone).__name__}) has neither "
                          "timm's set_grad_checkpointing nor Hugging Face's gradient_checkpointing_enable")
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in backbone.modules()):
         log.warning("train.grad_checkpointing with BatchNorm in %s: a recomputed block updates the running "
@@ -147,14 +147,14 @@ def _hf_backbone(model_cfg: ModelConfig, num_labels: int, vocab_size: int | None
     name, kwargs = model_cfg.name, model_cfg.kwargs
     if (model_cfg.pretrained or name != "bert") and not (Path(name) / "config.json").is_file():
         what = "a local Hugging Face model folder" + ("" if model_cfg.pretrained else " or 'bert'")
-        raise FileNotFoundError(f"model.name={name!r} with model.source=hf must be {what}; {name}/config.json "
-                                "is missing (nothing is downloaded)")
+        raise MissingPathError(f"model.name={name!r} with model.source=hf must be {what}; {name}/config.json "
+                               "is missing (nothing is downloaded)")
     if model_cfg.pretrained:
         backbone = AutoModelForSequenceClassification.from_pretrained(name, num_labels=num_labels, **kwargs)
     else:
         if name == "bert":
             if vocab_size is None:
-                raise ValueError("model.name=bert (from scratch) needs the tokenizer's vocabulary size; use a text "
+                raise UsageError("model.name=bert (from scratch) needs the tokenizer's vocabulary size; use a text "
                                  "dataset (data.dataset=sst2)")
             config = BertConfig(vocab_size=vocab_size, num_labels=num_labels, **kwargs)
         else:
@@ -162,7 +162,7 @@ def _hf_backbone(model_cfg: ModelConfig, num_labels: int, vocab_size: int | None
         backbone = AutoModelForSequenceClassification.from_config(config)
     model_vocab = getattr(backbone.config, "vocab_size", None)
     if vocab_size is not None and model_vocab is not None and vocab_size > model_vocab:
-        raise ValueError(f"the tokenizer has {vocab_size} tokens but model.name={name!r} embeds only {model_vocab}: "
+        raise UsageError(f"the tokenizer has {vocab_size} tokens but model.name={name!r} embeds only {model_vocab}: "
                          "set data.tokenizer to this backbone's own tokenizer folder")
     return backbone
 

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from sigmanens_dist.errors import UsageError
+
 __all__ = ["BadSamples", "Checked", "collate_present"]
 
 log = logging.getLogger(__name__)
@@ -20,7 +22,7 @@ log = logging.getLogger(__name__)
 class BadSamples:
     def __init__(self, policy: str = "error") -> None:
         if policy not in ("error", "skip"):
-            raise ValueError(f"data.on_bad_sample={policy!r}: choose 'error' or 'skip'")
+            raise UsageError(f"data.on_bad_sample={policy!r}: choose 'error' or 'skip'")
         self.policy = policy
         self._count = mp.Value("q", 0)  # fork-inherited shared memory: workers add, the main process reads
 
@@ -53,12 +55,13 @@ class Checked(Dataset):
         index = key[0] if isinstance(key, tuple) else key
         try:
             x, y = self.dataset[key]
+            # caught just below: a bad label goes through the data.on_bad_sample policy
             if not 0 <= int(y) < self.num_classes:
                 raise ValueError(f"label {int(y)} outside 0..{self.num_classes - 1}")
         except Exception as err:  # any failure of a single sample goes through the policy
             what = f"{self.split} sample {index}{_source_of(self.dataset, index)}"
             if not self.bad.skipping:
-                raise ValueError(f"{what}: {type(err).__name__}: {err} (data.on_bad_sample=skip skips and counts "
+                raise UsageError(f"{what}: {type(err).__name__}: {err} (data.on_bad_sample=skip skips and counts "
                                  "such samples instead)") from err
             self.bad.skip(what, err)
             return None
@@ -68,7 +71,7 @@ class Checked(Dataset):
 def collate_present(batch: Sequence[Any]) -> Any:
     present = [b for b in batch if b is not None]
     if not present:
-        raise ValueError(f"all {len(batch)} samples of a batch were unreadable and skipped")
+        raise UsageError(f"all {len(batch)} samples of a batch were unreadable and skipped")
     return default_collate(present)
 
 

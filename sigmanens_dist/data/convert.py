@@ -57,9 +57,9 @@ def convert(data: Any, root: Path, fmt: str, out: Path | RemotePath, *, max_coun
     ``train.tsv``) saved to ``out/tokenizer/`` so the converted folder trains on its own."""
     dataset = data.dataset
     if dataset not in convertible():
-        raise ValueError(f"--dataset {dataset!r}: convertible datasets are {', '.join(convertible())}")
+        raise UsageError(f"--dataset {dataset!r}: convertible datasets are {', '.join(convertible())}")
     if fmt not in ("ffcv", "webdataset"):
-        raise ValueError(f"--format {fmt!r}: choose ffcv or webdataset")
+        raise UsageError(f"--format {fmt!r}: choose ffcv or webdataset")
     options = {"max_count": max_count, "jpeg_quality": jpeg_quality, "max_resolution": max_resolution,
                "compress_probability": compress_probability, "num_workers": num_workers}
     if isinstance(out, RemotePath):

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from sigmanens_dist.data.corruption_table import _PARAMS, CORRUPTIONS, SEVERITIES, UNAVAILABLE, unknown
+from sigmanens_dist.errors import UsageError
 
 __all__ = ["CORRUPTIONS", "SEVERITIES", "UNAVAILABLE", "corrupt", "unknown"]
 
@@ -33,12 +34,13 @@ def corrupt(x: torch.Tensor, name: str, severity: int, seed: int = 0) -> torch.T
     """``x`` (float, values in [0, 1], ``(C, H, W)`` or ``(B, C, H, W)``) under corruption ``name`` at ``severity``
     1–5; a new tensor of the same shape, dtype and device, in [0, 1]."""
     if name in UNAVAILABLE:
-        raise ValueError(f"corruption {name!r} is not available: {UNAVAILABLE[name]}; the others: "
+        raise UsageError(f"corruption {name!r} is not available: {UNAVAILABLE[name]}; the others: "
                          f"{', '.join(CORRUPTIONS)}")
     if name not in _PARAMS:
-        raise ValueError(f"corruption {name!r} is not one of {', '.join(CORRUPTIONS)}")
+        raise UsageError(f"corruption {name!r} is not one of {', '.join(CORRUPTIONS)}")
     if isinstance(severity, bool) or severity not in SEVERITIES:
-        raise ValueError(f"severity {severity!r} is not one of {', '.join(map(str, SEVERITIES))}")
+        raise UsageError(f"severity {severity!r} is not one of {', '.join(map(str, SEVERITIES))}")
+    # an invariant: eval hands normalised float batches (a bug if hit)
     if not x.is_floating_point() or x.ndim not in (3, 4):
         raise ValueError(f"expected a float image tensor (C, H, W) or (B, C, H, W) in [0, 1]; got {x.dtype} "
                          f"{tuple(x.shape)}")

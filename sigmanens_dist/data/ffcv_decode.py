@@ -30,6 +30,8 @@ from ffcv.pipeline.allocation_query import AllocationQuery
 from ffcv.pipeline.compiler import Compiler
 from ffcv.pipeline.state import State
 
+from sigmanens_dist.errors import UsageError
+
 __all__ = ["SeededCropDecoder", "center_crop", "random_resized_crop", "uniform"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -105,6 +107,7 @@ class SeededCropDecoder(SimpleRGBImageDecoder):
                  scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3),
                  crop_ratio: float = 0.875) -> None:
         super().__init__()
+        # an invariant: the loaders pass constants (a bug if hit)
         if not (0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= ratio[1] and 0 < crop_ratio <= 1):
             raise ValueError(f"need 0 < scale[0] ≤ scale[1] ≤ 1, 0 < ratio[0] ≤ ratio[1] and 0 < crop_ratio ≤ 1; "
                              f"got scale={scale}, ratio={ratio}, crop_ratio={crop_ratio}")
@@ -119,7 +122,7 @@ class SeededCropDecoder(SimpleRGBImageDecoder):
     def check(self, path: object) -> None:
         """Raises if a JPEG in ``path`` failed to decode since :meth:`set_epoch`."""
         if self._cells[1] >= 0:
-            raise ValueError(f"{path}: sample {self._cells[1]} holds a JPEG that libjpeg-turbo cannot decode "
+            raise UsageError(f"{path}: sample {self._cells[1]} holds a JPEG that libjpeg-turbo cannot decode "
                              f"(corrupt payload); re-run write_beton()")
 
     def declare_state_and_memory(self, previous_state: State) -> tuple[State, tuple[AllocationQuery, ...]]:

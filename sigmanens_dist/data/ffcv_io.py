@@ -32,6 +32,7 @@ from sigmanens_dist.atomic import atomic_path
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler
 from sigmanens_dist.data.sources import read_source, unwrap_source
 from sigmanens_dist.data.sst2 import TextDataset
+from sigmanens_dist.errors import MissingPathError, UsageError
 from sigmanens_dist.progress import progress
 
 __all__ = ["FFCVLoader", "FFCVTextLoader", "check_beton", "write_beton", "write_text_beton"]
@@ -154,9 +155,9 @@ def write_beton(dataset: Dataset, path: Path | str, *, max_resolution: int | Non
 
     modes = ("proportion", "jpg", "raw", "smart")
     if write_mode not in modes:
-        raise ValueError(f"write_mode={write_mode!r} is not one of {', '.join(modes)}")
+        raise UsageError(f"write_mode={write_mode!r} is not one of {', '.join(modes)}")
     if not 0.0 <= compress_probability <= 1.0 or not 1 <= jpeg_quality <= 100:
-        raise ValueError(f"need compress_probability in [0, 1] and jpeg_quality in 1..100; got "
+        raise UsageError(f"need compress_probability in [0, 1] and jpeg_quality in 1..100; got "
                          f"{compress_probability}, {jpeg_quality}")
     fields = {"image": RGBImageField(write_mode=write_mode, max_resolution=max_resolution, jpeg_quality=jpeg_quality,
                                      compress_probability=compress_probability),
@@ -178,7 +179,7 @@ def _write(dataset: Dataset, path: Path | str, fields: dict[str, Any],
            read: Callable[[Dataset, int], tuple[Any, ...]], num_workers: int, chunksize: int) -> Path:
     """``fields`` of every sample (``read(dataset, i)``) to a temporary file, renamed to ``path`` once complete."""
     if len(dataset) == 0:
-        raise ValueError(f"writing {path}: the dataset is empty")
+        raise UsageError(f"writing {path}: the dataset is empty")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     errors: SimpleQueue = SimpleQueue()
@@ -212,8 +213,8 @@ def check_beton(path: Path | str, kind: Literal["image", "text"] = "image") -> i
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such .beton file; write one with "
-                                f"{'write_beton()' if kind == 'image' else 'write_text_beton()'}")
+        raise MissingPathError(f"{path}: no such .beton file; write one with "
+                               f"{'write_beton()' if kind == 'image' else 'write_text_beton()'}")
     size = path.stat().st_size
 
     writer = "write_beton()" if kind == "image" else "write_text_beton() (sigmanens data convert --dataset sst2)"
@@ -281,13 +282,14 @@ class _BetonStream:
     def __init__(self, path: Path | str, kind: Literal["image", "text"], batch_size: int, rank: int,
                  world_size: int, num_workers: int, seed: int, train: bool) -> None:
         _ffcv()
+        # an invariant: the loaders pass the process group's rank and a checked batch size
         if not 0 <= rank < world_size or batch_size < 1:
             raise ValueError(f"need 0 ≤ rank < world_size and batch_size ≥ 1; got rank={rank}, "
                              f"world_size={world_size}, batch_size={batch_size}")
         self.path = Path(path)
         self.num_samples = check_beton(self.path, kind)
         if train and self.num_samples < batch_size * world_size:
-            raise ValueError(f"{self.path} has {self.num_samples} samples, fewer than one global batch "
+            raise UsageError(f"{self.path} has {self.num_samples} samples, fewer than one global batch "
                              f"({batch_size} per rank × {world_size} ranks)")
         self.batch_size, self.rank, self.world_size, self.seed, self.train = batch_size, rank, world_size, seed, train
         self.num_workers = max(1, num_workers)
@@ -316,6 +318,7 @@ class _BetonStream:
         return sampler.global_batches(epoch)[start_batch:, self.rank].reshape(-1).numpy().astype(np.uint64)
 
     def _batches(self, loader: Any, epoch: int, start_batch: int) -> Iterator[tuple[Any, ...]]:
+        # an invariant: the position comes from this run's own checkpoint (a bug if hit)
         if not 0 <= start_batch <= len(self):
             raise ValueError(f"start batch {start_batch} outside an epoch of {len(self)} batches")
         if start_batch == len(self):

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import Dataset
 
 from sigmanens_dist.data.datasets import DATASETS, FASHION_MNIST_ROOT
+from sigmanens_dist.errors import MissingPathError, UsageError
 
 __all__ = ["FASHION_MNIST_CLASSES", "FASHION_MNIST_MEAN", "FASHION_MNIST_ROOT", "FASHION_MNIST_STD",
            "IdxImageDataset", "read_idx"]
@@ -38,21 +39,21 @@ def read_idx(path: Path | str) -> np.ndarray:
         try:
             raw = gzip.decompress(raw)
         except (EOFError, gzip.BadGzipFile, zlib.error) as err:
-            raise ValueError(f"{path}: corrupt or truncated gzip stream ({err})") from err
+            raise UsageError(f"{path}: corrupt or truncated gzip stream ({err})") from err
     if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] not in _IDX_DTYPES or raw[3] == 0:
         codes = ", ".join(f"0x{c:02X}" for c in _IDX_DTYPES)
-        raise ValueError(f"{path}: not an IDX file; expected magic 00 00 <type: one of {codes}> <ndim ≥ 1>, "
+        raise UsageError(f"{path}: not an IDX file; expected magic 00 00 <type: one of {codes}> <ndim ≥ 1>, "
                          f"found {raw[:4].hex(' ') or 'an empty file'}")
     dtype, ndim = _IDX_DTYPES[raw[2]], raw[3]
     header = 4 + 4 * ndim
     if len(raw) < header:
-        raise ValueError(f"{path}: truncated IDX header; {ndim} dims need {header} bytes, found {len(raw)}")
+        raise UsageError(f"{path}: truncated IDX header; {ndim} dims need {header} bytes, found {len(raw)}")
     dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
     expected = math.prod(dims) * dtype.itemsize
     found = len(raw) - header
     if found != expected:
         what = "truncated" if found < expected else "trailing bytes after the data"
-        raise ValueError(f"{path}: {what}; header promises shape {dims} of {dtype.name} = {expected} data bytes, "
+        raise UsageError(f"{path}: {what}; header promises shape {dims} of {dtype.name} = {expected} data bytes, "
                          f"found {found}")
     # astype copies into a writable, native-endian array (frombuffer's view of bytes is read-only).
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims).astype(dtype.newbyteorder("="))
@@ -71,25 +72,25 @@ class IdxImageDataset(Dataset):
     mean, std = FASHION_MNIST_MEAN, FASHION_MNIST_STD
 
     def __init__(self, root: Path | str, split: Literal["train", "test"], subset: int | None = None) -> None:
-        if split not in _SPLIT_PREFIX:
+        if split not in _SPLIT_PREFIX:  # an invariant: the readers pass a literal split (a bug if hit)
             raise ValueError(f"split={split!r} is not one of {', '.join(map(repr, _SPLIT_PREFIX))}")
         if subset is not None and subset < 1:
-            raise ValueError(f"subset={subset} must be a positive number of samples, or None for all of them")
+            raise UsageError(f"subset={subset} must be a positive number of samples, or None for all of them")
         root = Path(root)
         prefix = _SPLIT_PREFIX[split]
         images_path = _find(root, f"{prefix}-images-idx3-ubyte")
         labels_path = _find(root, f"{prefix}-labels-idx1-ubyte")
         images, labels = read_idx(images_path), read_idx(labels_path)
         if images.ndim != 3 or images.dtype != np.uint8:
-            raise ValueError(f"{images_path}: expected uint8 images of shape (N, H, W), found {images.dtype} "
+            raise UsageError(f"{images_path}: expected uint8 images of shape (N, H, W), found {images.dtype} "
                              f"of shape {images.shape}")
         if labels.ndim != 1 or labels.dtype != np.uint8:
-            raise ValueError(f"{labels_path}: expected uint8 labels of shape (N,), found {labels.dtype} "
+            raise UsageError(f"{labels_path}: expected uint8 labels of shape (N,), found {labels.dtype} "
                              f"of shape {labels.shape}")
         if len(images) != len(labels):
-            raise ValueError(f"{images_path} holds {len(images)} images but {labels_path} holds {len(labels)} labels")
+            raise UsageError(f"{images_path} holds {len(images)} images but {labels_path} holds {len(labels)} labels")
         if len(labels) and labels.max() >= self.num_classes:
-            raise ValueError(f"{labels_path}: label {int(labels.max())} is out of range; expected 0.."
+            raise UsageError(f"{labels_path}: label {int(labels.max())} is out of range; expected 0.."
                              f"{self.num_classes - 1}")
         n = len(labels) if subset is None else min(subset, len(labels))  # like data/raw.py: a larger subset = all
         self.root, self.split = root, split
@@ -115,5 +116,5 @@ def _find(root: Path, stem: str) -> Path:
     for path in candidates:
         if path.is_file():
             return path
-    raise FileNotFoundError(f"no {stem} IDX file in {root}; looked for {' and '.join(map(str, candidates))}. "
-                            f"Fashion-MNIST: `apt-get install dataset-fashion-mnist` puts it in {FASHION_MNIST_ROOT}")
+    raise MissingPathError(f"no {stem} IDX file in {root}; looked for {' and '.join(map(str, candidates))}. "
+                           f"Fashion-MNIST: `apt-get install dataset-fashion-mnist` puts it in {FASHION_MNIST_ROOT}")

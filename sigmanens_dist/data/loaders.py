@@ -37,6 +37,7 @@ from sigmanens_dist.data.raw import build_datasets
 from sigmanens_dist.data.remote import RemotePath
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler, epoch_seed
 from sigmanens_dist.distributed.env import DistEnv
+from sigmanens_dist.errors import MissingPathError, UsageError
 
 if TYPE_CHECKING:  # sst2 loads the tokenizers library, wanted only for text
     from sigmanens_dist.data.sst2 import TextBatcher
@@ -152,14 +153,14 @@ class _Converted:
 
 def _converted(d: DataConfig) -> _Converted:
     if d.dataset not in convertible():
-        raise ValueError(f"data.format={d.format!r} needs a converted dataset, one of "
+        raise UsageError(f"data.format={d.format!r} needs a converted dataset, one of "
                          f"{', '.join(convertible())}; got data.dataset={d.dataset!r}")
     root = resolve_root(d.dataset, d.root)
     root = root if isinstance(root, RemotePath) else Path(root)  # a URL root streams webdataset shards
     classes_file = root / CLASSES_FILE
     if not classes_file.is_file():
-        raise FileNotFoundError(f"{classes_file} is missing: write {d.format} data with `sigmanens data convert "
-                                f"--format {d.format} --out {root} …`")
+        raise MissingPathError(f"{classes_file} is missing: write {d.format} data with `sigmanens data convert "
+                               f"--format {d.format} --out {root} …`")
     meta = json.loads(classes_file.read_text())
     return _Converted(root, len(meta["classes"]), _converted_val(d, root, meta))
 
@@ -224,17 +225,17 @@ def _converted_val(d: DataConfig, root: Path | RemotePath, meta: dict[str, Any])
     """Which converted split the loop validates on (``val`` or ``test``), once the run's split settings are checked
     against the ones the folder was converted with."""
     if "val_split" not in meta:
-        raise ValueError(f"{root} was converted by an older sigmanens (its 'val' split is the test set and it has no "
+        raise UsageError(f"{root} was converted by an older sigmanens (its 'val' split is the test set and it has no "
                          f"carved validation split); convert it again with `sigmanens data convert … --out {root}`")
     if d.val_from_test:
         return "test"
     converted = (meta["val_split"], meta["split_seed"])
     if converted[0] == 0:
-        raise ValueError(f"data.val_split={d.val_split}: {root} was converted with --val-split 0 (no validation "
+        raise UsageError(f"data.val_split={d.val_split}: {root} was converted with --val-split 0 (no validation "
                          "split); validate on its test split with data.val_split=0 data.val_from_test=true, or "
                          "convert again with --val-split")
     if (d.val_split, d.split_seed) != converted:
-        raise ValueError(f"data.val_split={d.val_split} data.split_seed={d.split_seed}, but {root} was converted "
+        raise UsageError(f"data.val_split={d.val_split} data.split_seed={d.split_seed}, but {root} was converted "
                          f"with --val-split {converted[0]} --split-seed {converted[1]}: set data.val_split="
                          f"{converted[0]} data.split_seed={converted[1]}, or convert again")
     return "val"
@@ -245,6 +246,6 @@ def _text_batcher(d: DataConfig, root: Path | RemotePath) -> TextBatcher:
     from sigmanens_dist.data.sst2 import TOKENIZER_DIR, TextBatcher, load_tokenizer
 
     if d.tokenizer is None and not (root / TOKENIZER_DIR / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"{root / TOKENIZER_DIR} is missing: `sigmanens data convert --dataset sst2` writes "
-                                f"it there; or set data.tokenizer to the backbone's tokenizer folder")
+        raise MissingPathError(f"{root / TOKENIZER_DIR} is missing: `sigmanens data convert --dataset sst2` writes "
+                               f"it there; or set data.tokenizer to the backbone's tokenizer folder")
     return TextBatcher(load_tokenizer(d.tokenizer, root), d.max_length)

@@ -57,7 +57,7 @@ class MemberStream:
 
     def __init__(self, streams: list[Any], device: torch.device | None = None) -> None:
         lengths = {len(s) for s in streams}
-        if len(lengths) != 1:
+        if len(lengths) != 1:  # an invariant: every member's stream is built from one layout (a bug if hit)
             raise ValueError(f"member streams differ in length: {sorted(lengths)}")
         self.streams = streams
         self.device = device if device is not None and device.type == "cuda" else None

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from sigmanens_dist.data.idx import FASHION_MNIST_MEAN, FASHION_MNIST_STD
+from sigmanens_dist.errors import MissingPathError, UsageError
 
 __all__ = ["SVHNOOD", "DigitsOOD"]
 
@@ -47,8 +48,8 @@ class SVHNOOD(Dataset):
         from sigmanens_dist.data.datasets import DATASETS
 
         if in_dataset not in ("cifar10", "cifar100"):
-            raise ValueError(f"SVHNOOD: in_dataset={in_dataset!r} is not one of cifar10, cifar100")
-        if split not in datasets.SVHN.split_list:
+            raise UsageError(f"SVHNOOD: in_dataset={in_dataset!r} is not one of cifar10, cifar100")
+        if split not in datasets.SVHN.split_list:  # an invariant: eval passes a literal split (a bug if hit)
             raise ValueError(f"SVHNOOD: split={split!r} is not one of {', '.join(datasets.SVHN.split_list)}")
         mean, std = DATASETS[in_dataset].mean, DATASETS[in_dataset].std
         transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
@@ -56,8 +57,8 @@ class SVHNOOD(Dataset):
             self.svhn = datasets.SVHN(str(root), split=split, transform=transform, download=False)
         except RuntimeError as err:
             file = datasets.SVHN.split_list[split][1]
-            raise FileNotFoundError(f"SVHNOOD: {Path(root) / file} is missing or corrupt ({err}); expected the "
-                                    f"official {file} from ufldl.stanford.edu/housenumbers") from err
+            raise MissingPathError(f"SVHNOOD: {Path(root) / file} is missing or corrupt ({err}); expected the "
+                                   f"official {file} from ufldl.stanford.edu/housenumbers") from err
 
     def __len__(self) -> int:
         return len(self.svhn)

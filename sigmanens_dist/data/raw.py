@@ -17,7 +17,7 @@ from sigmanens_dist.config import DataConfig
 from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.data.idx import IdxImageDataset
 from sigmanens_dist.data.sampler import seeded
-from sigmanens_dist.errors import UsageError
+from sigmanens_dist.errors import MissingPathError, UsageError
 
 __all__ = ["READERS", "DataBundle", "Resized", "SeededAugment", "SyntheticImages", "build_datasets", "split_indices"]
 
@@ -185,8 +185,8 @@ def _cifar(data_cfg: DataConfig, root: Path, randaugment: str | None) -> _Parts:
         plain = cls(str(root), train=True, download=False, transform=to_tensor)
         test = cls(str(root), train=False, download=False, transform=to_tensor)
     except RuntimeError as err:
-        raise FileNotFoundError(f"data.root={root}: no {name} python-pickle batches there ({err}); expected "
-                                f"{cls.base_folder}/ as extracted from the official {name}-python.tar.gz") from err
+        raise MissingPathError(f"data.root={root}: no {name} python-pickle batches there ({err}); expected "
+                               f"{cls.base_folder}/ as extracted from the official {name}-python.tar.gz") from err
     aug = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip(), to_tensor])
     n = data_cfg.train_subset
     return _Parts(_subset(train, n), _subset(plain, n), test, aug, len(train.classes), 3)
@@ -198,15 +198,15 @@ def _image_folder(data_cfg: DataConfig, root: Path, randaugment: str | None) -> 
 
     for split in ("train", "val"):
         if not (root / split).is_dir():
-            raise FileNotFoundError(f"data.root={root}: expected ImageFolder sub-folders train/ and val/ "
-                                    f"(one folder per class); {root / split} is missing")
+            raise MissingPathError(f"data.root={root}: expected ImageFolder sub-folders train/ and val/ "
+                                   f"(one folder per class); {root / split} is missing")
     size = data_cfg.img_size or 224
     evaluate = create_transform(size, is_training=False)
     train = datasets.ImageFolder(str(root / "train"))
     plain = datasets.ImageFolder(str(root / "train"), transform=evaluate)
     test = datasets.ImageFolder(str(root / "val"), transform=evaluate)
     if train.classes != test.classes:
-        raise ValueError(f"{root}: train/ and val/ have different class folders")
+        raise UsageError(f"{root}: train/ and val/ have different class folders")
     aug = create_transform(size, is_training=True, auto_augment=randaugment)
     n = data_cfg.train_subset
     return _Parts(_subset(train, n), _subset(plain, n), test, aug, len(train.classes), 3)

@@ -105,12 +105,12 @@ class RemotePath:
     def __init__(self, url: str, settings: RemoteSettings | None = None) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in SCHEMES or not parts.hostname:
-            raise ValueError(f"{url!r}: a remote root is http://HOST/PATH, https://HOST/PATH or s3://BUCKET/PREFIX")
+            raise UsageError(f"{url!r}: a remote root is http://HOST/PATH, https://HOST/PATH or s3://BUCKET/PREFIX")
         if parts.username is not None or parts.password is not None:
-            raise ValueError(f"{parts.scheme}://…@{parts.hostname}: credentials do not belong in a URL (it is logged "
+            raise UsageError(f"{parts.scheme}://…@{parts.hostname}: credentials do not belong in a URL (it is logged "
                              "and saved with the config); give them in the environment (AWS_ACCESS_KEY_ID, …)")
         if parts.query or parts.fragment:
-            raise ValueError(f"{url!r}: a query or fragment cannot be extended into shard URLs; give the folder URL")
+            raise UsageError(f"{url!r}: a query or fragment cannot be extended into shard URLs; give the folder URL")
         self.url = url.rstrip("/")
         self.settings = settings or RemoteSettings()
 

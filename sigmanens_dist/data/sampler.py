@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import torch
 
+from sigmanens_dist.errors import UsageError
+
 __all__ = ["EvalShardSampler", "ShardedBatchSampler", "epoch_seed", "sample_seed", "seeded"]
 
 _MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, epoch, position) over 63 bits
@@ -25,7 +27,7 @@ class ShardedBatchSampler:
     def __init__(self, num_samples: int, batch_size: int, rank: int, world_size: int, seed: int,
                  shuffle: bool = True) -> None:
         if num_samples < batch_size * world_size:
-            raise ValueError(f"the training set has {num_samples} samples, fewer than one global batch "
+            raise UsageError(f"the training set has {num_samples} samples, fewer than one global batch "
                              f"({batch_size} per rank × {world_size} ranks); lower train.batch_size")
         self.num_samples, self.batch_size = num_samples, batch_size
         self.rank, self.world_size, self.seed, self.shuffle = rank, world_size, seed, shuffle
@@ -36,6 +38,7 @@ class ShardedBatchSampler:
         return self.num_samples // (self.batch_size * self.world_size)
 
     def set_position(self, epoch: int, start: int = 0) -> None:
+        # an invariant: the position comes from this run's own checkpoint (a bug if hit)
         if not 0 <= start <= len(self):
             raise ValueError(f"start batch {start} outside an epoch of {len(self)} batches")
         self.epoch, self.start = epoch, start

@@ -14,6 +14,7 @@ from torchvision import datasets
 
 from sigmanens_dist.data.idx import IdxImageDataset
 from sigmanens_dist.data.raw import SeededAugment
+from sigmanens_dist.errors import UsageError
 
 __all__ = ["as_uint8_image", "read_source", "source_classes", "unwrap_source"]
 
@@ -43,7 +44,7 @@ def as_uint8_image(image: Any, where: str) -> np.ndarray:
         return np.asarray(image)
     if isinstance(image, torch.Tensor):
         if image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] not in (1, 3):
-            raise ValueError(f"{where}: tensor images must be uint8 (C, H, W) with C in (1, 3); got {image.dtype} "
+            raise UsageError(f"{where}: tensor images must be uint8 (C, H, W) with C in (1, 3); got {image.dtype} "
                              f"{tuple(image.shape)}. Pass the dataset without its float/normalising transform")
         image = image.permute(1, 2, 0).numpy()
     if isinstance(image, np.ndarray) and image.dtype == np.uint8:
@@ -52,7 +53,7 @@ def as_uint8_image(image: Any, where: str) -> np.ndarray:
         if image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 3):
             return np.ascontiguousarray(image)
     shape = getattr(image, "shape", None)
-    raise ValueError(f"{where}: unsupported image {type(image).__name__} {getattr(image, 'dtype', '')} {shape}; "
+    raise UsageError(f"{where}: unsupported image {type(image).__name__} {getattr(image, 'dtype', '')} {shape}; "
                      f"allowed: PIL image, uint8 array (H, W) / (H, W, 1|3), uint8 tensor (1|3, H, W)")
 
 

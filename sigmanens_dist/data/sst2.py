@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import Dataset
 
 from sigmanens_dist.config import DataConfig
+from sigmanens_dist.errors import MissingPathError, UsageError
 
 __all__ = ["SPECIAL_TOKENS", "SST2_CLASSES", "Sst2Dataset", "TextBatcher", "TextDataset", "load_tokenizer",
            "read_sst2", "read_sst2_tsv", "save_default_tokenizer", "train_wordpiece"]
@@ -40,14 +41,14 @@ def read_sst2_tsv(path: Path) -> tuple[list[str], list[int]]:
     that a CSV reader would take as field quoting."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: data.root must hold GLUE SST-2's train.tsv and dev.tsv")
+        raise MissingPathError(f"{path} is missing: data.root must hold GLUE SST-2's train.tsv and dev.tsv")
     with path.open(encoding="utf-8") as f:
         lines = f.read().splitlines()
     if not lines:
-        raise ValueError(f"{path}: empty file; expected a header line 'sentence<TAB>label'")
+        raise UsageError(f"{path}: empty file; expected a header line 'sentence<TAB>label'")
     header = lines[0].split("\t")
     if "sentence" not in header or "label" not in header:
-        raise ValueError(f"{path}:1: header {lines[0]!r} lacks the columns 'sentence' and 'label'")
+        raise UsageError(f"{path}:1: header {lines[0]!r} lacks the columns 'sentence' and 'label'")
     s_col, l_col = header.index("sentence"), header.index("label")
     sentences, labels = [], []
     for number, line in enumerate(lines[1:], start=2):
@@ -55,17 +56,17 @@ def read_sst2_tsv(path: Path) -> tuple[list[str], list[int]]:
             continue
         fields = line.split("\t")
         if len(fields) != len(header):
-            raise ValueError(f"{path}:{number}: {len(fields)} tab-separated fields, the header has {len(header)}: "
+            raise UsageError(f"{path}:{number}: {len(fields)} tab-separated fields, the header has {len(header)}: "
                              f"{line[:80]!r}")
         label = fields[l_col].strip()
         if label not in ("0", "1"):
-            raise ValueError(f"{path}:{number}: label {label!r} is not 0 or 1")
+            raise UsageError(f"{path}:{number}: label {label!r} is not 0 or 1")
         if not fields[s_col].strip():
-            raise ValueError(f"{path}:{number}: empty sentence")
+            raise UsageError(f"{path}:{number}: empty sentence")
         sentences.append(fields[s_col])
         labels.append(int(label))
     if not sentences:
-        raise ValueError(f"{path}: no samples after the header")
+        raise UsageError(f"{path}: no samples after the header")
     return sentences, labels
 
 
@@ -108,8 +109,8 @@ def load_tokenizer(tokenizer_dir: Path | None, root: Path) -> Any:
     if tokenizer_dir is not None:
         tokenizer_dir = Path(tokenizer_dir)
         if not (tokenizer_dir / "tokenizer_config.json").is_file() and not (tokenizer_dir / "tokenizer.json").is_file():
-            raise FileNotFoundError(f"data.tokenizer={tokenizer_dir}: not a Hugging Face tokenizer folder (no "
-                                    "tokenizer.json or tokenizer_config.json); give the pretrained backbone's folder")
+            raise MissingPathError(f"data.tokenizer={tokenizer_dir}: not a Hugging Face tokenizer folder (no "
+                                   "tokenizer.json or tokenizer_config.json); give the pretrained backbone's folder")
         return AutoTokenizer.from_pretrained(str(tokenizer_dir))
     target = Path(root) / TOKENIZER_DIR
     if not (target / "tokenizer.json").is_file():
@@ -177,10 +178,10 @@ class TextDataset(Dataset):
 
     def __init__(self, sentences: list[str], labels: list[int]) -> None:
         if len(sentences) != len(labels):
-            raise ValueError(f"{len(sentences)} sentences but {len(labels)} labels")
+            raise UsageError(f"{len(sentences)} sentences but {len(labels)} labels")
         empty = next((i for i, s in enumerate(sentences) if not s.strip()), None)
         if empty is not None:
-            raise ValueError(f"sentence {empty} is empty")
+            raise UsageError(f"sentence {empty} is empty")
         self.sentences, self.labels = sentences, labels
 
     def __len__(self) -> int:
@@ -196,7 +197,7 @@ class Sst2Dataset(Dataset):
 
     def __init__(self, sentences: list[str], labels: list[int], tokenizer: Any, max_length: int) -> None:
         if len(sentences) != len(labels):
-            raise ValueError(f"{len(sentences)} sentences but {len(labels)} labels")
+            raise UsageError(f"{len(sentences)} sentences but {len(labels)} labels")
         enc = TextBatcher(tokenizer, max_length)(sentences)
         self.input_ids, self.attention_mask = enc["input_ids"], enc["attention_mask"]
         self.labels = torch.tensor(labels, dtype=torch.long)

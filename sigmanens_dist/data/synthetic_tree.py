@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.progress import progress
 
 __all__ = ["class_name", "make_image_folder"]
@@ -28,7 +29,7 @@ def make_image_folder(root: Path | str, num_classes: int, per_class: int, size: 
     """Writes ``root/train/<class>/*.JPEG`` (``per_class`` each) and ``root/val/<class>/*.JPEG`` (``val_per_class``,
     default ``max(1, per_class // 5)``) of ``size``×``size`` RGB images; returns ``root``. Same seed, same bytes."""
     if num_classes < 1 or per_class < 1 or size < 8:
-        raise ValueError(f"need num_classes ≥ 1, per_class ≥ 1 and size ≥ 8; got num_classes={num_classes}, "
+        raise UsageError(f"need num_classes ≥ 1, per_class ≥ 1 and size ≥ 8; got num_classes={num_classes}, "
                          f"per_class={per_class}, size={size}")
     root = Path(root)
     val_per_class = max(1, per_class // 5) if val_per_class is None else val_per_class

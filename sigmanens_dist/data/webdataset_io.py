@@ -50,6 +50,7 @@ from sigmanens_dist.data.remote import ReadAhead, RemoteError, RemotePath, strea
 from sigmanens_dist.data.sampler import epoch_seed, sample_seed, seeded
 from sigmanens_dist.data.shard_cache import check_cache, open_cached
 from sigmanens_dist.data.traffic import TRAFFIC
+from sigmanens_dist.errors import MissingPathError, UsageError
 from sigmanens_dist.progress import progress
 
 __all__ = ["MANIFEST", "MANIFEST_FORMAT", "PARTIAL_MANIFEST", "SHARDS_GLOB", "Manifest", "Shard", "ShardError",
@@ -100,16 +101,16 @@ def read_manifest(path: Path | RemotePath | str, verify: bool = False) -> Manife
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no webdataset manifest; {_RECONVERT}") from None
+        raise MissingPathError(f"{path}: no webdataset manifest; {_RECONVERT}") from None
     try:
         raw = json.loads(text)
         shards = [Shard(path.parent / s["name"], int(s["count"]), int(s["bytes"]), s["sha256"]) for s in raw["shards"]]
         manifest = Manifest(path, int(raw["num_samples"]), int(raw["num_classes"]), raw["classes"], shards)
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{path}: not a {MANIFEST_FORMAT} manifest ({type(err).__name__}: {err}); "
+        raise UsageError(f"{path}: not a {MANIFEST_FORMAT} manifest ({type(err).__name__}: {err}); "
                          f"{_RECONVERT}") from err
     if sum(s.count for s in shards) != manifest.num_samples:
-        raise ValueError(f"{path}: shard counts add up to {sum(s.count for s in shards)}, "
+        raise UsageError(f"{path}: shard counts add up to {sum(s.count for s in shards)}, "
                          f"but num_samples is {manifest.num_samples}")
     local = [s for s in shards if isinstance(s.path, Path)]
     for s in progress(local, desc=f"verifying {path.parent}", unit="shard", disable=not verify, leave=False):
@@ -335,6 +336,7 @@ class WebDatasetLoader:
                  num_workers: int, seed: int, transform: Callable[[Image.Image], torch.Tensor] | None,
                  shuffle_buffer: int = 1000, return_keys: bool = False, bad: BadSamples | None = None,
                  collate: Callable[[list[Any]], Any] = torch.stack) -> None:
+        # an invariant: the loaders pass the process group's rank and checked sizes
         if not 0 <= rank < world_size or batch_size < 1 or num_workers < 0:
             raise ValueError(f"need 0 ≤ rank < world_size, batch_size ≥ 1, num_workers ≥ 0; got rank={rank}, "
                              f"world_size={world_size}, batch_size={batch_size}, num_workers={num_workers}")
@@ -349,14 +351,14 @@ class WebDatasetLoader:
         streams = world_size * self.workers
         shards = self.manifest.shards
         if len(shards) < streams:
-            raise ValueError(f"{self.manifest.path}: {len(shards)} shards cannot feed {world_size} ranks × "
+            raise UsageError(f"{self.manifest.path}: {len(shards)} shards cannot feed {world_size} ranks × "
                              f"{self.workers} workers = {streams} streams, each of which needs whole shards; "
                              f"re-shard with write_shards(max_count ≤ {self.manifest.num_samples // streams}) or use "
                              f"fewer workers")
         smallest = sorted(s.count for s in shards)[: len(shards) // streams]
         self.batches_per_stream = sum(smallest) // batch_size
         if self.batches_per_stream == 0:
-            raise ValueError(f"{self.manifest.path}: the {len(smallest)} smallest shards a stream may get hold "
+            raise UsageError(f"{self.manifest.path}: the {len(smallest)} smallest shards a stream may get hold "
                              f"{sum(smallest)} samples, less than one batch of {batch_size}; lower the batch size or "
                              f"use fewer ranks × workers")
 
@@ -377,6 +379,7 @@ class WebDatasetLoader:
 
     def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[Any, ...]]:
         """Batches ``start_batch .. len() - 1`` of ``epoch``: the same ones, in the same order, as a full pass."""
+        # an invariant: the position comes from this run's own checkpoint (a bug if hit)
         if not 0 <= start_batch <= len(self):
             raise ValueError(f"start batch {start_batch} outside an epoch of {len(self)} batches")
         if start_batch == len(self):

@@ -23,6 +23,7 @@ from sigmanens_dist.atomic import file_sha256, write_text
 from sigmanens_dist.data.sources import _base, _source_file, read_source, source_classes, unwrap_source
 from sigmanens_dist.data.sst2 import TextDataset
 from sigmanens_dist.data.webdataset_io import MANIFEST, MANIFEST_FORMAT, PARTIAL_MANIFEST, SHARDS_GLOB
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.progress import progress
 
 __all__ = ["write_shards"]
@@ -110,9 +111,9 @@ def write_shards(dataset: Dataset, out_dir: Path | str, *, split: str = "train",
     once it is recorded; the conversion to a bucket uploads it there and deletes it, so that one is not resumed.
     """
     if max_count < 1 or max_size < 1:
-        raise ValueError(f"max_count={max_count} and max_size={max_size} must be positive")
+        raise UsageError(f"max_count={max_count} and max_size={max_size} must be positive")
     if not 1 <= jpeg_quality <= 100:
-        raise ValueError(f"jpeg_quality={jpeg_quality} must be in 1..100")
+        raise UsageError(f"jpeg_quality={jpeg_quality} must be in 1..100")
     import webdataset as wds
 
     dataset = unwrap_source(dataset)
@@ -120,7 +121,7 @@ def write_shards(dataset: Dataset, out_dir: Path | str, *, split: str = "train",
     out_dir.mkdir(parents=True, exist_ok=True)
     n = len(dataset)
     if n == 0:
-        raise ValueError(f"write_shards({out_dir}): the dataset is empty")
+        raise UsageError(f"write_shards({out_dir}): the dataset is empty")
     settings = {"split": split, "num_samples": n, "classes": source_classes(dataset), "max_count": max_count,
                 "max_size": max_size, "jpeg_quality": jpeg_quality, "selection": _selection(dataset)}
     manifest_path, partial_path = out_dir / MANIFEST, out_dir / PARTIAL_MANIFEST

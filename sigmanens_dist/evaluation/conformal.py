@@ -53,7 +53,7 @@ def class_scores(probs: Tensor, method: str) -> Tensor:
     if method == "thr":
         return 1 - probs
     if method not in METHODS:
-        raise ValueError(f"conformal method {method!r}: choose from {', '.join(METHODS)}")
+        raise UsageError(f"conformal method {method!r}: choose from {', '.join(METHODS)}")
     ranked, order = probs.sort(dim=-1, descending=True, stable=True)
     mass = ranked.cumsum(-1)  # the class at rank r gets the mass of ranks 1..r
     if method == "raps":

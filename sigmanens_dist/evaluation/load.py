@@ -13,6 +13,7 @@ from torch import nn
 
 from sigmanens_dist.checkpoint import read_checkpoint
 from sigmanens_dist.config import Config, config_from_dict
+from sigmanens_dist.errors import MissingPathError, UsageError
 
 __all__ = ["EvalCheckpoint", "load_for_eval", "method_of"]
 
@@ -39,12 +40,12 @@ def load_for_eval(path: Path | str, overrides: Sequence[str] = ()) -> EvalCheckp
     EMA weights. Errors name the file: missing, not a checkpoint, weights of another method than its config says."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"--checkpoint {path}: no such file or checkpoint folder")
+        raise MissingPathError(f"--checkpoint {path}: no such file or checkpoint folder")
     ckpt = read_checkpoint(path, "--checkpoint", with_ema=True)
     try:
         cfg = config_from_dict(ckpt.config, overrides, source=f"the config stored in {path}")
     except ValueError as err:
-        raise ValueError(f"the config stored in {path} does not load here (with overrides {list(overrides)}):\n"
+        raise UsageError(f"the config stored in {path} does not load here (with overrides {list(overrides)}):\n"
                          f"{err}") from err
     model = _build(cfg, ckpt.model_args, ckpt.weights, path, "model")
     ema = None if ckpt.ema is None else _build(cfg, ckpt.model_args, ckpt.ema, path, "ema")
@@ -60,7 +61,7 @@ def _build(cfg: Config, model_args: dict[str, Any], weights: dict[str, Any], pat
         model.load_state_dict(weights)
     except RuntimeError as err:
         first = str(err).strip().splitlines()
-        raise ValueError(f"{path}: the {key!r} weights are not those of a model.method={method_of(cfg)!r} model as "
+        raise UsageError(f"{path}: the {key!r} weights are not those of a model.method={method_of(cfg)!r} model as "
                          f"the checkpoint's config says; the file and its config disagree "
                          f"({' '.join(first[:3])[:400]})") from err
     return model.eval()

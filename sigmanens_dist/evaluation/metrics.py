@@ -23,8 +23,11 @@ from torchmetrics.functional.classification import (
 )
 from torchmetrics.utilities import dim_zero_cat
 
-__all__ = ["EnsembleMetrics", "SampleMetrics", "adaptive_calibration_error", "aurc", "calibration_error",
-           "ensemble_log_probs", "entropy", "mutual_information", "ood_detection", "predictive_entropy"]
+from sigmanens_dist.errors import UsageError
+
+__all__ = ["DIAGNOSIS_KEYS", "EnsembleMetrics", "SampleMetrics", "adaptive_calibration_error", "aurc",
+           "calibration_error", "detection_auroc", "diagnosis", "ensemble_log_probs", "entropy", "mutual_information",
+           "ood_detection", "predictive_entropy"]
 
 
 # -- per-sample quantities ---------------------------------------------------------------------------------------
@@ -83,6 +86,7 @@ def ood_detection(score_in: Tensor, score_out: Tensor) -> dict[str, float]:
     """How well a score (higher: more likely OOD) separates OOD samples (the positive class) from in-distribution
     ones: AUROC, AUPR-out (OOD positive), AUPR-in (in-distribution positive, score negated) and the FPR on
     in-distribution samples at the first threshold that detects 95 % of the OOD ones."""
+    # an invariant: score_ood refuses an empty OOD set first (a bug if hit)
     if len(score_in) == 0 or len(score_out) == 0:
         raise ValueError(f"ood_detection needs samples on both sides, got {len(score_in)} in and {len(score_out)} out")
     scores = torch.cat([score_in, score_out]).double()
@@ -108,11 +112,11 @@ class EnsembleMetrics(nn.Module):
     def __init__(self, num_classes: int, num_members: int, n_bins: int = 15) -> None:
         super().__init__()
         if num_classes < 2:
-            raise ValueError(f"num_classes={num_classes} must be at least 2")
+            raise UsageError(f"num_classes={num_classes} must be at least 2")
         if num_members < 1:
-            raise ValueError(f"num_members={num_members} must be at least 1")
+            raise UsageError(f"num_members={num_members} must be at least 1")
         if n_bins < 1:
-            raise ValueError(f"n_bins={n_bins} must be at least 1")
+            raise UsageError(f"n_bins={n_bins} must be at least 1")
         self.num_classes, self.num_members, self.n_bins = num_classes, num_members, n_bins
 
         def acc() -> MulticlassAccuracy:
@@ -188,13 +192,13 @@ class EnsembleMetrics(nn.Module):
         if member_logits.ndim != 3 or member_logits.shape[0] != m or member_logits.shape[2] != k:
             raise ValueError(f"member_logits must have shape (M={m}, B, K={k}), got {tuple(member_logits.shape)}")
         b = member_logits.shape[1]
-        if target.ndim != 1 or target.shape[0] != b:
+        if target.ndim != 1 or target.shape[0] != b:  # an invariant of the pass: the loader's labels (a bug if hit)
             raise ValueError(f"target must have shape (B={b},) to match member_logits {tuple(member_logits.shape)}, "
                              f"got {tuple(target.shape)}")
         if target.is_floating_point() or target.dtype == torch.bool:
             raise ValueError(f"target must hold integer class indices, got dtype {target.dtype}")
         lo, hi = torch.stack(torch.aminmax(target)).tolist()  # one device sync, not two
-        if lo < 0 or hi >= k:
+        if lo < 0 or hi >= k:  # an invariant: labels were checked when read (data.on_bad_sample)
             raise ValueError(f"target values must lie in 0..{k - 1}, got min {lo}, max {hi}")
 
 
@@ -214,12 +218,14 @@ class SampleMetrics(Metric):
 
     def __init__(self, num_classes: int, num_members: int, n_bins: int = 15, **kwargs: object) -> None:
         super().__init__(**kwargs)
+        # an invariant of the pass: the model's (M, B, K) logits (a bug if hit)
         self.num_classes, self.num_members, self.n_bins = num_classes, num_members, n_bins
         for name in (*self._FIELDS, *self._SCORES):
             self.add_state(name, default=[], dist_reduce_fx="cat")
 
     def update(self, member_logits: Tensor, target: Tensor) -> None:
         m, _, k = member_logits.shape
+        # an invariant of the pass: the loader's labels (a bug if hit)
         if m != self.num_members or k != self.num_classes or target.shape != member_logits.shape[1:2]:
             raise ValueError(f"expected member_logits (M={self.num_members}, B, K={self.num_classes}) and target "
                              f"(B,), got {tuple(member_logits.shape)} and {tuple(target.shape)}")
@@ -249,6 +255,7 @@ class SampleMetrics(Metric):
             out |= {f"{prefix}acc": float(correct.double().mean()), f"{prefix}nll": float(cols["nll"][:, j].double()
                     .mean()), f"{prefix}ece": calibration_error(conf, correct, self.n_bins),
                     f"{prefix}aece": adaptive_calibration_error(conf, correct, self.n_bins),
+        # an invariant of the pass (a bug if hit)
                     f"{prefix}brier": float(cols["brier"][:, j].double().mean()), f"{prefix}aurc": aurc(conf, correct)}
         m = self.num_members
         for key in ("acc", "nll", "ece", "aece", "brier", "aurc"):

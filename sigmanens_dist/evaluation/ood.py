@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation.metrics import ood_detection, predictive_entropy
 from sigmanens_dist.evaluation.scoring import score_pass
 
@@ -32,7 +33,7 @@ def _entropies(model: nn.Module, loader: Iterable[Any], device: torch.device, wh
             logits = logits.unsqueeze(0)
         out.append(predictive_entropy(logits).cpu())
     if not out or sum(len(e) for e in out) == 0:
-        raise ValueError(f"ood_scores: {which} yielded no samples")
+        raise UsageError(f"ood_scores: {which} yielded no samples")
     return torch.cat(out)
 
 

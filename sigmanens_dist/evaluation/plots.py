@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation.metrics import calibration_error
 
 __all__ = ["ood_histograms", "reliability_diagram", "reliability_diagrams", "reliability_diagrams_from_confidence",
@@ -91,7 +92,7 @@ def reliability_diagrams(curves: dict[str, tuple[Tensor, Tensor]], path: Path | 
     many samples fall in each bin. The ECE in each title is torchmetrics' (l1, ``n_bins`` equal-width bins).
     """
     if not curves:
-        raise ValueError("curves is empty; give at least one {name: (probs, target)}")
+        raise UsageError("curves is empty; give at least one {name: (probs, target)}")
     return reliability_diagrams_from_confidence({name: _top1(name, p, t) for name, (p, t) in curves.items()}, path,
                                                 n_bins)
 
@@ -101,9 +102,9 @@ def reliability_diagrams_from_confidence(curves: dict[str, tuple[Tensor, Tensor]
     """:func:`reliability_diagrams` from each model's top-1 confidence ``(N,)`` and correctness ``(N,)`` (what
     :meth:`SampleMetrics.scores` keeps, so evaluation need not hold ``(N, K)`` probabilities)."""
     if not curves:
-        raise ValueError("curves is empty; give at least one {name: (confidence, correct)}")
+        raise UsageError("curves is empty; give at least one {name: (confidence, correct)}")
     if n_bins < 1:
-        raise ValueError(f"n_bins={n_bins} must be at least 1")
+        raise UsageError(f"n_bins={n_bins} must be at least 1")
     path = Path(path)
     edges = np.linspace(0.0, 1.0, n_bins + 1)
     width = 1.0 / n_bins
@@ -131,14 +132,16 @@ def reliability_diagrams_from_confidence(curves: dict[str, tuple[Tensor, Tensor]
 
 def _top1(name: str, probs: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     """Checked top-1 confidence and correctness of ``probs`` ``(N, K)`` against ``target`` ``(N,)``."""
+    # an invariant: evaluation hands the probabilities it computed (a bug if hit)
     if probs.ndim != 2 or target.ndim != 1 or probs.shape[0] != target.shape[0] or probs.shape[0] == 0:
         raise ValueError(f"{name!r}: expected probs (N, K) and target (N,) with N ≥ 1, got {tuple(probs.shape)} "
                          f"and {tuple(target.shape)}")
     probs, target = probs.detach().float().cpu(), target.detach().long().cpu()
-    if probs.min() < 0 or probs.max() > 1:
+    if probs.min() < 0 or probs.max() > 1:  # an invariant: evaluation hands softmax outputs (a bug if hit)
         raise ValueError(f"{name!r}: probs must be probabilities in [0, 1] (softmax the logits first), got values "
                          f"in [{float(probs.min()):.3g}, {float(probs.max()):.3g}]")
     num_classes = probs.shape[1]
+    # an invariant: the labels were checked when read (a bug if hit)
     if target.min() < 0 or target.max() >= num_classes:
         raise ValueError(f"{name!r}: target values must lie in 0..{num_classes - 1}, got min {int(target.min())}, "
                          f"max {int(target.max())}")

@@ -33,6 +33,7 @@ from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.evaluation.load import method_of
 from sigmanens_dist.evaluation.ood import score_ood
 from sigmanens_dist.evaluation.posthoc import PostHoc, fit_posthoc
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation.report import (
     SHIFT_KEYS,
     SUB_KEYS,
@@ -61,7 +62,7 @@ def sub_ensemble(model: EnsembleMethod, members: Sequence[int]) -> EnsembleMetho
     m = model.num_members
     members = list(members)
     if not members or len(set(members)) != len(members) or not all(0 <= i < m for i in members):
-        raise ValueError(f"members {members} must be distinct indices in 0..{m - 1}")
+        raise UsageError(f"members {members} must be distinct indices in 0..{m - 1}")
     if members == list(range(m)):
         return model
     return model.sub_ensemble(members)
@@ -117,7 +118,7 @@ def check_options(cfg: Config, model: EnsembleMethod, options: EvalConfig) -> li
             problems.append(f"{asked}: this run validates on the test set (data.val_from_test), so fitting would read "
                             "the test set; give it a validation split (data.val_split)")
     if problems:
-        raise ValueError("sigmanens eval: " + "; ".join(problems))
+        raise UsageError("; ".join(problems))
     return names
 
 
@@ -265,7 +266,7 @@ def _imagenet_c_sets(cfg: Config, root: Path, names: list[str], severities: list
             folder = root / name / str(severity)
             dataset = datasets.ImageFolder(str(folder), transform=transform)
             if dataset.classes != classes:
-                raise ValueError(f"{folder}: class folders {dataset.classes[:5]}… differ from the training classes "
+                raise UsageError(f"{folder}: class folders {dataset.classes[:5]}… differ from the training classes "
                                  f"{classes[:5]}… of {cfg.data_root()}/train")
             yield name, severity, dataset
 

@@ -27,6 +27,7 @@ from typing import Any
 from torch import nn
 
 from sigmanens_dist.config import Config
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.methods.base import EnsembleMethod, Inputs, call_backbone, logits_of, map_tensors, member_chunks
 from sigmanens_dist.methods.batch import BatchEnsemble
 from sigmanens_dist.methods.deep import DeepEnsemble
@@ -67,7 +68,7 @@ def display_name(method: str) -> str:
 def method_module(name: str) -> Any:
     """The module of method ``name``, whose ``build(cfg, make_backbone)`` makes it from a config."""
     if name not in METHODS:
-        raise ValueError(f"unknown model.method {name!r}; choose one of {', '.join(METHOD_NAMES)}")
+        raise UsageError(f"unknown model.method {name!r}; choose one of {', '.join(METHOD_NAMES)}")
     return sys.modules[METHODS[name].__module__]
 
 

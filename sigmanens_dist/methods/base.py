@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from sigmanens_dist.config import RegConfig
+from sigmanens_dist.errors import UnsupportedError
 
 __all__ = ["EnsembleMethod", "Inputs", "call_backbone", "logits_of", "map_tensors", "member_chunks"]
 
@@ -67,8 +68,8 @@ class EnsembleMethod(nn.Module):
 
     def member(self, index: int) -> nn.Module:
         """Member ``index`` as a plain model of the source architecture, where the method has one."""
-        raise TypeError(f"model.method={self.name!r} has no per-member plain model: its members share layers that "
-                        "are not of the source architecture")
+        raise UnsupportedError(f"model.method={self.name!r} has no per-member plain model: its members share "
+                               "layers that are not of the source architecture")
 
     def no_weight_decay(self) -> set[str]:
         """Names (relative to this module, timm's convention) of parameters the optimiser must not decay, beyond
@@ -86,8 +87,8 @@ class EnsembleMethod(nn.Module):
     def sub_ensemble(self, members: list[int]) -> EnsembleMethod:
         """A model of only ``members`` (distinct indices, in that order) that really runs ``len(members)`` members,
         for the k-member scores of ``sigmanens eval``; methods that can override this."""
-        raise TypeError(f"model.method={self.name!r} has no sub_ensemble(members); cannot run {len(members)} of its "
-                        f"{self.num_members} members")
+        raise UnsupportedError(f"model.method={self.name!r} has no sub_ensemble(members); cannot run "
+                               f"{len(members)} of its {self.num_members} members")
 
     @property
     def supports_sub_ensembles(self) -> bool:
@@ -119,6 +120,7 @@ def call_backbone(backbone: nn.Module, x: Inputs) -> torch.Tensor:
 def member_chunks(x: Inputs, num_members: int) -> list[Inputs]:
     """Split a member-major batch ``(M·B, …)`` into the M per-member batches ``(B, …)``."""
     first = x if isinstance(x, torch.Tensor) else next(v for v in x.values() if isinstance(v, torch.Tensor))
+    # an invariant of the forward pass: the ensemble builds member-major batches (a bug if hit)
     if first.shape[0] % num_members:
         raise ValueError(f"member-major batch of {first.shape[0]} rows is not a multiple of num_members="
                          f"{num_members}")
@@ -132,6 +134,7 @@ def map_tensors(x: Inputs, fn: Callable[[torch.Tensor], torch.Tensor]) -> Inputs
         return fn(x)
     if isinstance(x, Mapping):
         return type(x)({k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in x.items()})
+    # an invariant: the loaders yield tensors or tokenizer mappings (a bug if hit)
     raise TypeError(f"inputs must be a Tensor or a mapping of Tensors (e.g. tokenizer output), got {type(x).__name__}")
 
 
@@ -143,4 +146,5 @@ def logits_of(out: Any) -> torch.Tensor:
         return out.logits
     if isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
         return out[0]
+    # found in the forward pass: the traceback shows the backbone that returned it
     raise TypeError(f"cannot find logits in the backbone output of type {type(out).__name__}")

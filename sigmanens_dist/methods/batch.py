@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from sigmanens_dist.config import Config
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.methods.base import EnsembleMethod, Inputs, call_backbone, map_tensors
 
 __all__ = ["BatchEnsemble", "BatchEnsembleLayer", "build", "convert_to_batch_ensemble"]
@@ -57,7 +58,7 @@ class BatchEnsembleLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = self.num_members
-        if x.shape[0] % m:
+        if x.shape[0] % m:  # an invariant of the forward pass: the ensemble feeds member-major batches (a bug if hit)
             raise ValueError(f"BatchEnsembleLayer: batch of {x.shape[0]} rows is not a multiple of num_members={m}")
         xv = x.reshape(m, x.shape[0] // m, *x.shape[1:])
         y = self.base((xv * self._per_member(self.r, xv)).reshape(x.shape))
@@ -152,7 +153,7 @@ def convert_to_batch_ensemble(model: nn.Module, num_members: int, init_std: floa
                               seed: int | None = 0) -> BatchEnsemble:
     """Replace every ``nn.Linear``/``nn.Conv2d`` of ``model`` (in place) by a BatchEnsemble layer."""
     if num_members < 1:
-        raise ValueError(f"num_members must be ≥ 1, got {num_members}")
+        raise UsageError(f"num_members must be ≥ 1, got {num_members}")
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     targets, skipped = [], []
     for name, module in model.named_modules():
@@ -161,7 +162,7 @@ def convert_to_batch_ensemble(model: nn.Module, num_members: int, init_std: floa
         elif isinstance(module, (*CONVERTED, nn.modules.conv._ConvNd)):
             skipped.append(f"{name} ({type(module).__name__})")
     if not targets:
-        raise ValueError(f"no nn.Linear or nn.Conv2d layer to convert in {type(model).__name__}")
+        raise UsageError(f"no nn.Linear or nn.Conv2d layer to convert in {type(model).__name__}")
     if skipped:
         log.warning("BatchEnsemble leaves these weight layers shared (not plain Linear/Conv2d): %s",
                     ", ".join(skipped))

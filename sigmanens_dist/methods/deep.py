@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from sigmanens_dist.config import Config
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.methods.base import EnsembleMethod, Inputs, call_backbone, member_chunks
 
 __all__ = ["DeepEnsemble", "build"]
@@ -33,7 +34,7 @@ class DeepEnsemble(EnsembleMethod):
     def __init__(self, members: list[nn.Module]) -> None:
         super().__init__()
         if not members:
-            raise ValueError("a Deep Ensemble needs at least one member")
+            raise UsageError("a Deep Ensemble needs at least one member")
         self.members = nn.ModuleList(members)
 
     @property

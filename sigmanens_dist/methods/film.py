@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from sigmanens_dist.config import Config, RegConfig
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.methods.sigma import SigmaEnsemble, convert_to_sigma_ensemble
 
 __all__ = ["FiLMEnsemble", "build", "convert_to_film_ensemble"]
@@ -38,7 +39,7 @@ def convert_to_film_ensemble(model: nn.Module, num_members: int, init_std: float
                              layers: list[str] | None = None, seed: int | None = 0) -> FiLMEnsemble:
     """Per-member norms of ``model`` (in place) with member affines ``w·N(1, init_std)``, ``b``."""
     if not init_std >= 0:
-        raise ValueError(f"init_std must be ≥ 0, got {init_std!r}")
+        raise UsageError(f"init_std must be ≥ 0, got {init_std!r}")
     ens = convert_to_sigma_ensemble(model, num_members, gamma_init_std=0.0, layers=layers, seed=seed, inplace=True)
     store = ens.sigma
     gen = torch.Generator().manual_seed(seed + 1) if seed is not None else None

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from sigmanens_dist.config import Config
+from sigmanens_dist.errors import UnsupportedError, UsageError
 from sigmanens_dist.methods.base import EnsembleMethod, Inputs, call_backbone
 
 __all__ = ["PackedEnsemble", "PackedFirstConv", "PackedLinear", "build", "convert_to_packed_ensemble",
@@ -73,7 +74,7 @@ class PackedLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, num_members: int, bias: bool) -> None:
         super().__init__()
         if in_features % num_members:
-            raise ValueError(f"PackedLinear: {in_features} input features do not split into {num_members} members")
+            raise UsageError(f"PackedLinear: {in_features} input features do not split into {num_members} members")
         self.num_members = num_members
         self.conv = nn.Conv1d(in_features, out_features * num_members, 1, groups=num_members, bias=bias)
 
@@ -116,14 +117,14 @@ def convert_to_packed_ensemble(model: nn.Module, num_members: int, alpha: float 
     from timm.models.resnet import ResNet
 
     if not isinstance(model, ResNet):
-        raise TypeError(f"Packed-Ensembles supports the timm ResNet family (timm.models.resnet.ResNet: resnet18, "
-                        f"resnet10t, resnet50, wide_resnet50_2, …); got {type(model).__name__}")
+        raise UnsupportedError(f"Packed-Ensembles supports the timm ResNet family (timm.models.resnet.ResNet: "
+                               f"resnet18, resnet10t, resnet50, wide_resnet50_2, …); got {type(model).__name__}")
     if num_members < 1 or gamma < 1 or not alpha > 0:
-        raise ValueError(f"need num_members ≥ 1, gamma ≥ 1 and alpha > 0; got {num_members}, {gamma}, {alpha}")
+        raise UsageError(f"need num_members ≥ 1, gamma ≥ 1 and alpha > 0; got {num_members}, {gamma}, {alpha}")
 
     def wide(c: int, name: str) -> int:
         if abs(c * alpha - round(c * alpha)) > 1e-9:
-            raise ValueError(f"packed_alpha={alpha} × {c} channels of {name!r} is not an integer")
+            raise UsageError(f"packed_alpha={alpha} × {c} channels of {name!r} is not an integer")
         return round(c * alpha)
 
     first_done = False
@@ -141,7 +142,7 @@ def convert_to_packed_ensemble(model: nn.Module, num_members: int, alpha: float 
                 g = packed_groups(in_, module.groups, num_members,
                                   gamma if in_block and not _BLOCK_FIRST_CONV.match(name) else 1)
                 if in_ % g or out % g:
-                    raise ValueError(f"{name!r}: {in_} → {out} channels (α={alpha}) do not split into {g} groups "
+                    raise UsageError(f"{name!r}: {in_} → {out} channels (α={alpha}) do not split into {g} groups "
                                      f"(M={num_members}); choose α and M so that α·C is a multiple of M·γ")
                 new = _conv_like(module, in_, out, g)
             setattr(owner, attr, new)
@@ -152,8 +153,8 @@ def convert_to_packed_ensemble(model: nn.Module, num_members: int, alpha: float 
             setattr(owner, attr, PackedLinear(wide(module.in_features, name), module.out_features, num_members,
                                               module.bias is not None))
         elif isinstance(module, nn.Conv2d | nn.Linear | nn.modules.batchnorm._BatchNorm):
-            raise TypeError(f"Packed-Ensembles cannot convert {name!r} ({type(module).__name__}); supported: "
-                            "nn.Conv2d, nn.BatchNorm2d and the nn.Linear classifier of a timm ResNet")
+            raise UnsupportedError(f"Packed-Ensembles cannot convert {name!r} ({type(module).__name__}); supported: "
+                                   "nn.Conv2d, nn.BatchNorm2d and the nn.Linear classifier of a timm ResNet")
     model.num_features = wide(model.num_features, "num_features")
     return PackedEnsemble(model, num_members, alpha, gamma)
 

@@ -80,6 +80,7 @@ class SigmaEnsemble(EnsembleMethod):
     def forward_members(self, x: Inputs) -> torch.Tensor:
         """Member logits ``(M, B, K)`` for a member-major batch ``(M·B, …)``."""
         batch = _batch_size(x)
+        # an invariant of the forward pass: callers pass member-major batches (a bug if hit)
         if batch % self.num_members:
             raise ValueError(f"forward_members: batch size {batch} is not a multiple of num_members="
                              f"{self.num_members}; pass (M·B, …) member-major inputs, or use forward((B, …))")
@@ -224,7 +225,7 @@ def _batch_size(x: Inputs) -> int:
     if isinstance(x, torch.Tensor):
         return x.shape[0]
     sizes = {v.shape[0] for v in x.values() if isinstance(v, torch.Tensor)}
-    if len(sizes) != 1:
+    if len(sizes) != 1:  # an invariant: a tokenizer's tensors share the batch dimension (a bug if hit)
         raise ValueError(f"input tensors disagree on the batch size: {sorted(sizes)}")
     return sizes.pop()
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from sigmanens_dist.errors import UnsupportedError, UsageError
 from sigmanens_dist.sigma.layers import (
     LayerSlot,
     SigmaNorm,
@@ -58,7 +59,7 @@ def count_params(model: nn.Module) -> int:
 
 def check_num_members(num_members: int) -> int:
     if isinstance(num_members, bool) or not isinstance(num_members, int) or num_members < 1:
-        raise ValueError(f"num_members must be an int ≥ 1, got {num_members!r}")
+        raise UsageError(f"num_members must be an int ≥ 1, got {num_members!r}")
     return num_members
 
 
@@ -72,16 +73,16 @@ def convert_norms(model: nn.Module, num_members: int, *, gamma_init_mean: float 
     the ensemble."""
     num_members = check_num_members(num_members)
     if not gamma_init_std >= 0:
-        raise ValueError(f"gamma_init_std must be ≥ 0, got {gamma_init_std!r}")
+        raise UsageError(f"gamma_init_std must be ≥ 0, got {gamma_init_std!r}")
     if affine_init not in AFFINE_INITS:
-        raise ValueError(f"affine_init must be one of {', '.join(AFFINE_INITS)}, got {affine_init!r}")
+        raise UsageError(f"affine_init must be one of {', '.join(AFFINE_INITS)}, got {affine_init!r}")
     if any(isinstance(m, SigmaNorm) for m in model.modules()):
-        raise ValueError("model already contains σ layers: it was converted before")
+        raise UsageError("model already contains σ layers: it was converted before")
     backbone = model if inplace else copy.deepcopy(model)
     source_params = count_params(model)
     targets, shared = _find_norms(backbone, layers)
     if not targets:
-        raise ValueError(f"no normalization layer to convert in {type(model).__name__}; supported types: "
+        raise UsageError(f"no normalization layer to convert in {type(model).__name__}; supported types: "
                          + ", ".join(supported_names()))
     names = [name for name, _ in targets]
     reg = set(_match(names, regularize, "regularize")) if regularize is not None else set(names)
@@ -129,10 +130,10 @@ def _find_norms(model: nn.Module, patterns: Sequence[str] | None
         found = [(n, m) for n, m in found if n in keep]
         unsupported = [(n, m) for n, m in unsupported if n in keep]
     if unsupported:
-        raise TypeError("unsupported normalization layer(s): "
-                        + ", ".join(f"{n!r} ({type(m).__name__})" for n, m in unsupported)
-                        + ". Supported types: " + ", ".join(supported_names()) + ". Pass layers=[patterns] to "
-                        "convert only the others (unconverted norms stay shared by all members).")
+        raise UnsupportedError("unsupported normalization layer(s): "
+                               + ", ".join(f"{n!r} ({type(m).__name__})" for n, m in unsupported)
+                               + ". Supported types: " + ", ".join(supported_names()) + ". Pass layers=[patterns] to "
+                               "convert only the others (unconverted norms stay shared by all members).")
     if any(isinstance(m, nn.SyncBatchNorm) for _, m in found):
         warnings.warn("SyncBatchNorm layers become σBatchNorm with per-rank statistics (each member normalises "
                       "over its own samples on each rank; statistics are not synchronised across ranks)",
@@ -142,10 +143,10 @@ def _find_norms(model: nn.Module, patterns: Sequence[str] | None
 
 def _match(names: list[str], patterns: Sequence[str], what: str) -> list[str]:
     if isinstance(patterns, str):
-        raise TypeError(f"{what} must be a list of name patterns, got the string {patterns!r}")
+        raise UnsupportedError(f"{what} must be a list of name patterns, got the string {patterns!r}")
     for pat in patterns:
         if not any(fnmatch.fnmatchcase(n, pat) for n in names):
-            raise ValueError(f"{what} pattern {pat!r} matches no normalization layer; layers are: "
+            raise UsageError(f"{what} pattern {pat!r} matches no normalization layer; layers are: "
                              + ", ".join(names[:20]) + (" …" if len(names) > 20 else ""))
     return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
 

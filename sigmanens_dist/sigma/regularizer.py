@@ -22,13 +22,15 @@ import math
 
 import torch
 
+from sigmanens_dist.errors import UsageError
+
 __all__ = ["NORMALIZATIONS", "check_tau", "diversity_loss", "members_on", "optimal_members_on", "vertex_loss"]
 
 
 def check_tau(tau: float) -> float:
     """τ as a float, or a clear error: it must be a finite number > 0."""
     if isinstance(tau, bool) or not isinstance(tau, int | float) or not math.isfinite(tau) or tau <= 0:
-        raise ValueError(f"tau must be a finite number > 0 (the softmax temperature), got {tau!r}")
+        raise UsageError(f"tau must be a finite number > 0 (the softmax temperature), got {tau!r}")
     return float(tau)
 
 
@@ -43,8 +45,8 @@ def diversity_loss(gamma: torch.Tensor, tau: float, normalize: str = "none") -> 
     """
     tau = check_tau(tau)
     if normalize not in NORMALIZATIONS:
-        raise ValueError(f"normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
-    if gamma.ndim != 2:
+        raise UsageError(f"normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
+    if gamma.ndim != 2:  # an invariant: the σ store hands its (M, F) parameter (a bug if hit)
         raise ValueError(f"gamma must be (num_members, num_features), got shape {tuple(gamma.shape)}")
     total = torch.log_softmax(torch.sigmoid(gamma.float()) / tau, dim=0).sum()
     if normalize == "members":
@@ -71,5 +73,5 @@ def vertex_loss(num_members: int, k: int, tau: float) -> float:
 def optimal_members_on(num_members: int, tau: float) -> int:
     """The number of members on, per feature, at the best vertex of ``L_div`` (1 ≤ k ≤ M)."""
     if isinstance(num_members, bool) or not isinstance(num_members, int) or num_members < 1:
-        raise ValueError(f"num_members must be an int ≥ 1, got {num_members!r}")
+        raise UsageError(f"num_members must be an int ≥ 1, got {num_members!r}")
     return min(range(1, num_members + 1), key=lambda k: (vertex_loss(num_members, k, tau), k))

@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from sigmanens_dist.errors import UsageError
+
 __all__ = ["EMA", "ShardedEMA", "build_ema"]
 
 
@@ -65,7 +67,7 @@ def _resharded(module: nn.Module) -> nn.Module:
 
 def _check(decay: float) -> None:
     if not 0.0 < decay < 1.0:
-        raise ValueError(f"EMA decay must be in (0, 1), got {decay!r}")
+        raise UsageError(f"EMA decay must be in (0, 1), got {decay!r}")
 
 
 @torch.no_grad()

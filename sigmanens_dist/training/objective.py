@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sigmanens_dist.config import TrainConfig
+from sigmanens_dist.errors import UsageError
 
 __all__ = ["REDUCTIONS", "loss_reduction", "member_loss"]
 
@@ -35,11 +36,11 @@ def member_loss(logits: torch.Tensor, y: torch.Tensor, smoothing: float = 0.0,
     members, or ``(M·B,)`` / ``(M·B, K)`` member-major when every member saw its own samples.
     """
     if reduction not in REDUCTIONS:
-        raise ValueError(f"member loss reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+        raise UsageError(f"member loss reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
     m, b = logits.shape[:2]
     if y.shape[0] == b:
         y = y.repeat(m, *([1] * (y.ndim - 1)))
-    elif y.shape[0] != m * b:
+    elif y.shape[0] != m * b:  # an invariant of the step: the loaders give B or M·B labels (a bug if hit)
         raise ValueError(f"labels for {y.shape[0]} samples do not fit logits of {m} members × {b} samples: "
                          f"give {b} (shared by the members) or {m * b} (member-major)")
     flat = logits.float().flatten(0, 1)

@@ -36,7 +36,7 @@ def folder_format(fmt: str) -> type[Strategy]:
     """The strategy that writes and reads checkpoint folders of format ``fmt`` ("dcp", "deepspeed")."""
     names = [name for name, written in CHECKPOINT_FORMATS.items() if written == fmt and fmt != "file"]
     if not names:
-        raise ValueError(f"unknown checkpoint folder format {fmt!r}")
+        raise UsageError(f"unknown checkpoint folder format {fmt!r}")
     return strategy_class(names[0])
 
 

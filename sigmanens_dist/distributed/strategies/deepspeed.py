@@ -41,7 +41,7 @@ from sigmanens_dist.atomic import replace_folder
 from sigmanens_dist.config import Config
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.distributed.strategies.base import FOLDER_KEY, OptimizerFactory, Strategy
-from sigmanens_dist.errors import UsageError
+from sigmanens_dist.errors import MissingPathError, UsageError
 from sigmanens_dist.safe_load import check_torch_file, written_by_us
 
 __all__ = ["DeepSpeedStrategy", "build_ds_config", "merge_config"]
@@ -134,7 +134,7 @@ class DeepSpeedStrategy(Strategy):
     @classmethod
     def check_folder(cls, folder: Path) -> None:
         if not (folder / TAG).is_dir():
-            raise FileNotFoundError(f"{folder} has no complete DeepSpeed checkpoint (no {TAG}/ folder)")
+            raise MissingPathError(f"{folder} has no complete DeepSpeed checkpoint (no {TAG}/ folder)")
         # DeepSpeed loads its files (the engine's, and the universal form made for an elastic resume) with
         # weights_only=False: each is vetted as torch would read it
         for file in sorted(p for p in folder.rglob("*.pt") if p.parent != folder):

@@ -51,7 +51,7 @@ class SigmaBatchNorm(SigmaNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_batch(x)
-        if x.shape[1] != self.num_features:
+        if x.shape[1] != self.num_features:  # an invariant of the forward pass: the backbone feeds it (a bug if hit)
             raise ValueError(f"{type(self).__name__}: expected {self.num_features} channels at dim 1, got "
                              f"input of shape {tuple(x.shape)}")
         scale, shift = self.flat_affine()  # σBatchNorm always has a member bias (has_bias)

@@ -103,6 +103,7 @@ class SigmaNorm(nn.Module):
     # -- forward helpers -----------------------------------------------------------------------------------
     def check_batch(self, x: torch.Tensor) -> int:
         """Per-member batch size B of the input, or a clear error."""
+        # an invariant of the forward pass: the ensemble feeds member-major batches (a bug if hit)
         if x.ndim < 2 or x.shape[0] % self.num_members:
             raise ValueError(f"{type(self).__name__}: input batch dimension {tuple(x.shape)[:1]} is not a multiple "
                              f"of num_members={self.num_members}; σ layers take member-major batches (M·B, …)")

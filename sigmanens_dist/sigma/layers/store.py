@@ -86,6 +86,7 @@ class SigmaStore(nn.Module):
         # The affine columns follow the γ block, layer by layer (weight, then bias): for each, the γ column gating it.
         spans = [(span, s.gamma[0]) for s in slots for span in (s.weight, s.bias) if span is not None]
         starts = [lo for (lo, _), _ in spans]
+        # an invariant of the layout built just above (a bug if hit)
         if starts != [self.num_gamma, *(hi for (_, hi), _ in spans[:-1])]:
             raise ValueError("SigmaStore: the affine columns must follow the γ block contiguously, layer by layer")
         # One gather from the flat (M, D) parameter reads, for every affine entry in the per-layer (M·C,) order,
