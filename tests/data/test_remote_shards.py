@@ -443,6 +443,7 @@ def test_a_required_cache_that_cannot_take_a_copy_stops_in_one_line(data: Path, 
         load_config(None, [*TRAIN, f"data.root={nginx}/loose", "data.remote.cache_required=true"])
 
 
+@pytest.mark.slow
 def test_training_on_a_read_only_cache_warns_once_and_a_required_one_is_exit_2(conv: Path, nginx: Nginx,
                                                                                tmp_path: Path) -> None:
     """What the trainer makes of it (a read-only cache was a 72-line traceback, exit 1): the run trains on the
