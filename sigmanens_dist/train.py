@@ -25,7 +25,6 @@ import os
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from sigmanens_dist.checkpoint import CheckpointManager, resolve_checkpoint
+from sigmanens_dist.checkpoint import BatchLayout, CheckpointManager, Position, TrainerState, resolve_checkpoint
 from sigmanens_dist.config import Config, flatten, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.data.member_streams import member_major, member_train_stream
@@ -56,24 +55,15 @@ from sigmanens_dist.training.preemption import (
     clear_marker,
     write_marker,
 )
-from sigmanens_dist.training.resume import BatchLayout, check_same_run
+from sigmanens_dist.training.resume import check_same_run
 from sigmanens_dist.training.rng import capture_rng, restore_rng
 from sigmanens_dist.training.run_lock import own_run_dir
 from sigmanens_dist.training.throughput import Throughput
 from sigmanens_dist.training.tracking import Tracker, git_commit
 
-__all__ = ["USAGE_MARKER", "Position", "Trainer", "fit"]
+__all__ = ["USAGE_MARKER", "Trainer", "fit"]
 
 log = logging.getLogger("sigmanens")
-
-
-@dataclass
-class Position:
-    """Where the run is: optimiser steps taken, and the next micro-batch as (epoch, batch within the epoch)."""
-
-    step: int = 0
-    epoch: int = 0
-    batch: int = 0
 
 
 class Trainer:
@@ -134,7 +124,7 @@ class Trainer:
         if cfg.train.compile:
             model.compile(backend=cfg.train.compile_backend)  # in place: the module, its keys and hooks stay
             log.info("model compiled with torch.compile(backend=%r)", cfg.train.compile_backend)
-        elastic = resumed is not None and len(resumed["rng"]) != env.world_size  # written at another world size
+        elastic = resumed is not None and len(resumed.rng) != env.world_size  # written at another world size
         self.strategy = build_strategy(cfg.strategy.name, env, amp=cfg.train.amp,
                                        options=strategy_options(cfg, elastic=elastic))
         self.wrapped = self.strategy.wrap(model)
@@ -172,36 +162,36 @@ class Trainer:
             self.lock.release()
 
     # -- resume ----------------------------------------------------------------------------------------------------
-    def _pick_checkpoint(self, cfg: Config) -> tuple[dict[str, Any] | None, Path | None]:
+    def _pick_checkpoint(self, cfg: Config) -> tuple[TrainerState | None, Path | None]:
         """Rank 0 picks the checkpoint (skipping unreadable ones) and every rank loads that very file."""
         loaded = self.ckpt.load(cfg.checkpoint.resume) if self.env.is_main else None
         path = all_gather_object(None if loaded is None else loaded[1], self.env)[0]
         if path is None:
             return None, None
-        return (loaded[0] if self.env.is_main else self.ckpt.read(path)), path
+        return (loaded[0] if self.env.is_main else TrainerState.read(path)), path
 
-    def _load(self, state: dict[str, Any], path: Path) -> str | None:
+    def _load(self, state: TrainerState, path: Path) -> str | None:
         try:
-            self.strategy.load_state_dict(state)
+            self.strategy.load_state_dict(state.strategy)
         except RuntimeError as err:
             raise RuntimeError(f"cannot resume from {path}: it does not match this model ({err})") from err
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.ema is not None and state.get("ema") is not None:  # a folder strategy restores it with the shards
-            self.ema.load_state_dict(state["ema"], self.model)
-        if len(state["rng"]) == self.env.world_size:
-            restore_rng(state["rng"][self.env.rank])
+        self.scheduler.load_state_dict(state.scheduler)
+        if self.ema is not None and state.ema is not None:  # a folder strategy restores it with the shards
+            self.ema.load_state_dict(state.ema, self.model)
+        if len(state.rng) == self.env.world_size:
+            restore_rng(state.rng[self.env.rank])
         elif self.env.is_main:
-            warnings.warn(f"{path} was written by {len(state['rng'])} ranks and this run has {self.env.world_size}: "
+            warnings.warn(f"{path} was written by {len(state.rng)} ranks and this run has {self.env.world_size}: "
                           "the data continues at the same global sample, but per-rank random streams (dropout, "
                           "drop-path) restart and BatchNorm normalises each rank's share of the batch (now of "
                           "another size), so the continuation is not identical to an uninterrupted run; with "
                           "LayerNorm/GroupNorm backbones and no dropout it is equal to float precision",
                           stacklevel=1)
-        self.pos, self.ckpt.best_metric = Position(**state["position"]), state.get("best")
+        self.pos, self.ckpt.best_metric = state.position, state.best
         if self.env.is_main:
             log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.pos.step, self.pos.epoch,
                      self.pos.batch)
-        return state.get("mlflow_run_id")
+        return state.run_id
 
     def _tags(self) -> dict[str, str]:
         cfg, env = self.cfg, self.env
@@ -280,15 +270,16 @@ class Trainer:
         start = time.perf_counter()
         rng = all_gather_object(capture_rng(), self.env)
         self.strategy.sync_buffers()
-        trainer_state = {"scheduler": self.scheduler.state_dict(),
-                         # sharded parameters (FSDP2) keep their EMA shadows with the shards; the others here
-                         "ema": None if self.ema is None or self.strategy.sharded_parameters
-                         else self.ema.state_dict(self.model), "rng": rng,
-                         "position": asdict(self.pos), "batch": asdict(self.layout),
-                         "config": self.cfg.model_dump(mode="json"), "mlflow_run_id": self.run_id,
-                         "model_args": {"num_classes": self.data.num_classes, "in_chans": self.data.in_chans,
-                                        "vocab_size": self.data.vocab_size}}  # what `sigmanens export` rebuilds from
-        self.strategy.save_checkpoint(self.ckpt, trainer_state, self.pos.step, metric, self._barrier)
+        state = TrainerState(
+            config=self.cfg.model_dump(mode="json"), position=self.pos, layout=self.layout, rng=rng,
+            scheduler=self.scheduler.state_dict(),
+            # what `sigmanens export` rebuilds the model with
+            model_args={"num_classes": self.data.num_classes, "in_chans": self.data.in_chans,
+                        "vocab_size": self.data.vocab_size},
+            # sharded parameters (FSDP2) keep their EMA shadows with the shards; the others here
+            ema=None if self.ema is None or self.strategy.sharded_parameters else self.ema.state_dict(self.model),
+            run_id=self.run_id, format=self.strategy.checkpoint_format)
+        self.strategy.save_checkpoint(self.ckpt, state.to_dict(), self.pos.step, metric, self._barrier)
         return time.perf_counter() - start
 
     def _barrier(self) -> None:

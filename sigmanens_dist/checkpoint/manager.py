@@ -6,9 +6,9 @@ DeepSpeed through its engine), with the trainer's own state in ``step_<N>/traine
 choice (``Strategy.save_checkpoint``). Both are written under a temporary name and renamed into place, so a reader
 sees either the old set or the new set, never a half checkpoint; older ones are deleted only after the new one is
 complete. ``best.pt`` / ``best/`` is a copy of the best-so-far (by a metric, lower is better), made the same way.
-Resume reads the trainer's state with :meth:`CheckpointManager.read` (a folder's shards stay where they are, for the
+Resume reads the trainer's state with :meth:`CheckpointManager.load` (a folder's shards stay where they are, for the
 strategy to load onto its sharded model); everything else reads a whole model with
-:func:`sigmanens_dist.checkpoint.read_checkpoint`, on top of the same reader.
+:func:`sigmanens_dist.checkpoint.read_checkpoint`, on top of the same reader (:class:`.state.TrainerState`).
 """
 
 from __future__ import annotations
@@ -22,18 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from sigmanens_dist.atomic import atomic_write, replace_folder, torch_save
-from sigmanens_dist.distributed.strategies import folder_format
-from sigmanens_dist.distributed.strategies.base import FOLDER_KEY
-from sigmanens_dist.errors import MissingPathError, UsageError
-from sigmanens_dist.safe_load import RefusedFileError, load_file
+from sigmanens_dist.checkpoint.state import TRAINER_STATE, LaterVersionError, TrainerState, record_best
+from sigmanens_dist.errors import MissingPathError
+from sigmanens_dist.safe_load import RefusedFileError
 
-__all__ = ["TRAINER_STATE", "CheckpointManager", "check_folder"]
+__all__ = ["CheckpointManager"]
 
 log = logging.getLogger(__name__)
 
 _STEP_FILE = re.compile(r"^step_(\d+)(\.pt)?$")
-#: The trainer's non-tensor state inside a checkpoint folder (position, RNG of all ranks, schedule, config…).
-TRAINER_STATE = "trainer.pt"
 
 
 @dataclass
@@ -54,7 +51,7 @@ class CheckpointManager:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"step_{step:08d}.pt"
         improved = self._improves(metric)
-        torch_save({**state, "best": self.best_metric}, path)
+        torch_save(record_best(state, self.best_metric), path)
         if improved:
             with path.open("rb") as src:
                 atomic_write(self.directory / "best.pt", lambda dst: shutil.copyfileobj(src, dst))
@@ -76,7 +73,7 @@ class CheckpointManager:
         barrier()
         write_shards(tmp)
         if is_main:
-            torch_save({**state, "best": self.best_metric}, tmp / TRAINER_STATE)
+            torch_save(record_best(state, self.best_metric), tmp / TRAINER_STATE)
         barrier()  # every rank's shards are on disk
         if is_main:
             replace_folder(tmp, path)
@@ -109,47 +106,26 @@ class CheckpointManager:
             return []
         return sorted((p for p in self.directory.iterdir() if _STEP_FILE.match(p.name)), key=_step_of)
 
-    def load(self, resume: str) -> tuple[dict[str, Any], Path] | None:
+    def load(self, resume: str) -> tuple[TrainerState, Path] | None:
         """``"auto"``: the newest readable checkpoint (a corrupt newest one is reported and skipped), or None if the
-        run has none; a path: exactly that file (an error if unreadable); ``"none"``: None."""
+        run has none; a path: exactly that file (an error if unreadable); ``"none"``: None. A checkpoint of a later
+        trainer-state version is refused, never skipped."""
         if resume == "none":
             return None
         if resume != "auto":
             path = Path(resume)
             if not path.exists():
                 raise MissingPathError(f"checkpoint.resume={resume!r}: no such file or folder")
-            return self.read(path), path
+            return TrainerState.read(path), path
         for path in reversed(self.checkpoints()):
             try:
-                return self.read(path), path
-            except RefusedFileError:
-                raise  # a file that would run code is not a crash artifact: never stepped over in silence
+                return TrainerState.read(path), path
+            except (RefusedFileError, LaterVersionError):
+                raise  # a file that would run code, or a later version's, is not a crash artifact: never skipped
             except Exception as err:
                 log.warning("checkpoint %s is unreadable (%s: %s); trying the previous one", path,
                             type(err).__name__, err)
         return None
-
-    @staticmethod
-    def read(path: Path) -> dict[str, Any]:
-        """One checkpoint, or an error if it is unreadable or not ours. A folder gives the trainer's state with the
-        folder under ``FOLDER_KEY`` (the strategy reads its shards from there), once its shard index is readable."""
-        path = Path(path)
-        if path.is_dir():
-            state = load_file(path / TRAINER_STATE, "checkpoint")
-            if not isinstance(state, dict) or "format" not in state or "position" not in state:
-                raise UsageError(f"{path} is not a sigmanens checkpoint folder (missing 'format'/'position')")
-            check_folder(path, state["format"])
-            return {**state, FOLDER_KEY: path}
-        state = load_file(path, "checkpoint")
-        if not isinstance(state, dict) or "model" not in state or "position" not in state:  # is_checkpoint_file
-            raise UsageError(f"{path} is not a sigmanens checkpoint (missing 'model'/'position')")
-        return state
-
-
-def check_folder(path: Path, fmt: str) -> None:
-    """Raise if a checkpoint folder's shard index is missing, unreadable or could run code when loaded (a truncated,
-    foreign or hostile folder): the strategy that writes the format knows how."""
-    folder_format(fmt).check_folder(path)
 
 
 def _step_of(path: Path) -> int:

@@ -9,12 +9,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from sigmanens_dist.checkpoint.manager import TRAINER_STATE, CheckpointManager
+from sigmanens_dist.checkpoint.manager import CheckpointManager
+from sigmanens_dist.checkpoint.state import TRAINER_STATE, ModelArgs, Position, TrainerState
 from sigmanens_dist.distributed.strategies import folder_format
 from sigmanens_dist.errors import MissingPathError, UsageError
 
-__all__ = ["Checkpoint", "consolidated_ema", "consolidated_state_dict", "is_checkpoint_file", "read_checkpoint",
-           "resolve_checkpoint"]
+__all__ = ["Checkpoint", "consolidated_ema", "consolidated_state_dict", "read_checkpoint", "resolve_checkpoint"]
 
 
 def resolve_checkpoint(path: Path | str, what: str = "checkpoint") -> tuple[Path, str]:
@@ -41,54 +41,48 @@ class Checkpoint(NamedTuple):
     """What a checkpoint holds for everything but resume (export, eval, ``model.init_from``), whatever wrote it."""
 
     config: dict[str, Any]  # the run's resolved config, as saved
-    model_args: dict[str, Any]  # num_classes, in_chans, vocab_size: what the model is rebuilt with
+    model_args: ModelArgs  # num_classes, in_chans, vocab_size: what the model is rebuilt with
     weights: dict[str, torch.Tensor]  # the full model state dict, consolidated on one CPU process
     ema: dict[str, torch.Tensor] | None  # the weight average's, when the run kept one and it was asked for
-    position: dict[str, int]  # optimiser steps taken ("step") and the next micro-batch ("epoch", "batch")
+    position: Position  # optimiser steps taken and the next micro-batch
     run_id: str | None  # the MLflow run that wrote it
 
     @property
     def step(self) -> int:
-        return int(self.position["step"])
+        return self.position.step
 
 
 def read_checkpoint(path: Path | str, what: str = "checkpoint", *, with_ema: bool = False,
-                    state: dict[str, Any] | None = None) -> Checkpoint:
+                    state: Any = None) -> Checkpoint:
     """A checkpoint file or folder of any strategy, consolidated (its EMA too with ``with_ema``); refused in one
     line when it is not complete, not ours, or lacks the config or model sizes it is rebuilt from. ``state``: the
     checkpoint file's content when the caller has read it already (``model.init_from`` tells a checkpoint from a
     plain state dict by it)."""
     path = Path(path)
     if state is None:
-        weights, state = consolidated_state_dict(path)
+        weights, saved = consolidated_state_dict(path)
     else:
-        weights = state["model"]
-    missing = [key for key in ("config", "model_args") if not isinstance(state.get(key), dict)]
+        saved = TrainerState.from_dict(state, path)
+        weights = saved.weights
+    missing = [name for name, value in (("config", saved.config), ("model_args", saved.model_args)) if not value]
     if missing:
         raise UsageError(f"{what} {path} does not record {' and '.join(missing)} (not written by sigmanens train, "
                          "or by a version before 0.1): rebuild the model yourself and load its state dict")
-    return Checkpoint(state["config"], state["model_args"], weights,
-                      consolidated_ema(path, state) if with_ema else None, dict(state["position"]),
-                      state.get("mlflow_run_id"))
+    return Checkpoint(saved.config, saved.model_args, weights, consolidated_ema(path, saved) if with_ema else None,
+                      saved.position, saved.run_id)
 
 
-def is_checkpoint_file(obj: Any) -> bool:
-    """Whether a loaded file is a trainer checkpoint (``step_N.pt``) rather than a plain state dict."""
-    return isinstance(obj, dict) and "model" in obj and "position" in obj
-
-
-def consolidated_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def consolidated_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], TrainerState]:
     """The full model state dict of a checkpoint and the trainer's state saved with it (config, model args…)."""
     path = Path(path)
-    state = CheckpointManager.read(path)  # refuses an incomplete or foreign checkpoint
-    fmt = state.get("format", "file")
-    return (state["model"] if fmt == "file" else folder_format(fmt).consolidated(path, "model")), state
+    saved = TrainerState.read(path)  # refuses an incomplete, foreign or later-version checkpoint
+    fmt = saved.format
+    return (saved.weights if fmt == "file" else folder_format(fmt).consolidated(path, "model")), saved
 
 
-def consolidated_ema(path: Path, state: dict[str, Any]) -> dict[str, torch.Tensor] | None:
+def consolidated_ema(path: Path, saved: TrainerState) -> dict[str, torch.Tensor] | None:
     """The EMA weights of a checkpoint whose run kept an EMA (in the trainer's state, or with the shards), else
     None."""
-    fmt = state.get("format", "file")
-    if state.get("ema") is not None or fmt == "file":
-        return state.get("ema")
-    return folder_format(fmt).consolidated(Path(path), "ema")
+    if saved.ema is not None or saved.format == "file":
+        return saved.ema
+    return folder_format(saved.format).consolidated(Path(path), "ema")

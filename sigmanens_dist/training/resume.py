@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
+from sigmanens_dist.checkpoint import BatchLayout, TrainerState
 from sigmanens_dist.config import Config
 from sigmanens_dist.distributed.strategies import strategy_class
 from sigmanens_dist.errors import UsageError
 
-__all__ = ["SAME_RUN_KEYS", "BatchLayout", "check_same_run"]
+__all__ = ["SAME_RUN_KEYS", "check_same_run"]
 
 log = logging.getLogger(__name__)
 
@@ -29,32 +29,13 @@ SAME_RUN_KEYS = ("model.source", "model.name", "model.pretrained", "model.kwargs
                  "data.dataset", "data.train_subset", "data.val_split", "data.split_seed", "data.img_size", "seed")
 
 
-@dataclass(frozen=True)
-class BatchLayout:
-    """How one optimiser step's samples are spread: per rank, over ranks, over accumulated micro-batches."""
-
-    per_rank: int
-    world_size: int
-    grad_accum: int
-
-    @property
-    def micro_global(self) -> int:
-        """Samples in one micro-batch of all ranks together: the unit the data position counts in."""
-        return self.per_rank * self.world_size
-
-    @property
-    def global_batch(self) -> int:
-        return self.micro_global * self.grad_accum
-
-
-def check_same_run(state: dict[str, Any], cfg: Config, layout: BatchLayout) -> BatchLayout:
+def check_same_run(state: TrainerState, cfg: Config, layout: BatchLayout) -> BatchLayout:
     """Refuse a checkpoint of another run (every differing key in one error); return the batch layout to resume
     with, adapted to this world size when only the world size changed."""
-    saved_cfg, current = state["config"], cfg.model_dump(mode="json")
+    saved_cfg, current = state.config, cfg.model_dump(mode="json")
     problems = [f"  - {key}: the checkpoint's run has {_get(saved_cfg, key)!r}, this config {_get(current, key)!r}"
                 for key in SAME_RUN_KEYS if _get(saved_cfg, key) != _get(current, key)]
-    saved = BatchLayout(**state["batch"]) if "batch" in state else BatchLayout(
-        saved_cfg["train"]["batch_size"], len(state["rng"]), saved_cfg["train"]["grad_accum"])
+    saved = state.layout
     problems += _strategy_problems(state, cfg, saved.world_size, layout.world_size)
     resumed = _adapt(saved, layout, problems)
     if problems:
@@ -67,16 +48,16 @@ def check_same_run(state: dict[str, Any], cfg: Config, layout: BatchLayout) -> B
     return resumed
 
 
-def _strategy_problems(state: dict[str, Any], cfg: Config, saved_world: int, world: int) -> list[str]:
+def _strategy_problems(state: TrainerState, cfg: Config, saved_world: int, world: int) -> list[str]:
     """A checkpoint is read by the strategy that wrote it, of the same kind (DeepSpeed's: the same ZeRO stage) and,
     where the strategy cannot reshard it, at the same world size: told from its metadata, before any model, engine
     or process group is built, with the way across."""
-    saved = {"name": "ddp", **state["config"].get("strategy", {})}
+    saved = {"name": "ddp", **state.config.get("strategy", {})}
     now = cfg.strategy.model_dump(mode="json")
     saved_cls, now_cls = strategy_class(saved["name"]), strategy_class(now["name"])
     across = ("to change strategy, carry the weights across: `sigmanens export <checkpoint> model.pt` (any "
               "strategy's checkpoint) and start a new run with model.init_from=model.pt")
-    fmt = state.get("format", "file")
+    fmt = state.format
     if now_cls.checkpoint_format != fmt or now_cls.checkpoint_kind(now) != saved_cls.checkpoint_kind(saved):
         return [f"  - strategy: the checkpoint was written by {saved_cls.describe(saved)} ({fmt} format) and this "
                 f"run uses {now_cls.describe(now)}; resume with {saved_cls.describe(saved)}, or {across}"]

@@ -22,7 +22,7 @@ def test_keep_last_and_best(tmp_path: Path) -> None:
     best = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=False)
     assert best["position"]["step"] == 2
     state, path = mgr.load("auto")
-    assert path.name == "step_00000004.pt" and state["position"]["step"] == 4
+    assert path.name == "step_00000004.pt" and state.position.step == 4
 
 
 def test_failed_write_keeps_previous_and_leaves_no_temp(tmp_path: Path) -> None:
@@ -36,7 +36,7 @@ def test_failed_write_keeps_previous_and_leaves_no_temp(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="disk full"):
         mgr.save({"model": Boom(), "position": {}}, 2)
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000001.pt"]
-    assert mgr.load("auto")[0]["position"]["step"] == 1
+    assert mgr.load("auto")[0].position.step == 1
 
 
 def test_corrupt_newest_is_skipped_and_explicit_path_errors(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -44,7 +44,7 @@ def test_corrupt_newest_is_skipped_and_explicit_path_errors(tmp_path: Path, capl
     mgr.save(_state(1), 1)
     newest = mgr.save(_state(2), 2)
     newest.write_bytes(b"not a checkpoint")
-    assert mgr.load("auto")[0]["position"]["step"] == 1
+    assert mgr.load("auto")[0].position.step == 1
     assert "step_00000002.pt is unreadable" in caplog.text
     assert mgr.load("none") is None
     with pytest.raises(FileNotFoundError, match=r"checkpoint\.resume='/nope\.pt': no such file"):

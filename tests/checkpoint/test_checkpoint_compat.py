@@ -1,21 +1,38 @@
-"""Checkpoints written before the package was laid out by role (commit 12546e3, v0.1.0: a 2-member σN-Ens ViT, 2
-steps, with EMA) still load, predict the same and resume: nothing of the layout is pickled in a checkpoint, and
-this fixture keeps it so."""
+"""Every checkpoint version this project has written still loads (:class:`TrainerState` reads them all): one
+written before the package was laid out by role (commit 12546e3, v0.1.0: a 2-member σN-Ens ViT, 2 steps, with EMA)
+predicts the same and resumes; one written by 0.3.0 (commit 83a17ec, before the trainer state was a record) resumes
+bit-exactly; one of a later version is refused in one line. Nothing of the layout is pickled in a checkpoint, and
+these fixtures keep it so."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from sigmanens_dist.checkpoint import consolidated_ema, consolidated_state_dict
+from sigmanens_dist.checkpoint import (
+    CheckpointManager,
+    LaterVersionError,
+    TrainerState,
+    consolidated_ema,
+    consolidated_state_dict,
+    read_checkpoint,
+)
+from sigmanens_dist.checkpoint.state import VERSION
 from sigmanens_dist.export import load_model
-from tests.helpers import FIXTURE, run_train
+from tests.helpers import FIXTURE, REPO, env, losses, run_train
 
 CKPT = FIXTURE / "checkpoints" / "step_00000002.pt"
+# A run written by 0.3.0 (config.yaml: a 1-block σN-Ens ViT with dropout, drop-path, EMA, 2 accumulated
+# micro-batches): its step-2 checkpoint, mid-epoch, and in expected.json the losses of steps 3 and 4 and a digest of
+# each tensor of step 4 (model and EMA) of its uninterrupted run.
+FIXTURE_0_3 = REPO / "tests" / "fixtures" / "run_v0_3_0"
 
 
 def test_old_checkpoint_predicts_what_it_predicted_when_written() -> None:
@@ -38,3 +55,66 @@ def test_old_run_resumes_where_it_stopped(tmp_path: Path) -> None:
     assert rows[0].get("resumed_from_step") == 2
     assert [r["step"] for r in rows if "train/loss" in r] == [3]
     assert (run / "checkpoints" / "step_00000003.pt").is_file()
+
+
+def _digests(state: dict[str, torch.Tensor]) -> dict[str, str]:
+    return {k: hashlib.sha256(v.contiguous().numpy().tobytes()).hexdigest()[:16] for k, v in state.items()}
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_0_3_resumes_bit_exactly(tmp_path: Path) -> None:
+    """Resumed by this code, 0.3.0's step-2 checkpoint continues to the very floats its own run reached."""
+    expected = json.loads((FIXTURE_0_3 / "expected.json").read_text())
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE_0_3, run)
+    assert TrainerState.read(run / "checkpoints" / "step_00000002.pt").version == 1  # it records no version
+    run_train(run, "--config", str(run / "config.yaml"), "checkpoint.resume=auto")
+    assert {str(step): loss for step, loss in losses(run).items()} == expected["train_loss"]
+    weights, saved = consolidated_state_dict(run / "checkpoints" / "step_00000004.pt")
+    assert saved.version == VERSION and saved.position.step == 4 and saved.ema is not None
+    assert _digests(weights) == expected["step_4_sha256"]["model"]
+    assert _digests(saved.ema) == expected["step_4_sha256"]["ema"]
+
+
+def test_the_writer_and_the_reader_agree(tmp_path: Path) -> None:
+    """What the trainer writes (:meth:`TrainerState.to_dict`, the strategy's part beside it, the best added by the
+    manager) reads back field for field, the strategy's part handed back untouched."""
+    saved = TrainerState.read(FIXTURE_0_3 / "checkpoints" / "step_00000002.pt")
+    strategy = {"model": saved.weights, "optimizer": saved.strategy["optimizer"], "scaler": {}}
+    path = CheckpointManager(tmp_path).save({**strategy, **saved.to_dict()}, 2, 1.5)
+    again = TrainerState.read(path)
+    assert again.strategy.keys() == strategy.keys() and again.best == 1.5 and again.version == VERSION
+    for name in ("config", "position", "layout", "model_args", "run_id", "format", "scheduler"):
+        assert getattr(again, name) == getattr(saved, name), name
+    assert len(again.rng) == len(saved.rng) == 1
+    assert again.ema is not None and _digests(again.ema) == _digests(saved.ema)
+
+
+def _later(tmp_path: Path) -> Path:
+    """The 0.3.0 run, its checkpoint claiming the trainer-state version after this one."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE_0_3, run)
+    path = run / "checkpoints" / "step_00000002.pt"
+    torch.save({**torch.load(path, weights_only=False), "version": VERSION + 1}, path)
+    return run
+
+
+def test_a_later_version_is_refused_naming_both_versions(tmp_path: Path) -> None:
+    """Read, resolved by ``--resume auto`` (never skipped as if it were corrupt) or read as a model: one line."""
+    run = _later(tmp_path)
+    path = run / "checkpoints" / "step_00000002.pt"
+    for read in (TrainerState.read, read_checkpoint, lambda p: CheckpointManager(run).load("auto")):
+        with pytest.raises(LaterVersionError, match=rf"version {VERSION + 1}\b.*reads versions 1 to {VERSION}\b"
+                           ) as err:
+            read(path)
+        assert "\n" not in str(err.value)
+
+
+def test_resuming_a_later_version_is_one_line_exit_2(tmp_path: Path) -> None:
+    run = _later(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "sigmanens_dist.train", "--config", str(run / "config.yaml"),
+                           f"run_dir={run}", "checkpoint.resume=auto"], cwd=REPO, env=env(), capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    [line] = proc.stderr.strip().splitlines()
+    assert f"trainer-state version {VERSION + 1}," in line and f"versions 1 to {VERSION}:" in line, line

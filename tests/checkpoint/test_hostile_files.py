@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from sigmanens_dist.checkpoint import TRAINER_STATE, CheckpointManager, consolidated_state_dict
+from sigmanens_dist.checkpoint import TRAINER_STATE, CheckpointManager, TrainerState, consolidated_state_dict
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.safe_load import RefusedFileError, load_file, load_safetensors
 from tests.helpers import REPO, SYNTHETIC, TINY_VIT, env, run_train
@@ -111,7 +111,7 @@ def test_every_hostile_variant_in_every_format_is_refused(tmp_path: Path, where:
     for i, (variant, data) in enumerate(_variants(marker).items()):
         root = tmp_path / f"run{i}"
         path = PLANTS[where](root, data)
-        for reader in (CheckpointManager.read, consolidated_state_dict):
+        for reader in (TrainerState.read, consolidated_state_dict):
             with pytest.raises(UsageError) as err:
                 reader(path)
             assert "refused" in _one_line(err.value) or "unreadable" in str(err.value), (variant, str(err.value))
@@ -129,7 +129,7 @@ def test_a_hostile_entry_in_a_dcp_shard_is_refused(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     for i, obj in enumerate(_objects(marker).values()):
         folder = _dcp_folder(tmp_path / f"run{i}", entry=obj)
-        CheckpointManager.read(folder)  # the index is clean
+        TrainerState.read(folder)  # the index is clean
         with pytest.raises(RefusedFileError, match=r"entry 'model\.extra'") as err:
             consolidated_state_dict(folder)
         _one_line(err.value)

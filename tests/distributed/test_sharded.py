@@ -112,7 +112,7 @@ def test_folder_checkpoints_follow_the_file_policy(tmp_path: Path, caplog: pytes
     (ckpts / "step_00000004" / ".metadata").unlink()  # the newest lost its shard index: skipped, reported
     (ckpts / ".step_00000005.tmp").mkdir()  # a write that never completed is not a checkpoint
     state, path = mgr.load("auto")
-    assert path.name == "step_00000003" and state["position"]["step"] == 3
+    assert path.name == "step_00000003" and state.position.step == 3
     assert "step_00000004 is unreadable" in caplog.text
     assert sorted(p.name for p in ckpts.iterdir() if not p.name.startswith(".")) == [
         "best", "step_00000003", "step_00000004"]

@@ -10,24 +10,25 @@ import pytest
 import timm
 import torch
 
+from sigmanens_dist.checkpoint import BatchLayout, Position, TrainerState
 from sigmanens_dist.config import load_config
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.training.optim import param_groups
 from sigmanens_dist.training.preemption import PreemptionCheck, PreemptionFlag
-from sigmanens_dist.training.resume import BatchLayout, check_same_run
+from sigmanens_dist.training.resume import check_same_run
 from tests.helpers import SYNTHETIC, TINY_VIT, losses, run_train
 
 SYN = ["data.dataset=synthetic"]
 
 
-def _state(*overrides: str, world: int = 2) -> dict:
+def _state(*overrides: str, world: int = 2) -> TrainerState:
     cfg = load_config(None, [*SYN, *overrides])
     layout = BatchLayout(cfg.train.batch_size, world, cfg.train.grad_accum)
-    return {"config": cfg.model_dump(mode="json"), "rng": [{}] * world,
-            "batch": {"per_rank": layout.per_rank, "world_size": world, "grad_accum": layout.grad_accum}}
+    return TrainerState(config=cfg.model_dump(mode="json"), position=Position(), layout=layout, rng=[{}] * world,
+                        scheduler={}, model_args=None)
 
 
-def _resume(state: dict, *overrides: str, world: int) -> BatchLayout:
+def _resume(state: TrainerState, *overrides: str, world: int) -> BatchLayout:
     cfg = load_config(None, [*SYN, *overrides])
     return check_same_run(state, cfg, BatchLayout(cfg.train.batch_size, world, cfg.train.grad_accum))
 

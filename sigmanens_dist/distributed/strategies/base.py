@@ -174,15 +174,14 @@ class Strategy(ABC):
                         metric: float | None, barrier: Callable[[], None]) -> None:
         """Called on every rank: one checkpoint in this strategy's format. ``file``: rank 0 writes model,
         optimiser and the trainer's state as one file; a folder format: every rank writes its shards and rank 0
-        adds the trainer's state (with ``format``, which tells readers whose folder it is)."""
+        adds the trainer's state (``checkpoint.TrainerState``, whose ``format`` tells readers whose folder it is)."""
         if self.checkpoint_format == "file":
             state = self.state_dict()
             if self.env.is_main:
                 writer.save({**state, **trainer_state}, step, metric)
             barrier()
             return
-        writer.save_folder(self.save_shards, {**trainer_state, "format": self.checkpoint_format}, step, metric,
-                           is_main=self.env.is_main, barrier=barrier)
+        writer.save_folder(self.save_shards, trainer_state, step, metric, is_main=self.env.is_main, barrier=barrier)
 
     def save_shards(self, folder: Path) -> None:
         """Folder formats only: every rank writes its part of model + optimiser state into ``folder``."""
