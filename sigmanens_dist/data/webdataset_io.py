@@ -49,6 +49,7 @@ from sigmanens_dist.data.bad_samples import BadSamples
 from sigmanens_dist.data.remote import ReadAhead, RemoteError, RemotePath, stream_items
 from sigmanens_dist.data.sampler import epoch_seed, sample_seed, seeded
 from sigmanens_dist.data.shard_cache import check_cache, open_cached
+from sigmanens_dist.data.tar_samples import tar_samples
 from sigmanens_dist.data.traffic import TRAFFIC
 from sigmanens_dist.errors import MissingPathError, UsageError
 from sigmanens_dist.progress import progress
@@ -173,27 +174,16 @@ def _open_records(shard: Shard, f: IO[bytes]) -> Iterator[tuple[str, dict[str, b
 
 
 def _tar_records(shard: Shard, f: Any) -> Iterator[tuple[str, dict[str, bytes]]]:
-    count, key, parts = 0, None, {}
+    """The samples of one shard (:func:`.tar_samples.tar_samples`, predict's grouping too), checked against the
+    count its manifest lists."""
+    count, key = 0, None
     try:
-        with tarfile.open(fileobj=f, mode="r|") as tar:
-            for member in tar:
-                if not member.isreg():
-                    continue
-                name = member.name.rsplit("/", 1)[-1]
-                member_key, _, ext = name.partition(".")
-                if member_key != key:
-                    if key is not None:
-                        count += 1
-                        yield key, parts
-                    key, parts = member_key, {}
-                reader = tar.extractfile(member)
-                parts[ext] = reader.read() if reader is not None else b""
+        for key, parts in tar_samples(f):
+            count += 1
+            yield key, parts
     except (tarfile.TarError, OSError, EOFError) as err:
-        at = f"sample key {key!r}" if key is not None else "its first sample"
-        raise ShardError(f"shard {shard.path}: corrupt or truncated tar at {at} ({err})") from err
-    if key is not None:
-        count += 1
-        yield key, parts
+        at = f"after sample key {key!r}" if key is not None else "at its first sample"
+        raise ShardError(f"shard {shard.path}: corrupt or truncated tar {at} ({err})") from err
     if count != shard.count:
         raise ShardError(f"shard {shard.path} ended after {count} samples (last key {key!r}) but its manifest "
                          f"lists {shard.count}: truncated or rewritten; {_RECONVERT}")

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from sigmanens_dist.data.tar_samples import tar_samples
 from sigmanens_dist.errors import MissingPathError, UsageError
 
 __all__ = ["IMAGE_EXTENSIONS", "SHARD_IMAGE_EXTENSIONS", "BadInput", "Sample", "Unit", "check_shapes", "decode",
@@ -179,32 +180,19 @@ def _read_beton(unit: Unit) -> Iterator[Sample]:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Shards: plain tar reading; a sample is the members sharing a key (the path up to the first dot of the name).
+# Shards: a sample is the members sharing a key, grouped as training groups them (data/tar_samples.py).
 
 
 def _shard_samples(path: Path) -> Iterator[Sample]:
     """Each sample of a shard in tar order; a tar that breaks off ends the unit with one sample saying where."""
-    key, parts = None, {}
+    key = None
     try:
-        with path.open("rb") as f, tarfile.open(fileobj=f, mode="r|") as tar:
-            for member in tar:
-                if not member.isreg():
-                    continue
-                folder, _, name = member.name.rpartition("/")
-                stem, _, ext = name.partition(".")
-                member_key = f"{folder}/{stem}" if folder else stem
-                if member_key != key:
-                    if key is not None:
-                        yield _shard_sample(path, key, parts)
-                    key, parts = member_key, {}
-                reader = tar.extractfile(member)
-                parts[ext.lower()] = reader.read() if reader is not None else b""
+        with path.open("rb") as f:
+            for key, parts in tar_samples(f):
+                yield _shard_sample(path, key, parts)
     except (tarfile.TarError, OSError, EOFError) as err:
         at = f"after key {key!r}" if key is not None else "at its start"
         yield Sample(f"{path.as_posix()}:{key or ''}", None, f"corrupt or truncated tar {at} ({err})")
-        return
-    if key is not None:
-        yield _shard_sample(path, key, parts)
 
 
 def _shard_sample(path: Path, key: str, parts: dict[str, bytes]) -> Sample:
