@@ -204,6 +204,19 @@ def test_reference_pages_describe_the_code_not_its_history() -> None:
     assert not hits, "history in a reference page (it belongs in CHANGELOG.md):\n" + "\n".join(hits)
 
 
+# What the machine the project was developed on did (its shared agents, device-time leases, the clock of a
+# session) tells a user nothing about their own runs.
+NARRATION = re.compile(r"device[- ]time|\bleases?\b|\blent\b|(?<!job's )\bagents\b|\b(?:at|to|from) \d{1,2}:\d{2}\b",
+                       re.I)
+
+
+def test_reference_pages_do_not_narrate_the_development_machine() -> None:
+    hits = [f"{_rel(page)}:{number}: {line.strip()[:100]}"
+            for page in [REPO / "README.md", *sorted(REPO.glob("docs/*.md"))]
+            for number, line in enumerate(page.read_text().splitlines(), 1) if NARRATION.search(line)]
+    assert not hits, "the development machine's story in a reference page:\n" + "\n".join(hits)
+
+
 def test_architecture_states_the_member_layout_the_code_has() -> None:
     """docs/architecture.md states one layout: member-major outside the backbone, interleaved (row b·M + m) inside,
     published by the store's PassPlan. Every σ class it cites exists, and the layout is the one the code's own
