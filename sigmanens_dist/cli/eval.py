@@ -4,6 +4,7 @@
     sigmanens eval --checkpoint best.pt --corruptions all --severities 1-5 --ood digits --members 2
     sigmanens eval --checkpoint best.pt --data root=/data/cifar10 --ood svhn --ood-root /data/svhn
     sigmanens eval --checkpoint best.pt --calibration temperature --conformal 0.1 --corruptions all
+    sigmanens eval --checkpoint best.pt --norm-stats batch --calibration member-temperature --corruptions all
 
 Writes eval.json, eval.md and PNG plots into --out (default: eval_<checkpoint name>/ beside the checkpoint) and logs
 them to the MLflow run that wrote the checkpoint. Under torchrun every rank scores its share of each pass (every
@@ -72,7 +73,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="score only the K-member ensemble, not k = 1..K-1 (each is one more pass of the eval set)")
     ap.add_argument("--calibration", choices=choices(EvalConfig, "calibration"), default="none",
                     help="temperature: fit one temperature on the validation split, report every metric before and "
-                         "after (test set and shift)")
+                         "after (test set and shift); member-temperature: also one temperature per member (each "
+                         "on its own validation NLL, applied before averaging), reported beside the one")
+    ap.add_argument("--norm-stats", choices=choices(EvalConfig, "norm_stats"), default="train",
+                    help="BatchNorm statistics at prediction: train (the running ones, default) or batch (each "
+                         "member's re-estimated from each evaluation batch; the stored ones are not changed)")
+    ap.add_argument("--norm-stats-prior", metavar="N",
+                    help="with --norm-stats batch: use (N·train + n·batch)/(N + n) for a batch of n (default 0: the "
+                         "batch statistics alone)")
     ap.add_argument("--conformal", metavar="ALPHA",
                     help="split conformal sets (thr, aps, raps) calibrated on the validation split at miscoverage "
                          "ALPHA in (0, 1), e.g. 0.1, or several (0.1,0.05): coverage and mean set size, clean, under "
@@ -97,6 +105,7 @@ def _run(args: argparse.Namespace) -> int:
     from sigmanens_dist.checkpoint import resolve_checkpoint
     from sigmanens_dist.evaluation.conformal import parse_alphas
     from sigmanens_dist.evaluation.load import load_for_eval
+    from sigmanens_dist.evaluation.norm_stats import parse_prior
     from sigmanens_dist.evaluation.run import check_options, run_eval
     from sigmanens_dist.training.run_lock import own_run_containing
 
@@ -105,6 +114,7 @@ def _run(args: argparse.Namespace) -> int:
     corruptions = parse_corruptions(args.corruptions)
     severities = parse_severities(args.severities)
     alphas = parse_alphas(args.conformal)  # before anything is read
+    prior = parse_prior(args.norm_stats_prior, args.norm_stats)
     if args.members is not None and args.members < 1:
         raise ValueError(f"--members {args.members}: must be ≥ 1")
     overrides = [kv if kv.startswith("data.") else f"data.{kv}" for kv in args.data]
@@ -117,7 +127,7 @@ def _run(args: argparse.Namespace) -> int:
     options = EvalConfig(split=args.split, corruptions=corruptions, severities=severities, ood=args.ood,
                          ood_root=args.ood_root, members=args.members, sub_ensembles=not args.no_sub_ensembles,
                          batch_size=args.batch_size, imagenet_c=args.imagenet_c, calibration=args.calibration,
-                         conformal=alphas)
+                         conformal=alphas, norm_stats=args.norm_stats, norm_stats_prior=prior)
     check_options(cfg, loaded.model, options)
     env = None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched by torchrun: shard every pass over the ranks

@@ -7,10 +7,11 @@ CKPT is a ``step_N.pt`` file (DDP), a DCP folder (FSDP2) or a DeepSpeed folder (
 the source architecture (``SigmaEnsemble.member(K)``) that ``timm.create_model(name, **kwargs)`` loads directly.
 
 ``sigmanens export RUN --program OUT [--format torch|onnx] [--members LIST] [--calibration temperature|none]
-[--conformal ALPHA [--conformal-score thr|aps|raps]]`` writes instead one program of the ensemble, its normalisation,
-temperature and conformal threshold: a ``torch.export`` program (.pt2) that a process with torch alone loads and
-calls, or an ONNX model (.onnx; the format OUT's suffix implies unless --format says) that onnxruntime alone runs
-(docs/deploy.md).
+[--conformal ALPHA [--conformal-score thr|aps|raps]] [--norm-stats train|batch [--norm-stats-prior N]]`` writes
+instead one program of the ensemble, its normalisation, temperature and conformal threshold: a ``torch.export``
+program (.pt2) that a process with torch alone loads and calls, or an ONNX model (.onnx; the format OUT's suffix
+implies unless --format says) that onnxruntime alone runs (docs/deploy.md). With ``--norm-stats batch`` its BatchNorms
+normalise each input batch with that batch's statistics.
 
 OUT is written atomically and never over the checkpoint being exported; a file already there is replaced only with
 ``--force``.
@@ -41,8 +42,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--format", help="with --program: torch (a torch.export .pt2) or onnx; default: onnx for an OUT "
                                      "ending in .onnx, else torch")
     ap.add_argument("--members", metavar="LIST", help="with --program: only these members, e.g. 0,1 (a sub-ensemble)")
-    ap.add_argument("--calibration", choices=choices(EvalConfig, "calibration"), default="none",
-                    help="with --program: divide member logits by a temperature fitted on the validation split")
+    ap.add_argument("--calibration", choices=("none", "temperature"), default="none",
+                    help="with --program: divide member logits by a temperature fitted on the validation split (one "
+                         "T: eval's member-temperature is a comparison, not exported)")
+    ap.add_argument("--norm-stats", choices=choices(EvalConfig, "norm_stats"), default="train",
+                    help="with --program: BatchNorm statistics the program normalises with: train (the running ones, "
+                         "default) or batch (each input batch's own: predictions then depend on the batch)")
+    ap.add_argument("--norm-stats-prior", metavar="N",
+                    help="with --norm-stats batch: (N·train + n·batch)/(N + n) for a batch of n (default 0)")
     ap.add_argument("--conformal", metavar="ALPHA", help="with --program: also output the conformal set at "
                                                          "miscoverage ALPHA in (0, 1), fitted on the validation split")
     ap.add_argument("--conformal-score", metavar="SCORE", help="with --conformal: thr (default), aps or raps")
@@ -53,10 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if (args.out is None) == (args.program is None) or (args.program is not None and args.member is not None):
         return _usage("give OUT (a state dict, optionally --member K) or --program OUT, one of the two")
-    program_only = (args.members, args.format, args.conformal, args.conformal_score)
+    program_only = (args.members, args.format, args.conformal, args.conformal_score, args.norm_stats_prior)
     if args.program is None and (any(v is not None for v in program_only) or args.calibration != "none"
-                                 or args.weights != "raw"):
-        return _usage("--members, --calibration, --format, --conformal(-score) and --weights go with --program OUT")
+                                 or args.weights != "raw" or args.norm_stats != "train"):
+        return _usage("--members, --calibration, --format, --conformal(-score), --weights and --norm-stats(-prior) "
+                      "go with --program OUT")
     out = args.out or args.program
     from sigmanens_dist.atomic import torch_save  # after parsing: `sigmanens export --help` answers without torch
     from sigmanens_dist.checkpoint import consolidated_state_dict, resolve_checkpoint
@@ -67,11 +75,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.program is not None:  # every flag checked before the checkpoint is read
             from sigmanens_dist.evaluation.conformal import parse_alphas
+            from sigmanens_dist.evaluation.norm_stats import parse_prior
             from sigmanens_dist.evaluation.program import parse_score, program_format
 
             fmt = program_format(args.format, args.program)
             alpha = next(iter(parse_alphas(args.conformal, single=True)), None)
             score = parse_score(args.conformal_score, alpha)
+            prior = parse_prior(args.norm_stats_prior, args.norm_stats)
         checkpoint, which = resolve_checkpoint(args.checkpoint, "checkpoint")
         _check_out(out, checkpoint, args.force)
         lock = own_run_containing(out, "export")
@@ -79,7 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.program is not None:
             from sigmanens_dist.evaluation.program import export_program
 
-            meta = export_program(checkpoint, out, args.members, args.calibration, fmt, alpha, score, args.weights)
+            meta = export_program(checkpoint, out, args.members, args.calibration, fmt, alpha, score, args.weights,
+                                  args.norm_stats, prior)
             extra, sets = "", meta.get("conformal")
             if sets is not None:
                 qhat = "inf" if sets["qhat"] is None else f"{sets['qhat']:.4g}"

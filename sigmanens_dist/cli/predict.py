@@ -35,6 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--format", choices=("parquet", "jsonl"), default="parquet", help="part files (default parquet)")
     ap.add_argument("--device", help="default: cuda if available, else cpu (under torchrun: cuda:LOCAL_RANK)")
     ap.add_argument("--force", action="store_true", help="start over in a --out that holds other predictions")
+    ap.add_argument("--norm-stats", choices=("train", "batch"),
+                    help="check that PROGRAM normalises with these BatchNorm statistics (fixed when exported: "
+                         "sigmanens export RUN --program OUT --norm-stats batch); refused otherwise")
     ap.add_argument("--chunk-size", type=int, default=1024,
                     help="image files (or FFCV samples) per unit, i.e. per part file (default 1024)")
     args = ap.parse_args(argv)
@@ -44,7 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sigmanens_dist.predict import predict  # after parsing: `sigmanens predict --help` answers without torch
 
         summary = predict(args.program, args.inputs, args.out, batch_size=args.batch_size, fmt=args.format,
-                          device=args.device, force=args.force, chunk_size=args.chunk_size)
+                          device=args.device, force=args.force, chunk_size=args.chunk_size,
+                          norm_stats=args.norm_stats)
     except UsageError as err:
         if main_rank:
             print(f"sigmanens predict: error: {err}", file=sys.stderr)

@@ -341,14 +341,26 @@ class EvalConfig(_Section):
     sub_ensembles: bool = True  # also score k = 1..K-1 (one more pass of the eval set each; the M-scaling table)
     imagenet_c: Path | None = None  # a pre-generated ImageNet-C folder: <dir>/<corruption>/<severity>/<class>/<img>
     batch_size: Int | None = Field(None, ge=1)  # None: train.batch_size
-    calibration: Literal["none", "temperature"] = "none"  # temperature: fitted on the val split, scored before/after
+    # temperature: one T fitted on the val split, scored before/after; member-temperature: also one T per member
+    calibration: Literal["none", "temperature", "member-temperature"] = "none"
     conformal: list[Alpha] = Field(default_factory=list)  # miscoverages α of split conformal sets fitted on val
+    # the BatchNorm statistics at prediction: the training ones, or each batch's own mixed with them by the prior N
+    # (evaluation/norm_stats.py; N = 0: the batch's alone)
+    norm_stats: Literal["train", "batch"] = "train"
+    norm_stats_prior: Float = Field(0.0, ge=0, allow_inf_nan=False)
 
     @field_validator("conformal", mode="before")
     @classmethod
     def _alphas(cls, value: object) -> object:
         """``0.1`` is ``[0.1]``, null is none: the YAML and ``eval.conformal=0.1`` forms of one α."""
         return [] if value is None else value if isinstance(value, list | tuple) else [value]
+
+    @model_validator(mode="after")
+    def _prior_needs_batch_stats(self) -> EvalConfig:
+        if self.norm_stats_prior and self.norm_stats != "batch":
+            raise _cross_field("norm_stats_prior", "goes with eval.norm_stats: batch (it weights the training "
+                               "statistics against the batch's)", self.norm_stats_prior)
+        return self
 
     @field_validator("corruptions")
     @classmethod

@@ -6,22 +6,40 @@ One temperature T > 0 divides every member's logits before the member softmaxes 
 an ensemble of M members, so every number ``sigmanens eval`` reports (member scores, disagreement, mutual
 information, the OOD scores) stays defined after calibration and comes from the same code (:class:`SampleMetrics` on
 ``logits / T``), and a deployed program needs one division. For M = 1 the two are the same.
+
+``--calibration member-temperature`` fits instead one T_m per member, each on that member's own validation NLL, and
+averages the tempered members: ``p(y | x) = 1/M Σ_m softmax(z_m / T_m)_y`` (calibrate, then pool). It is scored beside
+the one T of the ensemble, so the report compares the two.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from sigmanens_dist.evaluation.metrics import SampleMetrics, ensemble_log_probs
 
-__all__ = ["TemperedMetrics", "ensemble_nll", "fit_temperature"]
+__all__ = ["Temperature", "TemperedMetrics", "ensemble_nll", "fit_member_temperatures", "fit_temperature",
+           "scale_logits"]
+
+Temperature = float | Tensor | Sequence[float]  # one T for every member (a float or 0-d tensor), or T_m per member
 
 
-def ensemble_nll(member_logits: Tensor, target: Tensor, temperature: float | Tensor = 1.0) -> Tensor:
-    """Mean NLL of the ensemble prediction with every member's logits divided by ``temperature``:
-    ``member_logits`` ``(M, N, K)``, ``target`` ``(N,)``."""
-    log_probs = ensemble_log_probs(member_logits / temperature)
+def scale_logits(member_logits: Tensor, temperature: Temperature) -> Tensor:
+    """Member logits ``(M, …)`` divided by one temperature, or member m's by ``temperature[m]``: the one place a
+    temperature is applied (the fit, the calibrated scores, the conformal sets)."""
+    if isinstance(temperature, int | float) or (isinstance(temperature, Tensor) and temperature.ndim == 0):
+        return member_logits / temperature
+    t = torch.as_tensor(temperature, dtype=member_logits.dtype, device=member_logits.device)
+    return member_logits / t.view(-1, *[1] * (member_logits.ndim - 1))
+
+
+def ensemble_nll(member_logits: Tensor, target: Tensor, temperature: Temperature = 1.0) -> Tensor:
+    """Mean NLL of the ensemble prediction with every member's logits divided by ``temperature`` (one, or one per
+    member): ``member_logits`` ``(M, N, K)``, ``target`` ``(N,)``."""
+    log_probs = ensemble_log_probs(scale_logits(member_logits, temperature))
     return -log_probs.gather(-1, target[:, None]).mean()
 
 
@@ -42,12 +60,19 @@ def fit_temperature(member_logits: Tensor, target: Tensor, max_iter: int = 100) 
     return float(log_t.detach().exp())
 
 
-class TemperedMetrics(SampleMetrics):
-    """:class:`SampleMetrics` of the calibrated model: member logits divided by ``temperature`` before scoring."""
+def fit_member_temperatures(member_logits: Tensor, target: Tensor) -> list[float]:
+    """One T per member, each minimising that member's own NLL on these (validation) logits: :func:`fit_temperature`
+    on the member alone."""
+    return [fit_temperature(member_logits[m : m + 1], target) for m in range(member_logits.shape[0])]
 
-    def __init__(self, temperature: float, num_classes: int, num_members: int, **kwargs: object) -> None:
+
+class TemperedMetrics(SampleMetrics):
+    """:class:`SampleMetrics` of the calibrated model: member logits divided by ``temperature`` (one, or one per
+    member) before scoring."""
+
+    def __init__(self, temperature: Temperature, num_classes: int, num_members: int, **kwargs: object) -> None:
         super().__init__(num_classes, num_members, **kwargs)
         self.temperature = temperature
 
     def update(self, member_logits: Tensor, target: Tensor) -> None:
-        super().update(member_logits / self.temperature, target)
+        super().update(scale_logits(member_logits, self.temperature), target)

@@ -20,6 +20,7 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from sigmanens_dist.errors import UsageError
+from sigmanens_dist.evaluation.calibration import Temperature, scale_logits
 from sigmanens_dist.evaluation.metrics import ensemble_log_probs
 
 __all__ = ["METHODS", "ConformalSets", "class_scores", "conformal_quantile", "parse_alphas"]
@@ -72,11 +73,12 @@ def conformal_quantile(scores: Tensor, alpha: float) -> float:
 
 class ConformalSets(Metric):
     """Coverage and size of the sets at ``thresholds`` (method -> q̂) of the ensemble prediction, member logits
-    divided by ``temperature`` first (1: uncalibrated); per sample, so per class too, synced like SampleMetrics."""
+    divided by ``temperature`` (one, or one per member) first (1: uncalibrated); per sample, so per class too, synced
+    like SampleMetrics."""
 
     full_state_update = False
 
-    def __init__(self, thresholds: dict[str, float], num_classes: int, temperature: float = 1.0,
+    def __init__(self, thresholds: dict[str, float], num_classes: int, temperature: Temperature = 1.0,
                  **kwargs: object) -> None:
         super().__init__(**kwargs)
         self.thresholds, self.num_classes, self.temperature = thresholds, num_classes, temperature
@@ -84,7 +86,7 @@ class ConformalSets(Metric):
             self.add_state(name, default=[], dist_reduce_fx="cat")
 
     def update(self, member_logits: Tensor, target: Tensor) -> None:
-        probs = ensemble_log_probs(member_logits / self.temperature).exp()
+        probs = ensemble_log_probs(scale_logits(member_logits, self.temperature)).exp()
         covered, size = [], []
         for method, q in self.thresholds.items():
             in_set = class_scores(probs, method) <= q

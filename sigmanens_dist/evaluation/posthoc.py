@@ -1,6 +1,6 @@
-"""What ``sigmanens eval --calibration temperature`` and ``--conformal α[,α…]`` add to a report: fitted on the
-validation split (one pass, before any test batch is read), then scored alongside every test and shift pass of the
-K-member ensemble (the same forward pass feeds :class:`TemperedMetrics` and :class:`ConformalSets`)."""
+"""What ``sigmanens eval --calibration temperature|member-temperature`` and ``--conformal α[,α…]`` add to a report:
+fitted on the validation split (one pass, before any test batch is read), then scored alongside every test and shift
+pass of the K-member ensemble (the same forward pass feeds :class:`TemperedMetrics` and :class:`ConformalSets`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,14 @@ from torch import nn
 from torchmetrics import Metric
 
 from sigmanens_dist.config import EvalConfig
-from sigmanens_dist.evaluation.calibration import TemperedMetrics, ensemble_nll, fit_temperature
+from sigmanens_dist.evaluation.calibration import (
+    Temperature,
+    TemperedMetrics,
+    ensemble_nll,
+    fit_member_temperatures,
+    fit_temperature,
+    scale_logits,
+)
 from sigmanens_dist.evaluation.conformal import METHODS, ConformalSets, class_scores, conformal_quantile
 from sigmanens_dist.evaluation.metrics import ensemble_log_probs
 from sigmanens_dist.evaluation.report import SHIFT_KEYS, shift_mean
@@ -26,29 +33,38 @@ CONFORMAL_KEYS = ("coverage", "set_size")
 
 @dataclass
 class PostHoc:
-    """The fitted temperature (1.0 when not asked for) and conformal thresholds (one ``method -> q̂`` per asked α,
-    none when not asked for), and the report parts they fill: ``part["calibration"]`` and ``part["conformal"]`` (a
-    list, one entry per α)."""
+    """The fitted temperature (1.0 when not asked for), the member temperatures (with ``member-temperature``) and
+    conformal thresholds (one ``method -> q̂`` per asked α, none when not asked for), and the report parts they fill:
+    ``part["calibration"]``, ``part["member_calibration"]`` and ``part["conformal"]`` (a list, one entry per α)."""
 
     temperature: float
     calibrate: bool
     thresholds: list[dict[str, float]]
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    member_temperatures: list[float] | None = None
+
+    @property
+    def applied(self) -> Temperature:
+        """What the conformal sets divide the member logits by: the member temperatures when fitted, else T."""
+        return self.member_temperatures if self.member_temperatures is not None else self.temperature
 
     def metrics(self, num_classes: int, num_members: int, sync: bool) -> dict[str, Metric]:
         """Fresh metrics for one pass of the K-member ensemble."""
         out: dict[str, Metric] = {}
         if self.calibrate:
             out["calibration"] = TemperedMetrics(self.temperature, num_classes, num_members, sync_on_compute=sync)
+        if self.member_temperatures is not None:
+            out["member_calibration"] = TemperedMetrics(self.member_temperatures, num_classes, num_members,
+                                                        sync_on_compute=sync)
         for j, thresholds in enumerate(self.thresholds):
-            out[f"conformal/{j}"] = ConformalSets(thresholds, num_classes, self.temperature, sync_on_compute=sync)
+            out[f"conformal/{j}"] = ConformalSets(thresholds, num_classes, self.applied, sync_on_compute=sync)
         return out
 
     def record(self, metrics: dict[str, Metric], corruption: str | None = None, severity: int = 0) -> None:
         """Put a pass's results into the parts: the clean test pass (``corruption`` None) or one shift pass."""
         for name, metric in metrics.items():
             values = metric.compute()
-            if name == "calibration":
+            if name in ("calibration", "member_calibration"):
                 if corruption is None:
                     self.parts[name]["metrics"] = values
                 else:
@@ -65,7 +81,7 @@ class PostHoc:
 
     def finish_shift(self, severities: list[int]) -> None:
         """The mean over corruptions per severity, as ``part["shift"]["mean"]``."""
-        tables = ([self.parts["calibration"]["shift"]] if self.calibrate else []) + [
+        tables = [self.parts[name]["shift"] for name in ("calibration", "member_calibration") if name in self.parts] + [
             m["shift"] for entry in self.parts.get("conformal", []) for m in entry["methods"].values()]
         for table in tables:
             if table:
@@ -75,23 +91,29 @@ class PostHoc:
 def fit_posthoc(model: nn.Module, val: Callable[[], Iterable[Any]], options: EvalConfig, device: torch.device,
                 desc: str) -> PostHoc:
     """Fit what ``options`` asks for on the validation pass ``val`` alone: the temperature first (NLL of the
-    ensemble, every member's logits / T), then the conformal thresholds on the calibrated probabilities."""
+    ensemble, every member's logits / T), with ``member-temperature`` also one T_m per member (each member's own
+    NLL), then the conformal thresholds on the calibrated probabilities (member temperatures when fitted)."""
     logits, target = collect_logits(model, val(), device, f"{desc} fit on val")
-    calibrate = options.calibration == "temperature"
+    calibrate = options.calibration != "none"
     temperature = fit_temperature(logits, target) if calibrate else 1.0
+    members = fit_member_temperatures(logits, target) if options.calibration == "member-temperature" else None
     parts: dict[str, dict[str, Any]] = {}
+    fitted = {"fitted_on": "val", "num_fit": len(target), "val_nll_before": float(ensemble_nll(logits, target))}
     if calibrate:
-        parts["calibration"] = {"method": "temperature", "temperature": temperature, "fitted_on": "val",
-                                "num_fit": len(target), "val_nll_before": float(ensemble_nll(logits, target)),
+        parts["calibration"] = {"method": "temperature", "temperature": temperature, **fitted,
                                 "val_nll_after": float(ensemble_nll(logits, target, temperature)), "shift": {}}
+    if members is not None:
+        parts["member_calibration"] = {"method": "member-temperature", "temperatures": members, **fitted,
+                                       "val_nll_after": float(ensemble_nll(logits, target, members)), "shift": {}}
+    applied = members if members is not None else temperature
     thresholds: list[dict[str, float]] = []
     if options.conformal:
-        probs = ensemble_log_probs(logits / temperature).exp()
+        probs = ensemble_log_probs(scale_logits(logits, applied)).exp()
         true_class = {m: class_scores(probs, m).gather(-1, target[:, None])[:, 0] for m in METHODS}
         thresholds = [{m: conformal_quantile(scores, alpha) for m, scores in true_class.items()}
                       for alpha in options.conformal]
         parts["conformal"] = [{"alpha": alpha, "calibrated_on": "val", "num_calibration": len(target),
-                               "temperature": temperature if calibrate else None,
+                               "temperature": applied if calibrate else None,
                                "methods": {m: {"qhat": q, "shift": {}} for m, q in qs.items()}}
                               for alpha, qs in zip(options.conformal, thresholds, strict=True)]
-    return PostHoc(temperature, calibrate, thresholds, parts)
+    return PostHoc(temperature, calibrate, thresholds, parts, members)

@@ -174,14 +174,18 @@ def _fit(cfg: Config, model: nn.Module, num_classes: int, calibrate: bool, alpha
 def export_program(checkpoint: Path, out: Path, members: str | None = None,
                    calibration: Literal["temperature", "none"] = "none", fmt: Literal["torch", "onnx"] = "torch",
                    conformal: float | None = None, score: str = "thr",
-                   weights: Literal["raw", "ema"] = "raw") -> dict[str, Any]:
+                   weights: Literal["raw", "ema"] = "raw", norm_stats: Literal["train", "batch"] = "train",
+                   norm_stats_prior: float = 0.0) -> dict[str, Any]:
     """Write ``checkpoint``'s ensemble (or the sub-ensemble ``members``; its raw or EMA ``weights``) as a ``fmt``
-    program at ``out``, with the conformal set at miscoverage ``conformal`` if given; returns its metadata. Bad
-    ``members``, EMA weights the run did not keep and a fit that would read the test set are refused before
-    anything is computed."""
+    program at ``out``, with the conformal set at miscoverage ``conformal`` if given, its BatchNorms normalising with
+    the training statistics or each batch's (``norm_stats``, mixed by ``norm_stats_prior``:
+    :mod:`.norm_stats`); returns its metadata. Bad ``members``, EMA weights the run did not keep, batch statistics
+    for a model without BatchNorm and a fit that would read the test set are refused before anything is
+    computed."""
     import sigmanens_dist
     from sigmanens_dist.atomic import atomic_write
     from sigmanens_dist.evaluation.load import load_for_eval, method_of
+    from sigmanens_dist.evaluation.norm_stats import describe, norm_stats_problem, with_norm_stats
     from sigmanens_dist.evaluation.run import sub_ensemble
 
     loaded = load_for_eval(checkpoint)
@@ -198,7 +202,10 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
     if chosen is not None and not full.supports_sub_ensembles:
         raise UsageError(f"--members: model.method={method_of(cfg)!r} cannot run a sub-ensemble; export all members")
     chosen = chosen or list(range(full.num_members))
-    model = sub_ensemble(full, chosen).eval()
+    problem = norm_stats_problem(full, norm_stats, f"model.method={method_of(cfg)!r} (model.name={cfg.model.name!r})")
+    if problem is not None:
+        raise UsageError(problem)
+    model = with_norm_stats(sub_ensemble(full, chosen), norm_stats, norm_stats_prior).eval()
     in_chans = int(cfg.model.in_chans or loaded.model_args["in_chans"])  # what build_model gave the backbone
     num_classes = int(loaded.model_args["num_classes"])
     mean, std = _normalisation(cfg, in_chans)
@@ -213,7 +220,7 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
             "input": {"name": "images", "shape": ["B", in_chans, size, size], "channels": in_chans, "size": size,
                       "dtype": "float32", "range": [0.0, 1.0]},
             "normalisation": {"mean": mean, "std": std}, "members": chosen, "trained_members": full.num_members,
-            "weights": weights,
+            "weights": weights, "norm_stats": describe(norm_stats, norm_stats_prior),
             "method": method_of(cfg), "tau": cfg.reg.tau, "run_id": loaded.run_id, "step": loaded.step,
             "dataset": cfg.data.dataset, "package_version": sigmanens_dist.__version__, "calibration": calibration,
             **fit, "outputs": list(head.outputs)}

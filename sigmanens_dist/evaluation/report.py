@@ -16,7 +16,7 @@ from sigmanens_dist.config import Config
 from sigmanens_dist.evaluation.ood import OOD_SCORES
 from sigmanens_dist.methods.base import EnsembleMethod
 
-__all__ = ["SHIFT_KEYS", "SUB_KEYS", "flat_metrics", "markdown", "shift_mean"]
+__all__ = ["SHIFT_KEYS", "SUB_KEYS", "flat_metrics", "markdown", "shift_mean", "temperature_label"]
 
 log = logging.getLogger("sigmanens")
 
@@ -94,6 +94,7 @@ def markdown(report: dict[str, Any]) -> str:
                 lines.append(f"| {name} | " + " | ".join(
                     " / ".join(_fmt(v[k]) for k in SHIFT_KEYS) for v in by_sev.values()) + " |")
         lines += _calibration_md(part.get("calibration"), part)
+        lines += _calibration_md(part.get("member_calibration"), part)
         for conf in part.get("conformal", []):
             lines += _conformal_md(conf)
         if "ood" in part:
@@ -109,11 +110,20 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def temperature_label(cal: dict[str, Any]) -> str:
+    """``Temperature scaling: T = …`` for the ensemble's one T, ``Member temperatures: T_m = …, …`` for one per
+    member (``--calibration member-temperature``)."""
+    if "temperatures" in cal:
+        return "Member temperatures: T_m = " + ", ".join(f"{t:.4f}" for t in cal["temperatures"])
+    return f"Temperature scaling: T = {cal['temperature']:.4f}"
+
+
 def _calibration_md(cal: dict[str, Any] | None, part: dict[str, Any]) -> list[str]:
-    """Before and after temperature scaling: the ensemble and the mean member, clean and mean under shift."""
+    """Before and after temperature scaling (one T, or one per member): the ensemble and the mean member, clean and
+    mean under shift."""
     if cal is None:
         return []
-    lines = ["", f"### Temperature scaling: T = {cal['temperature']:.4f}, fitted on {cal['num_fit']} validation "
+    lines = ["", f"### {temperature_label(cal)}, fitted on {cal['num_fit']} validation "
                  f"samples (val NLL {_fmt(cal['val_nll_before'])} → {_fmt(cal['val_nll_after'])})", "",
              "| test | " + " | ".join(SUB_KEYS) + " |", "|---|" + "---:|" * len(SUB_KEYS)]
     for label, prefix in (("ensemble", ""), ("mean of members", "member_mean/")):
@@ -174,6 +184,12 @@ def flat_metrics(report: dict[str, Any]) -> dict[str, float]:
             out |= {f"{base}/calibrated/{k}": v for k, v in cal["metrics"].items()}
             for severity, values in cal["shift"].get("mean", {}).items():
                 out |= {f"{base}/calibrated/shift/mean/s{severity}/{k}": v for k, v in values.items()}
+        if "member_calibration" in part:
+            cal = part["member_calibration"]
+            out |= {f"{base}/member_calibrated/temperature/{m}": t for m, t in enumerate(cal["temperatures"])}
+            out |= {f"{base}/member_calibrated/{k}": v for k, v in cal["metrics"].items()}
+            for severity, values in cal["shift"].get("mean", {}).items():
+                out |= {f"{base}/member_calibrated/shift/mean/s{severity}/{k}": v for k, v in values.items()}
         for conf in part.get("conformal", []):
             for method, r in conf["methods"].items():
                 key = f"{base}/conformal/a{conf['alpha']:g}/{method}"

@@ -31,6 +31,7 @@ from sigmanens_dist.data.corruptions import CORRUPTIONS, corrupt
 from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.evaluation.load import method_of
+from sigmanens_dist.evaluation.norm_stats import describe, norm_stats_problem, with_norm_stats
 from sigmanens_dist.evaluation.ood import score_ood
 from sigmanens_dist.evaluation.posthoc import PostHoc, fit_posthoc
 from sigmanens_dist.errors import UsageError
@@ -110,6 +111,10 @@ def check_options(cfg: Config, model: EnsembleMethod, options: EvalConfig) -> li
             problems.append(f"--imagenet-c {options.imagenet_c}: no such folder")
         else:
             problems.extend(_imagenet_c_problems(Path(options.imagenet_c), names, options.severities))
+    norm_problem = norm_stats_problem(model, options.norm_stats, f"model.method={method_of(cfg)!r} "
+                                                                 f"(model.name={cfg.model.name!r})")
+    if norm_problem is not None:
+        problems.append(norm_problem)
     if options.calibration != "none" or options.conformal:
         asked = "--calibration/--conformal (fitted on the validation split)"
         if options.split == "val":
@@ -154,12 +159,15 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
 
     report: dict[str, Any] = {"checkpoint": str(checkpoint) if checkpoint else None, "step": step,
                               "method": method_of(cfg), "dataset": cfg.data.dataset, "split": options.split,
-                              "num_members": model.num_members, "members": k_max, "notes": notes, "weights": {}}
+                              "num_members": model.num_members, "members": k_max, "notes": notes,
+                              "norm_stats": describe(options.norm_stats, options.norm_stats_prior), "weights": {}}
     plots: list[Path] = []
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     variants = {"raw": model} | ({"ema": ema} if ema is not None else {})
     for variant, weights in variants.items():
+        # a prediction copy whose BatchNorms use each batch's statistics (--norm-stats batch), or the model itself
+        weights = with_norm_stats(weights, options.norm_stats, options.norm_stats_prior)
         part: dict[str, Any] = {"sub_ensembles": []}
         scored = None
         full = sub_ensemble(weights, range(k_max))
@@ -208,6 +216,10 @@ def _notes(cfg: Config, options: EvalConfig) -> list[str]:
                      "test set, so test numbers are not held out")
     if options.split == "val":
         notes.append("scored on the validation split (carved from the training data), not the test set")
+    if options.norm_stats == "batch":
+        batch = options.batch_size or cfg.train.batch_size
+        notes.append(f"BatchNorm statistics re-estimated from each batch of {batch} (prior N = "
+                     f"{options.norm_stats_prior:g}): the scores depend on the batch size and composition")
     return notes
 
 

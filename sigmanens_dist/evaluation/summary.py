@@ -11,6 +11,7 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
+from sigmanens_dist.evaluation.report import temperature_label
 from sigmanens_dist.methods import display_name
 from sigmanens_dist.progress import WIDTH, near, text_console
 
@@ -87,14 +88,19 @@ def summary(report: dict[str, Any]) -> str:
 
 
 def _posthoc(console: Any, part: dict[str, Any]) -> None:
-    """The ensemble before and after temperature scaling, and each conformal method's coverage and set size."""
+    """The ensemble before and after temperature scaling (and after member temperatures, when fitted), and each
+    conformal method's coverage and set size."""
     if "calibration" in part:
-        cal = part["calibration"]
+        cal, members = part["calibration"], part.get("member_calibration")
         table = _table("ensemble", [LABELS[k] for k in KEYS])
-        for when, values in (("before", part["metrics"]), ("after", cal["metrics"])):
+        rows = [("before", part["metrics"]), ("after", cal["metrics"])]
+        rows += [("after, T_m", members["metrics"])] if members is not None else []
+        for when, values in rows:
             table.add_row(when, *(_fmt(values[k]) for k in KEYS))
-        console.print(f"\nTemperature scaling: T = {cal['temperature']:.4f}, fitted on {cal['num_fit']} validation "
-                      "samples (under shift in eval.md)", style="bold", highlight=False)
+        console.print(f"\n{temperature_label(cal)}, fitted on {cal['num_fit']} validation samples (under shift in "
+                      "eval.md)", style="bold", highlight=False)
+        if members is not None:
+            console.print(temperature_label(members), style="bold", highlight=False)
         console.print(table)
     for conf in part.get("conformal", []):
         table = _table("method", ["coverage", "mean set size"])

@@ -31,6 +31,7 @@ from sigmanens_dist.predict.inputs import (
     inputs_digest,
     read_unit,
 )
+from sigmanens_dist.predict.norm_stats import check_norm_stats, warn_alone
 from sigmanens_dist.predict.writer import FORMAT, claim, part_path, summarise, write_part
 from sigmanens_dist.progress import progress
 
@@ -55,13 +56,16 @@ def _device(requested: str | None, local_rank: int, world: int) -> torch.device:
 
 
 def predict(program_path: Path, inputs: Sequence[Path], out: Path, *, batch_size: int = 64, fmt: str = "parquet",
-            device: str | None = None, force: bool = False, chunk_size: int = 1024) -> dict[str, Any] | None:
-    """Predict every input once into ``out``; the summary on rank 0, None on the other ranks."""
+            device: str | None = None, force: bool = False, chunk_size: int = 1024,
+            norm_stats: str | None = None) -> dict[str, Any] | None:
+    """Predict every input once into ``out``; the summary on rank 0, None on the other ranks. ``norm_stats``, when
+    given, must be the BatchNorm statistics the program was exported with."""
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size}: give a batch size ≥ 1")
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     units = discover(inputs, chunk_size)
     program = load_program(program_path, _device(device, int(os.environ.get("LOCAL_RANK", "0")), world))
+    check_norm_stats(program_path, program.meta, norm_stats, batch_size)
     channels, height, width = (int(v) for v in program.meta["input"]["shape"][1:])
     check_shapes(units, channels, (height, width))
     manifest = {"format": FORMAT, "program": {"path": str(program_path), "sha256": file_sha256(program_path)},
@@ -145,6 +149,8 @@ def _predict_unit(program: Program, unit: Unit, batch_size: int, shape: tuple[in
             else:
                 ids.append(sample.id)
                 images.append(image)
+        if len(images) == 1:
+            warn_alone(program.meta, ids[-1])
         if images:
             batches.append(program(torch.stack(images)))
     if not batches:  # every input skipped: the part still has the program's columns

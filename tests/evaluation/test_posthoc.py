@@ -16,7 +16,12 @@ import sigmanens_dist.data.loaders as loaders
 import sigmanens_dist.evaluation.run as run
 from sigmanens_dist.cli.eval import main as eval_main
 from sigmanens_dist.config import ConfigError, EvalConfig, load_config
-from sigmanens_dist.evaluation.calibration import TemperedMetrics, ensemble_nll, fit_temperature
+from sigmanens_dist.evaluation.calibration import (
+    TemperedMetrics,
+    ensemble_nll,
+    fit_member_temperatures,
+    fit_temperature,
+)
 from sigmanens_dist.evaluation.conformal import ConformalSets, class_scores, conformal_quantile
 from sigmanens_dist.evaluation.metrics import SampleMetrics
 from sigmanens_dist.evaluation.report import flat_metrics
@@ -40,6 +45,28 @@ def test_tempered_metrics_score_the_scaled_logits() -> None:
     tempered, plain = TemperedMetrics(2.5, 4, 3), SampleMetrics(4, 3)
     tempered.update(logits, target)
     plain.update(logits / 2.5, target)
+    assert tempered.compute() == pytest.approx(plain.compute())
+
+
+def test_member_temperatures_minimise_each_members_own_nll() -> None:
+    """``--calibration member-temperature``: T_m is member m's own best temperature, and averaging the members so
+    tempered is another model than the one T of the ensemble."""
+    g = torch.Generator().manual_seed(2)
+    true = 1.5 * torch.randn(2, 4000, 5, generator=g)
+    target = torch.multinomial(true.softmax(-1).mean(0), 1, generator=g)[:, 0]
+    logits = torch.stack([3 * true[0], 0.5 * true[1]])  # one member far too confident, the other too timid
+    temperatures = fit_member_temperatures(logits, target)
+    for m, t in enumerate(temperatures):
+        own = [float(ensemble_nll(logits[m: m + 1], target, t * f)) for f in (1.0, 1.05, 1 / 1.05)]
+        assert own[0] <= min(own[1:]), m  # a minimum of member m's own validation NLL
+    # exchangeable members scaled 3× and 0.5×: their own temperatures stand about 6 to 1
+    assert temperatures[0] / temperatures[1] == pytest.approx(6, rel=0.25)
+    one = fit_temperature(logits, target)
+    assert float(ensemble_nll(logits, target, temperatures)) != pytest.approx(float(ensemble_nll(logits, target, one)),
+                                                                               rel=1e-3)
+    tempered, plain = TemperedMetrics(temperatures, 5, 2), SampleMetrics(5, 2)
+    tempered.update(logits, target)
+    plain.update(logits / torch.tensor(temperatures)[:, None, None], target)
     assert tempered.compute() == pytest.approx(plain.compute())
 
 
@@ -176,6 +203,24 @@ def test_eval_fits_on_val_only_and_reports_before_and_after(setup: tuple, monkey
     flat = flat_metrics({"split": "test", "weights": {"raw": raw}})
     assert {"eval/test/raw/calibrated/nll", "eval/test/raw/conformal/a0.2/aps/coverage",
             "eval/test/raw/conformal/a0.5/thr/set_size"} <= set(flat)
+
+
+def test_member_temperatures_are_reported_beside_the_ensemble_temperature(setup: tuple) -> None:
+    cfg, model, tmp = setup
+    options = EvalConfig(calibration="member-temperature", conformal=[0.2], imagenet_c=tmp / "imagenet-c",
+                         severities=[1], sub_ensembles=False)
+    raw = run.run_eval(cfg, model, options=options, out_dir=tmp / "m")["weights"]["raw"]
+    one, members = raw["calibration"], raw["member_calibration"]
+    assert members["method"] == "member-temperature" and len(members["temperatures"]) == 2
+    assert members["num_fit"] == 16 and members["val_nll_before"] == one["val_nll_before"]
+    assert members["metrics"]["num_samples"] == 12 and set(members["shift"]) == {"fog", "mean"}
+    assert members["val_nll_after"] <= members["val_nll_before"] + 1e-6
+    assert raw["conformal"][0]["temperature"] == members["temperatures"]  # the sets use the member temperatures
+    md = (tmp / "m" / "eval.md").read_text()
+    assert "### Temperature scaling: T = " in md and "### Member temperatures: T_m = " in md
+    flat = flat_metrics({"split": "test", "weights": {"raw": raw}})
+    assert {"eval/test/raw/calibrated/nll", "eval/test/raw/member_calibrated/nll",
+            "eval/test/raw/member_calibrated/temperature/1"} <= set(flat)
 
 
 def test_fitting_on_the_scored_split_is_refused(setup: tuple) -> None:

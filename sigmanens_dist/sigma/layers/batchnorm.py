@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sigmanens_dist.sigma.layers.prediction_stats import prediction_moments
 from sigmanens_dist.sigma.layers.sigma_norm import SigmaNorm, fresh_view
 
 __all__ = ["SigmaBatchNorm"]
@@ -23,6 +24,10 @@ class SigmaBatchNorm(SigmaNorm):
 
     kind = "batch"
     channels_last = False
+    # In eval, None normalises with the running statistics; a prior strength N ≥ 0 with each member's statistics of
+    # its own rows of this batch, mixed with its running ones (prediction_stats.py; N = 0: the batch's alone). Set on
+    # a prediction copy by sigmanens_dist.evaluation.norm_stats; training ignores it.
+    prediction_prior: float | None = None
 
     def __init__(self, source: nn.modules.batchnorm._BatchNorm, num_members: int) -> None:
         super().__init__(source, num_members, source.num_features)
@@ -55,6 +60,8 @@ class SigmaBatchNorm(SigmaNorm):
             raise ValueError(f"{type(self).__name__}: expected {self.num_features} channels at dim 1, got "
                              f"input of shape {tuple(x.shape)}")
         scale, shift = self.flat_affine()  # σBatchNorm always has a member bias (has_bias)
+        if self.prediction_prior is not None and not self.training:
+            return self.post(self._prediction_stats(x, scale, shift))
         batch_stats = self.training or not self.track_running_stats
         factor = self._momentum_step() if batch_stats else 0.0
         if self.store.plan.interleaved:
@@ -85,6 +92,22 @@ class SigmaBatchNorm(SigmaNorm):
         y = F.batch_norm(x.view(x.shape[0] // self.num_members, -1, *x.shape[2:]), mean, var, scale, shift,
                          batch_stats, factor, self.eps)
         return fresh_view(y, x.shape)
+
+    def _prediction_stats(self, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+        """Eval with each member's statistics re-estimated from its own rows of this batch (never written back to
+        the running statistics); differentiable, as a plain BatchNorm in training is."""
+        m, prior = self.num_members, float(self.prediction_prior)
+        if self.store.plan.interleaved:  # the (B, M·C, …) view: channel m·C + c is member m's channel c
+            rows, running = x.reshape(x.shape[0] // m, -1, *x.shape[2:]), self._flat_stats
+            dims, samples = [0, *range(2, x.ndim)], x.shape[0] // m
+        else:  # member-major: (M, B, C, …)
+            rows = x.view(m, x.shape[0] // m, *x.shape[1:])
+            running = (self.store.stats(self._slot.stats, self.num_features) if self.track_running_stats
+                       else (None, None))
+            dims, samples = [1, *range(3, rows.ndim)], rows.shape[1]
+        mean, var = prediction_moments(rows, dims, *running, prior, samples)
+        a = scale * torch.rsqrt(var.reshape(-1) + self.eps)
+        return self.member_affine(x, a.to(x.dtype), (shift - mean.reshape(-1) * a).to(x.dtype))
 
     def _per_member(self, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, factor: float) -> torch.Tensor:
         """Member-major rows, batch statistics: one call per member on its contiguous chunk."""

@@ -1,0 +1,121 @@
+"""``--norm-stats train|batch`` and ``--norm-stats-prior N`` of ``sigmanens eval`` and ``sigmanens export --program``:
+which statistics a model's BatchNorm layers normalise with at prediction time (docs/eval.md).
+
+``train`` (the default) is the running statistics training left. ``batch`` re-estimates them from each prediction
+batch, mixed with the running ones by a prior strength N (Schneider et al. 2020;
+:mod:`sigmanens_dist.sigma.layers.prediction_stats`): every member its own, since a σ BatchNorm computes member m's
+statistics from member m's rows and a Deep Ensemble's or Packed-Ensemble's channels belong to one member each
+(BatchEnsemble's norms are shared by its members in training too, so they pool every member's rows). The model is
+never changed: :func:`with_norm_stats` returns a prediction copy, timm-style, by walking its modules (a σ BatchNorm
+gets its ``prediction_prior``; a plain ``_BatchNorm`` is wrapped in :class:`PredictionBatchNorm`). The statistics
+of a batch are those of the batch on this process: under torchrun every rank its own, nothing synced.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from sigmanens_dist.errors import UsageError
+from sigmanens_dist.sigma.layers import SigmaBatchNorm
+from sigmanens_dist.sigma.layers.prediction_stats import prediction_moments
+
+__all__ = ["NORM_STATS", "PredictionBatchNorm", "batch_norm_layers", "describe", "norm_stats_problem",
+           "parse_prior", "with_norm_stats"]
+
+NORM_STATS = ("train", "batch")
+
+
+class PredictionBatchNorm(nn.Module):
+    """A plain BatchNorm (``nn.BatchNorm1d/2d/3d``, ``SyncBatchNorm``, timm's ``BatchNormAct2d``) that, in eval,
+    normalises with the batch's statistics mixed with its running ones by ``prior``; in training it is ``source``."""
+
+    def __init__(self, source: _BatchNorm, prior: float) -> None:
+        super().__init__()
+        self.source = source
+        self.prior = prior
+        self.train(source.training)
+
+    def forward(self, x: Tensor) -> Tensor:
+        bn = self.source
+        if self.training:
+            return bn(x)
+        mean, var = prediction_moments(x, [0, *range(2, x.ndim)], bn.running_mean, bn.running_var, self.prior,
+                                       x.shape[0])
+        shape = (-1, *[1] * (x.ndim - 2))  # per channel, dim 1
+        scale = torch.rsqrt(var + bn.eps) if bn.weight is None else bn.weight * torch.rsqrt(var + bn.eps)
+        shift = -mean * scale if bn.bias is None else bn.bias - mean * scale
+        y = x * scale.view(shape) + shift.view(shape)  # not F.batch_norm: eval mode takes no differentiable stats
+        for after in (getattr(bn, "drop", None), getattr(bn, "act", None)):  # timm's *Act: drop, then act
+            if isinstance(after, nn.Module):
+                y = after(y)
+        return y
+
+    def extra_repr(self) -> str:
+        return f"prior={self.prior:g}"
+
+
+def _keeps_running_stats(module: nn.Module) -> bool:
+    if isinstance(module, SigmaBatchNorm):
+        return module.keeps_running_stats()
+    return isinstance(module, _BatchNorm) and module.running_mean is not None
+
+
+def batch_norm_layers(model: nn.Module) -> list[str]:
+    """Names of the layers that keep running statistics: what ``--norm-stats batch`` re-estimates."""
+    return [name for name, module in model.named_modules() if _keeps_running_stats(module)]
+
+
+def norm_stats_problem(model: nn.Module, mode: str, what: str) -> str | None:
+    """Why ``--norm-stats mode`` cannot apply to ``model`` (``what`` names it), or None."""
+    if mode == "batch" and not batch_norm_layers(model):
+        return (f"--norm-stats batch: {what} has no BatchNorm layer with running statistics (LayerNorm, GroupNorm "
+                "and RMSNorm normalise each sample by its own statistics), so there is nothing to re-estimate; use "
+                "--norm-stats train")
+    return None
+
+
+def parse_prior(text: str | None, mode: str) -> float:
+    """``--norm-stats-prior N``: a number ≥ 0 (default 0), and only with ``--norm-stats batch``."""
+    if text is None:
+        return 0.0
+    if mode != "batch":
+        raise UsageError(f"--norm-stats-prior {text} goes with --norm-stats batch (the prior weights the training "
+                         "statistics against the batch's)")
+    try:
+        prior = float(text)
+    except ValueError:
+        prior = math.nan
+    if not (math.isfinite(prior) and prior >= 0):
+        raise UsageError(f"--norm-stats-prior {text!r}: give the prior strength N as a number ≥ 0 (0: the batch "
+                         "statistics alone; e.g. 16: the training statistics count as 16 samples)")
+    return prior
+
+
+def describe(mode: str, prior: float) -> dict[str, object]:
+    """The report's and a program's record of the statistics used."""
+    return {"mode": mode} if mode == "train" else {"mode": mode, "prior": prior}
+
+
+def with_norm_stats(model: nn.Module, mode: str, prior: float = 0.0) -> nn.Module:
+    """``model`` itself for ``train``; for ``batch`` a copy whose BatchNorm layers normalise, in eval, with the
+    prediction batch's statistics mixed with their running ones by ``prior`` (the running ones stay untouched)."""
+    if mode not in NORM_STATS:
+        raise UsageError(f"--norm-stats {mode!r}: choose {' or '.join(NORM_STATS)}")
+    if mode == "train":
+        return model
+    adapted = copy.deepcopy(model)
+    for name, module in list(adapted.named_modules()):
+        if not _keeps_running_stats(module):
+            continue
+        if isinstance(module, SigmaBatchNorm):
+            module.prediction_prior = float(prior)
+        else:
+            parent, _, attr = name.rpartition(".")
+            setattr(adapted.get_submodule(parent) if parent else adapted, attr,
+                    PredictionBatchNorm(module, float(prior)))
+    return adapted
