@@ -1,7 +1,7 @@
-"""The loop of ``sigmanens predict``: every check first (inputs, program, shapes, the output folder), then rank r
-predicts units r, r + N, … of the global order that have no part yet, one part file per unit, and rank 0 writes the
-summary once every rank is done. Under torchrun (or Slurm's same variables) a gloo group carries only the output
-folder's verdict and the final gathering; a single process needs none.
+"""The loop of ``sigmanens predict``: every check first (the output folder's path, inputs, program, shapes, the
+output folder's contents), then rank r predicts units r, r + N, … of the global order that have no part yet, one part
+file per unit, and rank 0 writes the summary once every rank is done. Under torchrun (or Slurm's same variables) a
+gloo group carries only the output folder's verdict and the final gathering; a single process needs none.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from sigmanens_dist.predict.inputs import (
     read_unit,
 )
 from sigmanens_dist.predict.norm_stats import check_norm_stats, warn_alone
-from sigmanens_dist.predict.writer import FORMAT, claim, part_path, summarise, write_part
+from sigmanens_dist.predict.writer import FORMAT, check_out, claim, part_path, summarise, write_part
 from sigmanens_dist.progress import progress
 
 __all__ = ["predict"]
@@ -63,6 +63,7 @@ def predict(program_path: Path, inputs: Sequence[Path], out: Path, *, batch_size
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size}: give a batch size ≥ 1")
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    check_out(out, inputs)  # before any input is read
     units = discover(inputs, chunk_size)
     program = load_program(program_path, _device(device, int(os.environ.get("LOCAL_RANK", "0")), world))
     check_norm_stats(program_path, program.meta, norm_stats, batch_size)

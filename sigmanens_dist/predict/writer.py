@@ -8,13 +8,18 @@ A rerun with the same program and inputs skips the units whose part exists; one 
 or another format is refused unless ``--force``, which starts over. A part's skipped inputs travel with it (parquet:
 the file's key-value metadata ``sigmanens.part``; jsonl: its first line), so the summary of a resumed run still
 names those of the first.
+
+Nothing lost: predict writes only into a new or empty folder or one holding its own ``manifest.json``, and
+``--force`` deletes only what that manifest names (its part files) and the summary, never another file; an ``--out``
+that is or holds an input, or lies inside an input folder, is refused before any work (:func:`check_out`).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+import re
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,50 +28,101 @@ import numpy as np
 from sigmanens_dist.atomic import atomic_write, write_text
 from sigmanens_dist.errors import UsageError
 
-__all__ = ["FORMAT", "MANIFEST", "PARTS", "PART_KEY", "SUMMARY", "claim", "part_path", "read_part", "summarise",
-           "write_part"]
+__all__ = ["FORMAT", "MANIFEST", "PARTS", "PART_KEY", "SUMMARY", "check_out", "claim", "part_path", "read_part",
+           "summarise", "write_part"]
 
 FORMAT = "sigmanens-predictions/1"
 MANIFEST, PARTS, SUMMARY = "manifest.json", "parts", "summary.json"
 PART_KEY = "sigmanens.part"  # the parquet metadata key holding a part's header
+_UNIT_ID = re.compile(r"\d{6}-[\w.-]+")  # inputs.discover's ids: a file name, never a path
+_FORMATS = ("parquet", "jsonl")
 
 
 def part_path(out: Path, unit_id: str, fmt: str) -> Path:
     return out / PARTS / f"{unit_id}.{fmt}"
 
 
+def check_out(out: Path, inputs: Sequence[Path]) -> None:
+    """Refuse, before any work, an ``out`` that cannot be a folder (a file, or a path under one) or that overlaps an
+    input: equal to it, inside an input folder (its parts would be read as inputs, or an input deleted by
+    ``--force``) or holding an input (inputs are never read from the output folder)."""
+    for folder in (out, *out.parents):  # the nearest part of the path that exists must be a folder
+        if folder.exists():
+            if not folder.is_dir():
+                where = "a file" if folder == out else f"under {folder}, which is a file"
+                raise UsageError(f"--out {out}: {where}, not a folder; give a new or empty folder")
+            break
+    target = out.resolve()
+    for path in inputs:
+        source = path.resolve()
+        if target == source:
+            relation = "is"
+        elif path.is_dir() and target.is_relative_to(source):
+            relation = "is inside"
+        elif source.is_relative_to(target):
+            relation = "holds"
+        else:
+            continue
+        raise UsageError(f"--out {out} {relation} INPUT {path}: predict never writes among its inputs nor reads them "
+                         "from its output folder; give an --out outside every input")
+
+
 def claim(out: Path, manifest: dict[str, Any], force: bool) -> int:
     """Make ``out`` the folder of ``manifest``'s predictions (rank 0 only): refuse one that holds other predictions
-    (another program, other inputs, chunking or format) unless ``force``, which empties it; remove the temporary
-    files a killed writer left. Returns how many parts are already there."""
-    path = out / MANIFEST
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: a file, not a folder")
-    if path.is_file() and not force:
-        try:
-            old = json.loads(path.read_text())
-        except ValueError:
-            old = {}
+    (another program, other inputs, chunking or format) unless ``force``, which deletes the parts its old manifest
+    names and the summary; refuse, even with ``force``, a folder of files predict did not write. Remove the
+    temporary files a killed writer left. Returns how many parts are already there."""
+    old = _own_manifest(out)
+    if old is None and out.is_dir() and any(out.iterdir()):
+        raise UsageError(f"--out {out} is a folder of other files (no {MANIFEST} of sigmanens predict); give a new or "
+                         "empty folder (predict, even with --force, never deletes files it did not write)")
+    ours = set() if old is None else {part_path(out, u["id"], old["output_format"]) for u in old["units"]}
+    if old is not None:
         why = _difference(old, manifest)
-        if why:
+        if why and not force:
             raise UsageError(f"--out {out} holds predictions of {why}; give another --out, or pass --force to "
-                             "start over")
-    elif out.is_dir() and any(out.iterdir()) and not path.is_file() and not force:
-        raise UsageError(f"--out {out} is a folder of other files (no {MANIFEST}); give an empty or new folder, or "
-                         "pass --force to use it anyway")
-    if force:
-        shutil.rmtree(out / PARTS, ignore_errors=True)
-        (out / SUMMARY).unlink(missing_ok=True)
-    (out / PARTS).mkdir(parents=True, exist_ok=True)
-    for stale in (out / PARTS).glob(".*.tmp"):
-        stale.unlink(missing_ok=True)
-    write_text(path, json.dumps(manifest, indent=1))
-    return sum(1 for _ in (out / PARTS).glob(f"*.{manifest['output_format']}"))
+                             f"replace them (it deletes only the part files its {MANIFEST} names)")
+        if force:
+            new = [p for u in manifest["units"] if (p := part_path(out, u["id"], manifest["output_format"])) not in
+                   ours and p.exists()]
+            if new:
+                raise UsageError(f"--out {out} holds {new[0]}, which its {MANIFEST} does not name (predict did not "
+                                 "write it); move it away or give another --out")
+            for part in ours:
+                part.unlink(missing_ok=True)
+            (out / SUMMARY).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / MANIFEST, json.dumps(manifest, indent=1))  # first: from now on the folder is predict's
+    (out / PARTS).mkdir(exist_ok=True)
+    parts = [part_path(out, u["id"], manifest["output_format"]) for u in manifest["units"]]
+    names = {p.name for p in parts} | {p.name for p in ours}
+    for stale in (out / PARTS).glob(".*.tmp"):  # atomic_write's temporaries of this manifest's parts only
+        if stale.name.rpartition(".")[0].rpartition(".")[0][1:] in names:
+            stale.unlink(missing_ok=True)
+    return sum(1 for p in parts if p.exists())
+
+
+def _own_manifest(out: Path) -> dict[str, Any] | None:
+    """``out``'s manifest when sigmanens predict wrote it (its unit ids plain file names), None when there is none;
+    a ``manifest.json`` of anything else is refused, since replacing it would lose another tool's file."""
+    path = out / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        old = json.loads(path.read_text())
+        own = (old["format"] == FORMAT and old["output_format"] in _FORMATS
+               and {"path", "sha256"} <= old["program"].keys()
+               and {"inputs", "inputs_sha256", "chunk_size"} <= old.keys()
+               and all(_UNIT_ID.fullmatch(u["id"]) for u in old["units"]))
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+        own = False
+    if not own:
+        raise UsageError(f"--out {out}: its {MANIFEST} is not sigmanens predict's; give another --out (predict, "
+                         "even with --force, never replaces files it did not write)")
+    return old
 
 
 def _difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:
-    if old.get("format") != FORMAT:
-        return "an unknown kind (its manifest.json is not sigmanens predict's)"
     if old["program"]["sha256"] != new["program"]["sha256"]:
         return (f"another program ({old['program']['path']}, sha256 {old['program']['sha256'][:12]}…; this one "
                 f"is {new['program']['sha256'][:12]}…)")

@@ -1,8 +1,10 @@
 """``sigmanens predict PROGRAM INPUTS --out DIR``: image files, folders, webdataset shards and FFCV files are each
 predicted once, equal to calling the program directly; under torchrun every input is predicted exactly once across
 ranks and a corrupt image is recorded as skipped; a run killed with SIGKILL continues on rerun with no duplicate and
-no gap; wrong sizes, wrong channels, unknown inputs, another program in the same DIR and a hostile .pt2 are one line
-and exit 2 before any part is written."""
+no gap; wrong sizes, wrong channels, unknown inputs, another program in the same DIR and a hostile .pt2 (code to run,
+or a size expression that never finishes) are one line and exit 2 before any part is written; --force deletes only
+the part files predict's own manifest names, and an --out that overlaps an input or lies under a file is refused
+before any work."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -202,6 +205,78 @@ def test_another_program_in_the_same_dir_is_refused_unless_force(run: Path, prog
     assert len(_parts(out)) == 3
 
 
+def _files(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (relative path -> bytes)."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_force_replaces_only_the_parts_its_manifest_names(program: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 44, finding 1: --force in a folder of predict's replaces its parts and summary and keeps every file the
+    user put there; a folder of other files or another tool's manifest.json is refused, --force or not, untouched,
+    and the refusal does not suggest --force."""
+    folder = tmp_path / "photos"
+    _images(folder, ["a.png", "b.png"])
+    out = tmp_path / "myproj"
+    assert main(["predict", str(program), str(folder), "--out", str(out), "--chunk-size", "1"]) == 0
+    users = {"parts/report.txt": b"my notes", "notes.md": b"keep", "parts/.draft.1.tmp": b"mine too"}
+    for name, data in users.items():
+        (out / name).write_bytes(data)
+    assert main(["predict", str(program), str(folder), "--out", str(out), "--chunk-size", "2"]) == 2
+    assert "holds predictions of other inputs" in capsys.readouterr().err  # other units: another chunking
+    assert main(["predict", str(program), str(folder), "--out", str(out), "--chunk-size", "2", "--format", "jsonl",
+                 "--force"]) == 0
+    kept = _files(out)
+    assert {name: kept[name] for name in users} == users
+    assert sorted(kept) == sorted([*users, "manifest.json", "summary.json", "parts/000000-images.jsonl"])
+    assert len(kept["parts/000000-images.jsonl"].splitlines()) == 3  # its header and both images
+    capsys.readouterr()
+
+    for name, manifest in (("plain", None), ("foreign", b'{"project": "mine"}')):
+        other = tmp_path / name
+        (other / "parts").mkdir(parents=True)
+        (other / "parts" / "report.txt").write_text("mine")
+        if manifest is not None:
+            (other / "manifest.json").write_bytes(manifest)
+        before = _files(other)
+        for force in ([], ["--force"]):
+            assert main(["predict", str(program), str(folder), "--out", str(other), *force]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and "never" in err and "did not write" in err, err
+            assert "pass --force" not in err
+            assert _files(other) == before
+
+
+@pytest.mark.parametrize("case", ["equal", "inside", "holds"])
+def test_out_overlapping_an_input_is_refused_before_any_work(program: Path, tmp_path: Path, case: str,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 44, finding 2: `--out photos --force` deleted the inputs under photos/parts/. An --out equal to an
+    input folder, inside it or holding an input is one line, exit 2, and nothing is written or deleted."""
+    photos = tmp_path / "work" / "photos"
+    _images(photos, ["a.png", "parts/000000-images.png"])
+    out = {"equal": photos, "inside": photos / "preds", "holds": tmp_path / "work"}[case]
+    before = _files(tmp_path)
+    assert main(["predict", str(program), str(photos), "--out", str(out), "--force"]) == 2
+    err = capsys.readouterr().err
+    relation = {"equal": "is", "inside": "is inside", "holds": "holds"}[case]
+    assert err == (f"sigmanens predict: error: --out {out} {relation} INPUT {photos}: predict never writes among its "
+                   "inputs nor reads them from its output folder; give an --out outside every input\n")
+    assert _files(tmp_path) == before and not (photos / "preds").exists()
+
+
+def test_out_under_a_file_is_one_line(program: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 44, finding 8: `--out afile/p` was a NotADirectoryError traceback."""
+    photos = tmp_path / "photos"
+    _images(photos, ["a.png"])
+    afile = tmp_path / "afile"
+    afile.write_text("a file")
+    for out, says in ((afile / "p" / "q", f"under {afile}, which is a file"), (afile, "a file")):
+        assert main(["predict", str(program), str(photos), "--out", str(out)]) == 2
+        assert capsys.readouterr().err == (f"sigmanens predict: error: --out {out}: {says}, not a folder; give a "
+                                           "new or empty folder\n")
+    assert afile.read_text() == "a file"
+
+
 def _rewrite(src: Path, dst: Path, change: dict[str, bytes]) -> Path:
     """A copy of the program ``src`` with the records in ``change`` replaced."""
     from torch.export.pt2_archive._package import PT2ArchiveWriter
@@ -243,6 +318,70 @@ def test_a_hostile_program_is_refused_before_it_runs(program: Path, tmp_path: Pa
     err = _refusal(hostile, [folder], tmp_path / "out", capsys)
     assert "refused: it holds" in err and "could run any code" in err
     assert not marker.exists()
+
+
+HUGE = "Pow(Integer(10), Integer(100000000))"  # sympy computes it: 10**100000000 never comes back
+
+
+@pytest.mark.slow  # a child process that loads torch and is given seconds to hang: about 15 s
+@pytest.mark.timeout(120)
+def test_a_program_whose_size_expression_never_ends_is_refused_in_seconds(program: Path, tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 44, finding 3: a size expression that sympy computes for ever hung torch.export.load, and predict with
+    it (shown first, in a child process given seconds). predict refuses the file in one line within seconds."""
+    text = torch._C.PyTorchFileReader(str(program)).get_record("models/model.json").decode()
+    size = re.search(r"Mul\(Integer\(\d+\), (Symbol\('s\d+'[^)]*\))\)", text)
+    assert size is not None, "no symbolic size to edit in the program"
+    edited = text.replace(size.group(0), f"Mul({HUGE}, {size.group(1)})")
+    hostile = _rewrite(program, tmp_path / "hang.pt2", {"models/model.json": edited.encode()})
+    script = "import sys, torch\nfor path in sys.argv[1:]:\n    torch.export.load(path)\n    print(path, flush=True)\n"
+    proc = subprocess.Popen([sys.executable, "-c", script, str(program), str(hostile)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout.readline().strip() == str(program)  # the program as exported loads...
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=4)  # ...the edited one does not, in seconds
+    finally:
+        proc.kill()
+        proc.wait()
+    _images(tmp_path / "photos", ["a.png"])
+    started = time.monotonic()
+    err = _refusal(hostile, [tmp_path / "photos"], tmp_path / "out", capsys)
+    assert time.monotonic() - started < 10
+    assert "refused: it holds the shape expression" in err and f"Mul({HUGE}, Symbol(" in err
+    assert "sympy would compute while loading" in err
+
+
+@pytest.mark.parametrize(("expression", "ok"), [
+    ("Symbol('s77', positive=True, integer=True)", True),
+    ("Mul(Integer(10), Symbol('s77', positive=True, integer=True))", True),
+    ("FloorDiv(s0, 2) + Mod(s1, 3) <= Pow(s0, Integer(2))", True),
+    (HUGE, False),
+    ("10**100000000", False),
+    ("Integer(10)**Integer(64)**Integer(64)", False),  # the exponent is itself a power
+    ("Pow(Pow(Pow(Integer(10), 64), 64), 64)", False),
+    ("Pow(Integer(2), s0)", False),  # an exponent that is not a literal number
+    (f"Pow(Integer(2), Rational(1, {HUGE}))", False),
+    (f"Max(s0, evaluate={HUGE})", False),  # keyword values are computed too
+    (f"Symbol({HUGE})", False),
+    ("LShift(Integer(1), Integer(100000000))", False),
+    ("Add(" + ", ".join(["s0"] * 500) + ")", False),  # longer than a shape expression needs
+])
+def test_size_expressions_are_bounded(expression: str, ok: bool) -> None:
+    from sigmanens_dist.program_check import _bounded_expression, _plain_expression
+
+    assert _plain_expression(expression)  # nothing to run: only the bound can refuse it
+    assert _bounded_expression(expression) is ok
+
+
+def test_an_integer_beyond_64_bits_is_refused(program: Path, tmp_path: Path) -> None:
+    from sigmanens_dist.safe_load import RefusedFileError, check_program_file
+
+    text = torch._C.PyTorchFileReader(str(program)).get_record("models/model.json").decode()
+    edited = text.replace('"min_val": 1', f'"min_val": {2**64 + 1}', 1)
+    assert edited != text
+    with pytest.raises(RefusedFileError, match="beyond the 64 bits"):
+        check_program_file(_rewrite(program, tmp_path / "big.pt2", {"models/model.json": edited.encode()}))
 
 
 @pytest.mark.slow
