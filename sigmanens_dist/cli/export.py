@@ -126,7 +126,8 @@ def _usage(message: str) -> int:
 def _check_out(out: Path, checkpoint: Path, force: bool) -> None:
     """Refuse, before anything is loaded, an ``out`` whose writing would lose something: the checkpoint being
     exported (a file, or anything inside a checkpoint folder; ``--force`` cannot ask for that), a folder, a file
-    already there without ``--force``; and one whose folder is missing (a typo, not a folder to create)."""
+    already there without ``--force``; and one whose folder is missing (a typo, not a folder to create) or is a
+    file."""
     if checkpoint.is_dir() and out.resolve().is_relative_to(checkpoint.resolve()):
         raise UsageError(f"OUT {out} is inside the checkpoint folder being exported ({checkpoint}); write it elsewhere")
     if out.exists() and os.path.samefile(out, checkpoint):
@@ -134,6 +135,9 @@ def _check_out(out: Path, checkpoint: Path, force: bool) -> None:
     if out.is_dir():
         raise UsageError(f"OUT {out} is a folder; give the file to write, e.g. {out / 'model.pt'}")
     if not out.parent.is_dir():
+        blocker = next((folder for folder in out.parents if folder.exists()), None)  # the part of the path there
+        if blocker is not None and not blocker.is_dir():
+            raise UsageError(f"OUT {out}: {blocker} is a file, not a folder; give a path in a folder")
         raise UsageError(f"OUT {out}: its folder {out.parent} does not exist")
     if out.exists() and not force:
         raise UsageError(f"OUT {out} already exists; pass --force to replace it")

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -23,16 +24,24 @@ from torch import Tensor, nn
 
 from sigmanens_dist.config import Config
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.evaluation.conformal import METHODS, class_scores
+from sigmanens_dist.evaluation.conformal import METHODS, RAPS_LAMBDA, class_scores
 from sigmanens_dist.evaluation.metrics import ensemble_log_probs, entropy, mutual_information
 
-__all__ = ["CONFORMAL_OUTPUT", "FORMATS", "METADATA_FILE", "OUTPUTS", "ProgramHead", "class_names",
-           "export_program", "parse_members", "parse_score", "program_format"]
+__all__ = ["CONFORMAL_OUTPUT", "FORMATS", "METADATA_FILE", "OUTPUTS", "QUIET_EXPORT_WARNINGS", "SATURATION_BAND",
+           "ProgramHead", "class_names", "export_program", "parse_members", "parse_score", "program_format",
+           "program_threshold", "save_torch_program"]
 
 METADATA_FILE = "sigmanens.json"  # the metadata's name: the .pt2's extra_files key, the .onnx's metadata_props key
 OUTPUTS = ("probabilities", "prediction", "confidence", "entropy", "mutual_information", "disagreement")
 CONFORMAL_OUTPUT = "conformal_set"  # with --conformal, after OUTPUTS
 FORMATS = {"torch": ".pt2", "onnx": ".onnx"}  # --format -> the suffix that implies it
+# aps/raps: a q̂ this close to a point where the cumulative scores saturate is moved just above it (program_threshold)
+SATURATION_BAND = 1e-4
+QUIET_EXPORT_WARNINGS = (
+    # torch.export.save on weights that are views of one storage (the σN-Ens members'): they are on the CPU here
+    (r"No complete tensor found in the group! Returning the first one\. This may cause issues when your weights "
+     r"are not on CPU\.", UserWarning),
+)
 
 
 class ProgramHead(nn.Module):
@@ -70,6 +79,30 @@ class ProgramHead(nn.Module):
             score, qhat = self.conformal
             out[CONFORMAL_OUTPUT] = class_scores(probs, score) <= qhat  # eval's sets, same scores
         return out
+
+
+def program_threshold(score: str, qhat: float) -> float:
+    """The q̂ a program compares with: ``qhat``, except that an aps or raps q̂ within :data:`SATURATION_BAND` of a
+    point 1 + λ·j (j ≥ 0; aps: j = 0) becomes that point + the band. There the scores of the classes past the
+    ensemble's cumulative probability of 1 pile up, equal but for float32 summation error, which torch and
+    onnxruntime round differently: a q̂ among them splits that pile differently in the two runtimes (a q̂ one ulp
+    below 1 did, on 79 of 256 inputs). Above the pile, both include all of it: the sets only grow, so coverage
+    holds (docs/deploy.md, "Conformal sets in both formats")."""
+    if score == "thr" or not math.isfinite(qhat):
+        return qhat  # 1 − p rounds the same wherever p does: no pile at a threshold
+    point = 1 + RAPS_LAMBDA * max(0, round((qhat - 1) / RAPS_LAMBDA)) if score == "raps" else 1.0
+    return point + SATURATION_BAND if abs(qhat - point) <= SATURATION_BAND else qhat
+
+
+def save_torch_program(program: torch.export.ExportedProgram, out: Path, metadata: tuple[str, str]) -> None:
+    """``torch.export.save`` of ``program`` with ``metadata`` (key, JSON text) as an extra file, atomically at
+    ``out``, without torch's warnings that :data:`QUIET_EXPORT_WARNINGS` names (each benign here)."""
+    from sigmanens_dist.atomic import atomic_write
+
+    with warnings.catch_warnings():
+        for message, category in QUIET_EXPORT_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=category)
+        atomic_write(out, lambda f: torch.export.save(program, f, extra_files=dict([metadata])))
 
 
 def program_format(fmt: str | None, out: Path) -> Literal["torch", "onnx"]:
@@ -161,11 +194,13 @@ def _fit(cfg: Config, model: nn.Module, num_classes: int, calibrate: bool, alpha
     if calibrate:
         fit |= {k: v for k, v in fitted.parts["calibration"].items() if k not in ("method", "shift")}
     if alpha is not None:
-        qhat = fitted.thresholds[0][score]
+        fitted_qhat = fitted.thresholds[0][score]
+        qhat = program_threshold(score, fitted_qhat)  # what the program compares with, and the coverage is of
         sets = ConformalSets({score: qhat}, num_classes, fitted.temperature)
         sets.update(logits, target)
         val = sets.compute()[score]
         fit["conformal"] = {"alpha": alpha, "score": score, "qhat": qhat if math.isfinite(qhat) else None,
+                            "qhat_fitted": fitted_qhat if math.isfinite(fitted_qhat) else None,
                             "fitted_on": "val", "num_calibration": len(target), "val_coverage": val["coverage"],
                             "val_set_size": val["set_size"]}
     return fit
@@ -183,7 +218,6 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
     for a model without BatchNorm and a fit that would read the test set are refused before anything is
     computed."""
     import sigmanens_dist
-    from sigmanens_dist.atomic import atomic_write
     from sigmanens_dist.evaluation.load import load_for_eval, method_of
     from sigmanens_dist.evaluation.norm_stats import describe, norm_stats_problem, with_norm_stats
     from sigmanens_dist.evaluation.run import sub_ensemble
@@ -234,7 +268,7 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
     batch = torch.export.Dim("batch", min=1)
     with torch.no_grad():
         program = torch.export.export(head, (example,), dynamic_shapes={"x": {0: batch}})
-    atomic_write(out, lambda f: torch.export.save(program, f, extra_files={METADATA_FILE: text}))
+    save_torch_program(program, out, (METADATA_FILE, text))
     return meta
 
 

@@ -1,15 +1,19 @@
 """``sigmanens export RUN --program OUT``: the program (torch.export .pt2 or ONNX) predicts what the eager ensemble
 predicts, at any batch size and for every method, in a process where sigmanens_dist and timm (for ONNX: torch too)
 cannot be imported; a sub-ensemble program is the eager sub-ensemble; the conformal set is eval's, at eval's q̂;
-the metadata says what the program is; bad flags are one line and exit 2 before anything is computed."""
+the metadata says what the program is; bad flags are one line and exit 2 before anything is computed; the two
+formats give the same conformal sets at a q̂ one float step from 1; torch's benign save warning is not shown."""
 
 from __future__ import annotations
 
 import functools
 import json
+import math
+import re
 import shutil
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,7 +32,18 @@ from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.evaluation import load_for_eval, sub_ensemble
 from sigmanens_dist.evaluation.conformal import class_scores
 from sigmanens_dist.evaluation.posthoc import fit_posthoc
-from sigmanens_dist.evaluation.program import METADATA_FILE, OUTPUTS, class_names
+from sigmanens_dist.evaluation.program import (
+    METADATA_FILE,
+    OUTPUTS,
+    QUIET_EXPORT_WARNINGS,
+    SATURATION_BAND,
+    ProgramHead,
+    class_names,
+    export_program,
+    program_format,
+    program_threshold,
+    save_torch_program,
+)
 from sigmanens_dist.evaluation.program_onnx import TRANSLATIONS
 from sigmanens_dist.models import build_model
 from tests.helpers import FIXTURE
@@ -339,6 +354,75 @@ def test_onnx_aps_sort_breaks_ties_like_torch(tmp_path: Path) -> None:
     np.testing.assert_allclose(raps, class_scores(probs, "raps").numpy(), rtol=0, atol=1e-6)
 
 
+def test_both_formats_give_the_same_sets_at_a_qhat_one_ulp_below_1(run: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 44, finding 10: at q̂ = 0.99999994 (one float32 step below 1) the .pt2 and the .onnx program gave
+    different aps sets on 79 of 256 inputs: the tail classes' scores pile up at 1 ± float32 summation error, which
+    the two runtimes round differently. The program compares with q̂ moved above the pile: the same sets."""
+    from sigmanens_dist.evaluation import posthoc
+
+    below_one = float(np.nextafter(np.float32(1), np.float32(0)))
+    fit = posthoc.fit_posthoc
+
+    def fit_at_the_edge(*args: object, **kwargs: object) -> posthoc.PostHoc:
+        fitted = fit(*args, **kwargs)
+        fitted.thresholds = [dict.fromkeys(qhats, below_one) for qhats in fitted.thresholds]
+        return fitted
+
+    monkeypatch.setattr(posthoc, "fit_posthoc", fit_at_the_edge)
+    paths = {fmt: tmp_path / f"edge.{fmt}" for fmt in ("pt2", "onnx")}
+    for path in paths.values():
+        export_program(_checkpoint(run), path, calibration="temperature", fmt=program_format(None, path),
+                       conformal=0.1, score="aps")
+    sets = _metadata(paths["onnx"])["conformal"]
+    assert sets["qhat_fitted"] == below_one and sets["qhat"] == 1 + SATURATION_BAND
+    x = torch.rand(256, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    pt2, onnx_out = _run_program(paths["pt2"], x), _run_program(paths["onnx"], x)
+    scores = class_scores(pt2["probabilities"], "aps")
+    assert int(((scores - 1).abs() < 1e-6).any(-1).sum()) > 64  # the pile the raw q̂ would have split
+    assert torch.equal(pt2["conformal_set"], onnx_out["conformal_set"])
+
+
+@pytest.mark.parametrize(("score", "fitted", "stored"), [
+    ("aps", 0.9061958, 0.9061958),
+    ("aps", 1 - 2**-24, 1 + SATURATION_BAND),
+    ("aps", 1 + 2**-23, 1 + SATURATION_BAND),
+    ("raps", 1.03 - 2**-23, 1.03 + SATURATION_BAND),
+    ("raps", 1.025, 1.025),
+    ("thr", 1 - 2**-24, 1 - 2**-24),  # 1 − p: no summation, no pile
+    ("aps", math.inf, math.inf),
+])
+def test_program_threshold_moves_only_a_qhat_at_a_pile(score: str, fitted: float, stored: float) -> None:
+    assert program_threshold(score, fitted) == pytest.approx(stored, rel=0, abs=1e-12)
+
+
+def test_torchs_save_warning_is_silenced_and_only_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 44, finding 12: torch.export.save warns "No complete tensor found in the group!" on the σN-Ens members'
+    shared weights (shown first); saving a program silences that text, and any other warning still shows."""
+    model = build_model(load_config(None, TINY), 10, 3).eval()
+    head = ProgramHead(model, [0.0] * 3, [1.0] * 3, 1.0).eval()
+    with torch.no_grad():
+        program = torch.export.export(head, (torch.rand(2, 3, 16, 16),),
+                                      dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1)}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.export.save(program, tmp_path / "plain.pt2")
+    (message, category), = QUIET_EXPORT_WARNINGS
+    assert [w for w in caught if issubclass(w.category, category) and re.match(message, str(w.message))]
+    save = torch.export.save
+
+    def save_and_warn(*args: object, **kwargs: object) -> None:
+        warnings.warn("something else", UserWarning, stacklevel=1)
+        save(*args, **kwargs)
+
+    monkeypatch.setattr(torch.export, "save", save_and_warn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        save_torch_program(program, tmp_path / "quiet.pt2", (METADATA_FILE, "{}"))
+    assert [str(w.message) for w in caught] == ["something else"]
+    assert (tmp_path / "quiet.pt2").is_file()
+
+
 # -- class names ------------------------------------------------------------------------------------------------------
 def test_class_names_are_the_datasets_own_or_none(tmp_path: Path) -> None:
     assert DATASETS["fashion_mnist"].classes[0] == "T-shirt/top" and len(DATASETS["fashion_mnist"].classes) == 10
@@ -395,6 +479,17 @@ def test_bad_program_flags_are_refused_before_the_checkpoint_is_read(
     assert main(["export", str(tmp_path / "no-such-run"), "--program", str(target), *flags]) == 2  # flags first
     assert capsys.readouterr().err == f"sigmanens export: error: {message.format(out=target)}\n"
     assert not target.exists()
+
+
+def test_program_under_a_file_says_the_file(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 44, finding 12: `export --program afile/p.pt2` said the folder "does not exist"."""
+    afile = tmp_path / "afile"
+    afile.write_text("a file")
+    for out in (afile / "p.pt2", afile / "sub" / "p.pt2"):
+        assert main(["export", str(run), "--program", str(out)]) == 2
+        assert capsys.readouterr().err == (f"sigmanens export: error: OUT {out}: {afile} is a file, not a folder; "
+                                           "give a path in a folder\n")
+    assert afile.read_text() == "a file"
 
 
 def test_program_flags_without_program_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
