@@ -68,7 +68,7 @@ class ModelConfig(_Section):
     method: Literal["sigma", "single", "deep", "batch", "packed", "film"] = "sigma"
     num_members: Int = Field(4, ge=1)  # M (not used by method=single)
     # independent: each member reads its own data order (member k that of a run with seed+k); shared: every member
-    # sees the same batch. None: the method's default (independent for deep, shared for the others)
+    # sees the same batch. None: the method's default (independent for sigma, film and deep; shared for the others)
     member_batches: Literal["shared", "independent"] | None = None
     packed_alpha: Float = Field(2.0, gt=0, allow_inf_nan=False)  # packed: width factor α
     packed_gamma: Int = Field(1, ge=1)  # packed: sub-groups per member γ

@@ -87,7 +87,8 @@ def _write(data: Any, root: Path, fmt: str, out: Path, on_shard: Callable[[Path]
     else:
         no_split = data.model_copy(update={"val_split": 0, "val_from_test": True})
         bundle = build_datasets(no_split, root)  # the whole pool, un-augmented below; then split here
-        pool, test, num_classes = unwrap_source(bundle.train), bundle.test, bundle.num_classes
+        # every split as stored (PIL, uint8, the source file), its transform left to the reader of the format
+        pool, test, num_classes = unwrap_source(bundle.train), unwrap_source(bundle.test), bundle.num_classes
     classes = source_classes(pool) or [str(i) for i in range(num_classes)]
     train_idx, val_idx = split_indices(len(pool), data.val_split, split_seed)
     splits = {"train": Subset(pool, train_idx) if val_idx else pool, "test": test}

@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 from sigmanens_dist.config import DataConfig
 from sigmanens_dist.data.bad_samples import BadSamples, Checked, collate_present
 from sigmanens_dist.data.datasets import DATASETS, convertible, resolve_root
-from sigmanens_dist.data.raw import build_datasets
+from sigmanens_dist.data.raw import IMAGE_FOLDERS, build_datasets, image_folder_transforms
 from sigmanens_dist.data.remote import RemotePath
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler, epoch_seed
 from sigmanens_dist.distributed.env import DistEnv
@@ -203,8 +203,11 @@ def _webdataset(d: DataConfig, batch: int, seed: int, env: DistEnv, randaugment:
     else:
         spec = DATASETS[d.dataset]
         size = d.img_size or spec.size
-        train_tf = image_transform(True, size, spec.mean, spec.std)
-        eval_tf = image_transform(False, size, spec.mean, spec.std)
+        if d.dataset in IMAGE_FOLDERS:  # the raw reader's own: its pixels, its randaugment
+            train_tf, eval_tf = image_folder_transforms(d.dataset, size, randaugment)
+        else:
+            train_tf = image_transform(True, size, spec.mean, spec.std)
+            eval_tf = image_transform(False, size, spec.mean, spec.std)
         collate, in_chans, vocab = torch.stack, len(spec.mean), None
     train = WebDatasetLoader(c.root / "train" / MANIFEST, batch, env.rank, env.world_size, d.num_workers, seed,
                              train_tf, bad=bad, collate=collate)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
@@ -19,7 +20,8 @@ from sigmanens_dist.data.idx import IdxImageDataset
 from sigmanens_dist.data.sampler import seeded
 from sigmanens_dist.errors import MissingPathError, UsageError
 
-__all__ = ["READERS", "DataBundle", "Resized", "SeededAugment", "SyntheticImages", "build_datasets", "split_indices"]
+__all__ = ["IMAGE_FOLDERS", "READERS", "DataBundle", "Evaluated", "Resized", "SeededAugment", "SyntheticImages",
+           "build_datasets", "image_folder_transforms", "split_indices"]
 
 
 
@@ -52,6 +54,22 @@ class SeededAugment(Dataset):
         with seeded(seed):
             x, y = self.dataset[index]
             return (self.transform(x) if self.transform is not None else x), y
+
+
+class Evaluated(Dataset):
+    """``dataset``'s samples as stored, through the deterministic evaluation ``transform``: the val and test sets.
+    Converters unwrap it (``sources.unwrap_source``), as they unwrap :class:`SeededAugment`, and store the samples
+    as they are on disk; the converted formats apply the evaluation transform when they read."""
+
+    def __init__(self, dataset: Dataset, transform: Any) -> None:
+        self.dataset, self.transform = dataset, transform
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        x, y = self.dataset[index]
+        return self.transform(x), y
 
 
 class SyntheticImages(Dataset):
@@ -95,12 +113,13 @@ def split_indices(num_samples: int, val_split: float | int, seed: int) -> tuple[
 
 @dataclass
 class _Parts:
-    """A dataset's training pool twice (to augment, and as evaluation reads it), its test set and its shape."""
+    """A dataset's training pool and test set as stored (what ``sigmanens data convert`` writes), the transforms
+    that make a stored sample a training or an evaluation input, and its shape."""
 
     train: Dataset
-    train_plain: Dataset
     test: Dataset
     augment: Any
+    evaluate: Any  # None: a stored sample is already the model's input (IDX pixels are normalised as they are read)
     num_classes: int
     in_chans: int
     vocab_size: int | None = None
@@ -115,14 +134,18 @@ def build_datasets(data_cfg: DataConfig, root: Path | None, randaugment: str | N
     parts = _parts(data_cfg, root, randaugment)
     train_idx, val_idx = split_indices(len(parts.train), data_cfg.val_split, data_cfg.split_seed)
     train = SeededAugment(_take(parts.train, train_idx), parts.augment)
-    test = _subset(parts.test, data_cfg.test_subset)
-    val = (_subset(_take(parts.train_plain, val_idx), data_cfg.val_subset) if val_idx
-           else _subset(parts.test, data_cfg.val_subset))
+    test = _evaluated(_subset(parts.test, data_cfg.test_subset), parts.evaluate)
+    val = _evaluated(_subset(_take(parts.train, val_idx), data_cfg.val_subset) if val_idx
+                     else _subset(parts.test, data_cfg.val_subset), parts.evaluate)
     return DataBundle(train, val, test, parts.num_classes, parts.in_chans, parts.vocab_size, val_idx)
 
 
 def _take(ds: Dataset, indices: list[int]) -> Dataset:
     return ds if indices == list(range(len(ds))) else torch.utils.data.Subset(ds, indices)
+
+
+def _evaluated(ds: Dataset, transform: Any) -> Dataset:
+    return ds if transform is None else Evaluated(ds, transform)
 
 
 def _parts(data_cfg: DataConfig, root: Path | None, randaugment: str | None) -> _Parts:
@@ -133,7 +156,7 @@ def _synthetic(data_cfg: DataConfig, root: Path | None, randaugment: str | None)
     size = data_cfg.img_size or 16
     train = SyntheticImages(data_cfg.train_subset or 2048, size=size, seed=0)
     test = SyntheticImages(data_cfg.test_subset or 512, size=size, seed=1)
-    return _Parts(train, train, test, v2.RandomHorizontalFlip(), train.num_classes, train.in_chans)
+    return _Parts(train, test, v2.RandomHorizontalFlip(), None, train.num_classes, train.in_chans)
 
 
 def _fashion_mnist(data_cfg: DataConfig, root: Path | None, randaugment: str | None) -> _Parts:
@@ -143,11 +166,11 @@ def _fashion_mnist(data_cfg: DataConfig, root: Path | None, randaugment: str | N
     size = data_cfg.img_size or 28
     black = -train.mean / train.std  # images are already normalised: pad with the value of a black pixel
     aug = [v2.RandomCrop(28, padding=2, fill=black), v2.RandomHorizontalFlip()]
-    plain: Dataset = train
+    evaluate = None
     if size != 28:
         aug.append(v2.Resize(size, antialias=True))
-        plain, test = Resized(train, size), Resized(test, size)
-    return _Parts(train, plain, test, v2.Compose(aug), train.num_classes, train.in_chans)
+        evaluate = v2.Resize(size, antialias=True)
+    return _Parts(train, test, v2.Compose(aug), evaluate, train.num_classes, train.in_chans)
 
 
 def _sst2(data_cfg: DataConfig, root: Path | None, randaugment: str | None) -> _Parts:
@@ -155,7 +178,7 @@ def _sst2(data_cfg: DataConfig, root: Path | None, randaugment: str | None) -> _
 
     train, test, vocab_size = build_sst2(data_cfg, root)
     # No text augmentation; SeededAugment still gives the (index, seed) keys the train stream fetches by.
-    return _Parts(train, train, test, None, 2, 0, vocab_size)
+    return _Parts(train, test, None, None, 2, 0, vocab_size)
 
 
 class Resized(Dataset):
@@ -180,36 +203,50 @@ def _cifar(data_cfg: DataConfig, root: Path, randaugment: str | None) -> _Parts:
     cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
     mean, std = DATASETS[name].mean, DATASETS[name].std  # each CIFAR its own statistics
     to_tensor = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
-    try:
+    try:  # PIL images as stored; to_tensor is applied by build_datasets (and by nothing that converts them)
         train = cls(str(root), train=True, download=False)
-        plain = cls(str(root), train=True, download=False, transform=to_tensor)
-        test = cls(str(root), train=False, download=False, transform=to_tensor)
+        test = cls(str(root), train=False, download=False)
     except RuntimeError as err:
         raise MissingPathError(f"data.root={root}: no {name} python-pickle batches there ({err}); expected "
                                f"{cls.base_folder}/ as extracted from the official {name}-python.tar.gz") from err
     aug = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip(), to_tensor])
-    n = data_cfg.train_subset
-    return _Parts(_subset(train, n), _subset(plain, n), test, aug, len(train.classes), 3)
+    return _Parts(_subset(train, data_cfg.train_subset), test, aug, to_tensor, len(train.classes), 3)
+
+
+#: the datasets read as ImageFolder trees; webdataset reads their conversions with the same transforms
+IMAGE_FOLDERS = ("imagenet", "imagefolder")
+
+
+def image_folder_transforms(dataset: str, size: int, randaugment: str | None) -> tuple[v2.Compose, v2.Compose]:
+    """``(train, eval)`` transforms of an ImageFolder image (PIL, any mode) to a normalised ``(3, size, size)`` float
+    tensor: timm's ImageNet recipe (random-resized crop, flip, colour jitter or ``randaugment``; resize to
+    ``size / 0.875`` and centre crop). The raw reader and webdataset (on the converted folder) both use them, so the
+    two formats train and evaluate on the same pixels."""
+    from timm.data import create_transform
+
+    mean, std = DATASETS[dataset].mean, DATASETS[dataset].std
+    train = create_transform(size, is_training=True, auto_augment=randaugment, mean=mean, std=std)
+    return v2.Compose([_rgb, train]), v2.Compose([_rgb, create_transform(size, is_training=False, mean=mean, std=std)])
+
+
+def _rgb(image: Image.Image) -> Image.Image:
+    """RGB as ImageFolder's loader makes it: shards keep a grayscale JPEG's one channel."""
+    return image if image.mode == "RGB" else image.convert("RGB")
 
 
 def _image_folder(data_cfg: DataConfig, root: Path, randaugment: str | None) -> _Parts:
-    from timm.data import create_transform
     from torchvision import datasets
 
     for split in ("train", "val"):
         if not (root / split).is_dir():
             raise MissingPathError(f"data.root={root}: expected ImageFolder sub-folders train/ and val/ "
                                    f"(one folder per class); {root / split} is missing")
-    size = data_cfg.img_size or 224
-    evaluate = create_transform(size, is_training=False)
-    train = datasets.ImageFolder(str(root / "train"))
-    plain = datasets.ImageFolder(str(root / "train"), transform=evaluate)
-    test = datasets.ImageFolder(str(root / "val"), transform=evaluate)
+    train = datasets.ImageFolder(str(root / "train"))  # PIL images as stored: converters read these
+    test = datasets.ImageFolder(str(root / "val"))
     if train.classes != test.classes:
         raise UsageError(f"{root}: train/ and val/ have different class folders")
-    aug = create_transform(size, is_training=True, auto_augment=randaugment)
-    n = data_cfg.train_subset
-    return _Parts(_subset(train, n), _subset(plain, n), test, aug, len(train.classes), 3)
+    aug, evaluate = image_folder_transforms(data_cfg.dataset, data_cfg.img_size or 224, randaugment)
+    return _Parts(_subset(train, data_cfg.train_subset), test, aug, evaluate, len(train.classes), 3)
 
 
 #: data.dataset → its reader of the native files; the keys are data/datasets.py's DATASETS (a test holds them equal)

@@ -13,17 +13,18 @@ from torch.utils.data import Dataset, Subset
 from torchvision import datasets
 
 from sigmanens_dist.data.idx import IdxImageDataset
-from sigmanens_dist.data.raw import SeededAugment
+from sigmanens_dist.data.raw import Evaluated, SeededAugment
 from sigmanens_dist.errors import UsageError
 
 __all__ = ["as_uint8_image", "read_source", "source_classes", "unwrap_source"]
 
-_JPEG_MAGIC = b"\xff\xd8\xff"
+_MAGIC = {b"\xff\xd8\xff": "jpg", b"\x89PNG\r\n\x1a\n": "png"}  # file signature → the shard extension
 
 
 def unwrap_source(dataset: Dataset) -> Dataset:
-    """The un-augmented dataset under a raw-format train set: converters store source images, never augmented ones."""
-    return dataset.dataset if isinstance(dataset, SeededAugment) else dataset
+    """The stored samples under a raw-format train, val or test set (its augmentation or evaluation transform
+    removed): converters store source images, never transformed ones; the reader transforms them."""
+    return dataset.dataset if isinstance(dataset, SeededAugment | Evaluated) else dataset
 
 
 def source_classes(dataset: Dataset) -> list[str] | None:
@@ -73,12 +74,15 @@ def read_source(dataset: Dataset, index: int) -> tuple[np.ndarray, int]:
     return as_uint8_image(image, f"sample {index}"), int(label)
 
 
-def _source_file(dataset: Dataset, index: int) -> tuple[Path, int] | None:
-    """``(path, label)`` of sample ``index`` when it is a JPEG file read with no transform: its bytes can be stored
-    as they are, which is lossless and many times faster than decoding and re-encoding."""
+def _source_file(dataset: Dataset, index: int) -> tuple[str, Path, int] | None:
+    """``(extension, path, label)`` of sample ``index`` when it is a JPEG or PNG file read with no transform: its
+    bytes can be stored as they are, which is lossless (a reader decodes the pixels the raw reader does) and many
+    times faster than decoding and re-encoding."""
     dataset, index = _base(dataset, index)
     if not isinstance(dataset, datasets.DatasetFolder) or dataset.transform is not None:
         return None
     path, label = dataset.samples[index]
     with open(path, "rb") as f:
-        return (Path(path), int(label)) if f.read(3) == _JPEG_MAGIC else None
+        head = f.read(8)
+    ext = next((e for magic, e in _MAGIC.items() if head.startswith(magic)), None)
+    return (ext, Path(path), int(label)) if ext is not None else None

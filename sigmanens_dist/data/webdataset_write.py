@@ -32,14 +32,15 @@ _CHUNK = 256  # samples encoded per thread-pool round: bounds memory while keepi
 
 
 def _encode(dataset: Dataset, index: int, quality: int) -> tuple[str, bytes, int]:
-    """``(extension, bytes, label)``: sentences as UTF-8 text; source JPEG files as they are; RGB as JPEG (4:4:4);
-    grayscale as lossless PNG."""
+    """``(extension, bytes, label)``: sentences as UTF-8 text; source JPEG and PNG files as they are; other RGB as
+    JPEG (4:4:4), other grayscale as lossless PNG."""
     if isinstance(_base(dataset, index)[0], TextDataset):
         text, label = dataset[index]
         return "txt", text.encode("utf-8"), label
     source = _source_file(dataset, index)
     if source is not None:
-        return "jpg", source[0].read_bytes(), source[1]
+        ext, path, label = source
+        return ext, path.read_bytes(), label
     pixels, label = read_source(dataset, index)
     buf = io.BytesIO()
     if pixels.ndim == 2:

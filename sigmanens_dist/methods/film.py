@@ -29,6 +29,7 @@ class FiLMEnsemble(SigmaEnsemble):
     name = "film"
     display = "FiLM ablation"
     regularized = False  # σN-Ens without σ gate or L_div
+    # default_member_batches is SigmaEnsemble's (independent): the ablation differs from σN-Ens in gate and L_div only
     knobs = MappingProxyType({"model.film_init_std": "init std"})
 
     def aux_loss(self, reg: RegConfig) -> torch.Tensor:
