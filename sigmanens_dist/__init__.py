@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 __all__ = ["SigmaEnsemble", "convert_to_sigma_ensemble", "diversity_loss", "members_on", "optimal_members_on"]
 __version__ = "0.3.0"
 
@@ -15,8 +12,10 @@ _LAZY = {"SigmaEnsemble": "sigmanens_dist.methods.sigma", "convert_to_sigma_ense
          "optimal_members_on": "sigmanens_dist.sigma.regularizer"}
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:  # nothing imported up front: `-m sigmanens_dist.train` runs this before its guard
     if name in _LAZY:
+        import importlib
+
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value

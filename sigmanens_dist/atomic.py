@@ -21,8 +21,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-__all__ = ["atomic_path", "atomic_write", "file_mode", "file_sha256", "replace_folder", "torch_save", "write_bytes",
-           "write_text"]
+from sigmanens_dist.errors import UsageError
+
+__all__ = ["atomic_path", "atomic_write", "check_writable_folder", "file_mode", "file_sha256", "replace_folder",
+           "torch_save", "write_bytes", "write_text"]
 
 
 def file_mode() -> int:
@@ -129,3 +131,20 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def check_writable_folder(path: Path, what: str) -> None:
+    """Refuse in one line, writing nothing, a ``path`` that cannot be (or become) a folder this process writes into:
+    a file there or in place of one of its parents, or a first existing parent that cannot be written. ``what``
+    names the option in the message (``run_dir=``, ``--out ``). A command checks its output folder with this
+    before it builds anything, so such a path is not found as a traceback at the first write."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{what}{path} is a file, not a folder")
+    existing = next((p for p in (path, *path.absolute().parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise UsageError(f"{what}{path}: a part of this path is a file, not a folder ({existing})")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        where = "it" if existing == path else existing
+        raise UsageError(f"{what}{path} cannot be created or written: {where} is not writable (read-only file system "
+                         "or permissions)")

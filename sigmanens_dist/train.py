@@ -11,12 +11,17 @@ Exit status 0 when done, ``EXIT_PREEMPTED`` (75) after a signal-triggered checkp
 
 from __future__ import annotations
 
+import signal
 import sys
 
 if __name__ == "__main__":  # torchrun -m sigmanens_dist.train: a preemption during the seconds of imports below
+    # the first statement run: a signal is noted until the guard (an import away) answers it
+    _EARLY: list[int] = []
+    for _sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(_sig, lambda signum, _frame: _EARLY.append(signum))
     from sigmanens_dist.training.preemption import StartupGuard
 
-    StartupGuard.install(sys.argv[1:])
+    StartupGuard.install(sys.argv[1:], noted=_EARLY)
 
 import contextlib
 import json
@@ -440,25 +445,13 @@ def _setup_logging(env: DistEnv) -> None:
 
 def fit(cfg: Config) -> int:
     """Build the trainer for a checked config and train (:func:`sigmanens_dist.cli.train.main` reports a
-    :class:`UsageError`)."""
-    try:
-        trainer = Trainer(cfg)
-    except SETUP_REFUSALS as err:  # the project's convention for bad input; SIGMANENS_TRACEBACK=1 shows where
-        if os.environ.get("SIGMANENS_TRACEBACK") or isinstance(err, UsageError):
-            raise
-        raise UsageError(str(err)) from err
-    return trainer.fit()
+    :class:`~sigmanens_dist.errors.UsageError`; any other exception, set-up included, keeps its traceback)."""
+    return Trainer(cfg).fit()
 
 
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-# What set-up raises for bad input (a value, a path, a dataset too small…): the project's errors of these types name
-# the problem and its fix, so before the first step they are reported like a UsageError. A bug raises other types,
-# and any error keeps its traceback with SIGMANENS_TRACEBACK=1.
-SETUP_REFUSALS = (ValueError, FileNotFoundError, FileExistsError)
 
 
 if __name__ == "__main__":  # torchrun -m sigmanens_dist.train; the parser is sigmanens_dist.cli.train's

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sigmanens_dist.errors import EXIT_USAGE, UsageError
+from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, UnavailableError, UsageError
 from sigmanens_dist.experiments.compare.records import (
     PAIRINGS,
     RECORDS_FILE,
@@ -71,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:  # a CompareError: the user's to fix, the message alone, exit 2 (errors.py)
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except UnavailableError as err:  # a tracking server that does not answer: one line, exit 1
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     from sigmanens_dist.experiments import terminal  # the table for a person; the files keep every column
 
     print(terminal.render(build_report(records, args.reference, pair=args.pair, split=args.split), notes))

@@ -39,7 +39,7 @@ def _convert(argv: Sequence[str]) -> int:
     missing-path errors), then :func:`sigmanens_dist.data.convert.convert` writes the format."""
     from sigmanens_dist.config import DataConfig, choices, load_config
     from sigmanens_dist.data.datasets import convertible
-    from sigmanens_dist.errors import EXIT_USAGE, UsageError
+    from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, UnavailableError, UsageError
 
     ap = argparse.ArgumentParser(prog="sigmanens data convert", description=DATA_CONVERT_USAGE,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,6 +73,9 @@ def _convert(argv: Sequence[str]) -> int:
     except UsageError as err:  # the user's to fix: the message alone, exit 2 (errors.py)
         print(f"sigmanens data convert: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except UnavailableError as err:  # a bucket's server that does not answer: one line, exit 1
+        print(f"sigmanens data convert: error: {err}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     split = (f"data.val_split={a.val_split} data.split_seed={a.split_seed}" if a.val_split
              else "data.val_split=0 data.val_from_test=true")
     print(f"wrote {a.format} data to {out}; train with data.format={a.format} data.root={out} {split}")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from sigmanens_dist.config import EvalConfig, choices
 from sigmanens_dist.data.corruption_table import CORRUPTIONS, SEVERITIES, unknown
+from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, UnavailableError, UsageError
 
 __all__ = ["main", "parse_corruptions", "parse_severities"]
 
@@ -39,7 +40,7 @@ def parse_severities(text: str) -> list[int]:
     except ValueError:
         values = []
     if not values or any(v not in SEVERITIES for v in values):
-        raise ValueError(f"--severities {text!r}: give severities in 1..5 as a range (1-5) or a list (1,3,5)")
+        raise UsageError(f"--severities {text!r}: give severities in 1..5 as a range (1-5) or a list (1,3,5)")
     return values
 
 
@@ -50,7 +51,7 @@ def parse_corruptions(text: str | None) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in (*CORRUPTIONS, "all")]
     if bad or not names:
-        raise ValueError(f"--corruptions {text!r}: {unknown(bad)}")
+        raise UsageError(f"--corruptions {text!r}: {unknown(bad)}")
     return ["all"] if "all" in names else names
 
 
@@ -94,14 +95,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(levelname)s %(message)s", datefmt="%H:%M:%S")
     try:
         return _run(args)
-    except (ValueError, FileNotFoundError, RuntimeError, TypeError) as err:
-        print(f"sigmanens eval: error: {err}", file=sys.stderr)
-        return 2
+    except (UsageError, UnavailableError) as err:  # anything else is not the user's: it keeps its traceback
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"sigmanens eval: error: {err}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(err, UsageError) else EXIT_UNAVAILABLE
 
 
 def _run(args: argparse.Namespace) -> int:
     import torch  # here, not at the top: `sigmanens eval --help` answers without it
 
+    from sigmanens_dist.atomic import check_writable_folder
     from sigmanens_dist.checkpoint import resolve_checkpoint
     from sigmanens_dist.evaluation.conformal import parse_alphas
     from sigmanens_dist.evaluation.load import load_for_eval
@@ -116,9 +119,11 @@ def _run(args: argparse.Namespace) -> int:
     alphas = parse_alphas(args.conformal)  # before anything is read
     prior = parse_prior(args.norm_stats_prior, args.norm_stats)
     if args.members is not None and args.members < 1:
-        raise ValueError(f"--members {args.members}: must be ≥ 1")
+        raise UsageError(f"--members {args.members}: must be ≥ 1")
     overrides = [kv if kv.startswith("data.") else f"data.{kv}" for kv in args.data]
     checkpoint, which = resolve_checkpoint(args.checkpoint, "--checkpoint")
+    out = args.out or checkpoint.parent / f"eval_{checkpoint.stem}"
+    check_writable_folder(out, "--out ")  # before the model is built
     logging.getLogger("sigmanens").info("evaluating %s", which)
     loaded = load_for_eval(checkpoint, overrides)
     cfg = loaded.cfg
@@ -138,7 +143,6 @@ def _run(args: argparse.Namespace) -> int:
         args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = loaded.model.to(device)
     ema = loaded.ema.to(device) if loaded.ema is not None else None
-    out = args.out or checkpoint.parent / f"eval_{checkpoint.stem}"
     lock = own_run_containing(out / "eval.json", "eval", env)  # the default --out is beside the checkpoint
     try:
         report = run_eval(cfg, model, ema, options, out_dir=out, run_id=loaded.run_id, step=loaded.step,

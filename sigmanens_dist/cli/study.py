@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sigmanens_dist.errors import EXIT_USAGE, UsageError
 from sigmanens_dist.experiments.study.bookkeeping import ensure_parent, load_definition, write_definition
 from sigmanens_dist.experiments.study.grid import (
     AXES,
@@ -27,7 +28,6 @@ from sigmanens_dist.experiments.study.grid import (
     KINDS,
     LAMBDA_POLICIES,
     METHOD_NAMES,
-    StudyError,
     build_definition,
 )
 from sigmanens_dist.experiments.study.running import run_one, run_study
@@ -65,9 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = args.study / DEFINITION if args.study.is_dir() else args.study
         try:
             definition = load_definition(path)
-        except StudyError as err:
+        except UsageError as err:
             print(f"error: {err}", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         print(f"study {definition['name']}: resuming {len(definition['children'])} children from {path}", flush=True)
         return run_study(definition, path)
     if argv and argv[0] == "run-one":
@@ -80,9 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = ap.parse_args(argv[1:])
         try:
             return run_one(args.definition, args.index, print_args=args.print_args)
-        except StudyError as err:
+        except UsageError as err:
             print(f"error: {err}", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
     ap = argparse.ArgumentParser(prog="sigmanens study", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("kind", choices=list(KINDS), help="what the study sweeps by default")
@@ -112,9 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       max_backbone_batch=args.max_backbone_batch)
         path = write_definition(definition, args.config)
         definition = load_definition(path)
-    except StudyError as err:
+    except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     print(wrap(f"study {definition['name']}: {len(definition['children'])} children, definition {path}") + "\n"
           + wrap(f"λ policy: {definition['lambda_policy_text']}; global batch {definition['global_batch']} at every M"),
           flush=True)

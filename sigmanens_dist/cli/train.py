@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sigmanens_dist.config import load_config
-from sigmanens_dist.errors import EXIT_USAGE, USAGE_MARKER, UsageError
+from sigmanens_dist.config import check_run_paths, load_config
+from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, USAGE_MARKER, UnavailableError, UsageError
 from sigmanens_dist.training.preemption import StartupGuard
 from sigmanens_dist.training.run_lock import RunLockedError
 
@@ -45,8 +45,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """The entry point. A :class:`UsageError` (a bad config, a missing path, a checkpoint of another run) is one
     message from rank 0 and exit status 2, recorded in ``<run_dir>/usage_error.txt`` so batch scripts do not retry
-    it; any other exception is a bug and keeps its traceback. torch and the trainer are imported only once the
-    config is valid and ``--check`` was not asked for."""
+    it; a server that does not answer (:class:`UnavailableError`) is one line and exit status 1, which batch scripts
+    retry; any other exception keeps its traceback (exit 1). torch and the trainer are imported only once the config
+    and the run's paths are checked and ``--check`` was not asked for."""
     StartupGuard.install(list(sys.argv[1:] if argv is None else argv))  # a preemption before the first step
     args = parser().parse_intermixed_args(argv)  # flags and overrides in any order
     overrides = list(args.overrides) + ([f"checkpoint.resume={args.resume}"] if args.resume else [])
@@ -54,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     trainer = None
     try:
         cfg = load_config(args.config, overrides)
+        check_run_paths(cfg)  # the run directory, converted data: --check refuses what the run would refuse
         if args.check:
             print(f"config ok: run_dir={cfg.run_dir}")
             return 0
@@ -65,6 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("SIGMANENS_TRACEBACK"):
             raise
         return _usage_error(err, cfg)
+    except UnavailableError as err:  # a server that did not answer: one line, exit 1, which batch scripts retry
+        if os.environ.get("SIGMANENS_TRACEBACK"):
+            raise
+        _say(err)
+        return EXIT_UNAVAILABLE
     finally:
         StartupGuard.stand_down()
         if trainer is not None:
@@ -73,11 +80,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _usage_error(err: UsageError, cfg: Config | None) -> int:
     """Rank 0 (every rank raised the same error) prints the message alone and records it for the batch script."""
+    _say(err)
+    ours = cfg is not None and Path(cfg.run_dir).is_dir() and not isinstance(err, RunLockedError)  # held: the holder's
+    if ours and int(os.environ.get("RANK", "0")) == 0:
+        (Path(cfg.run_dir) / USAGE_MARKER).write_text(f"{err}\n")
+    return EXIT_USAGE
+
+
+def _say(err: Exception) -> None:
+    """The message alone, from rank 0 (every rank raised the same error)."""
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"error: {err}", file=sys.stderr, flush=True)
-        if cfg is not None and Path(cfg.run_dir).is_dir() and not isinstance(err, RunLockedError):  # not ours
-            (Path(cfg.run_dir) / USAGE_MARKER).write_text(f"{err}\n")
     else:  # torchrun stops every worker once one exits: give rank 0 the time to say why
         time.sleep(3)
-    return EXIT_USAGE
 

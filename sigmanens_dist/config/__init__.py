@@ -15,6 +15,7 @@ from __future__ import annotations
 from sigmanens_dist.config.loading import (
     RECIPES,
     check_paths,
+    check_run_paths,
     config_from_dict,
     flatten,
     load_config,
@@ -40,5 +41,5 @@ from sigmanens_dist.config.schema import (
 
 __all__ = ["RECIPES", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "ModelConfig",
            "OptimConfig", "RegConfig", "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig",
-           "check_paths", "choices", "config_from_dict", "flatten", "load_config", "recipe_path", "recipes",
-           "save_config"]
+           "check_paths", "check_run_paths", "choices", "config_from_dict", "flatten", "load_config", "recipe_path",
+           "recipes", "save_config"]

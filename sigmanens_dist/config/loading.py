@@ -13,14 +13,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from sigmanens_dist.atomic import write_text
+from sigmanens_dist.atomic import check_writable_folder, write_text
 from sigmanens_dist.config.messages import ConfigError, _did_you_mean, _from_pydantic, _keys_of, _line, _model_at
 from sigmanens_dist.config.schema import Config, DataConfig
-from sigmanens_dist.data.datasets import DATASETS, resolve_root
+from sigmanens_dist.data.datasets import DATASETS, converted_classes_file, convertible, resolve_root
 from sigmanens_dist.data.remote import RemotePath
 
-__all__ = ["RECIPES", "check_paths", "config_from_dict", "flatten", "load_config", "recipe_path", "recipes",
-           "save_config"]
+__all__ = ["RECIPES", "check_paths", "check_run_paths", "config_from_dict", "flatten", "load_config", "recipe_path",
+           "recipes", "save_config"]
 
 
 _REPLACES = {"train.max_steps": "train.epochs", "train.epochs": "train.max_steps"}
@@ -141,6 +141,19 @@ def check_paths(cfg: Config, source: str = "<config>") -> None:
     problems = _data_problems(cfg.data)
     if problems:
         raise ConfigError(source, problems)
+
+
+def check_run_paths(cfg: Config) -> None:
+    """What a run needs of the file system and the data server beyond what validation reads, checked as the trainer
+    finds it but writing nothing: a run directory that can be made and written, and converted data's ``classes.json``
+    (a URL root: one HEAD). ``sigmanens train --check`` and the run itself call it before anything is built, so a
+    config that --check passes is not refused for these later. Raises a :class:`~sigmanens_dist.errors.UsageError`
+    (a data server that does not answer: :class:`~sigmanens_dist.errors.UnavailableError`)."""
+    check_writable_folder(Path(cfg.run_dir), "run_dir=")
+    data = cfg.data
+    if data.format != "raw" and data.dataset in convertible():
+        root = resolve_root(data.dataset, data.root)
+        converted_classes_file(data.format, root if isinstance(root, RemotePath) else Path(root))
 
 
 def save_config(cfg: Config, path: str | Path) -> Path:

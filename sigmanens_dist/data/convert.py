@@ -26,7 +26,7 @@ from typing import Any
 
 from torch.utils.data import Subset
 
-from sigmanens_dist.atomic import write_text
+from sigmanens_dist.atomic import check_writable_folder, write_text
 from sigmanens_dist.data.datasets import convertible
 from sigmanens_dist.data.loaders import CLASSES_FILE
 from sigmanens_dist.data.raw import build_datasets, split_indices
@@ -151,8 +151,7 @@ def _check_out(out: Path, fmt: str, text: bool, force: bool) -> None:
     (``classes.json``, written last) is refused too: its options are not all recorded, so it cannot be told from
     another conversion's. Manifests a resume would trust are read now, forced or not, so one that is not ours stops
     the conversion before it starts."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file, not a folder")
+    check_writable_folder(out, "--out ")  # a file there or in place of a parent, a read-only parent
     folders = [out / split for split in _SPLITS if (out / split).exists()] if fmt == "webdataset" else []
     if out.exists() and not force:
         if (out / CLASSES_FILE).exists():

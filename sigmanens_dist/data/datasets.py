@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["DATASETS", "FASHION_MNIST_ROOT", "DatasetName", "DatasetSpec", "convertible", "resolve_root"]
+from sigmanens_dist.data.remote import RemotePath
+from sigmanens_dist.errors import MissingPathError
+
+__all__ = ["CLASSES_FILE", "DATASETS", "FASHION_MNIST_ROOT", "DatasetName", "DatasetSpec", "converted_classes_file",
+           "convertible", "resolve_root"]
+
+CLASSES_FILE = "classes.json"  # what `sigmanens data convert` writes last: a converted folder is one that has it
 
 FASHION_MNIST_ROOT = Path("/usr/share/datasets/fashion-mnist")
 _IMAGENET_MEAN, _IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # timm's IMAGENET_DEFAULT_*
@@ -82,3 +88,14 @@ def resolve_root(dataset: str, root: Path | None) -> Path | None:
     if spec.kind == "synthetic":
         return None
     return root if root is not None else spec.default_root
+
+
+def converted_classes_file(fmt: str, root: Path | RemotePath) -> Path | RemotePath:
+    """The ``classes.json`` of data converted to ``fmt`` at ``root`` (a folder, or a URL: asked with one HEAD), or a
+    :class:`MissingPathError` naming the command that writes it: what the trainer reads first, and what ``sigmanens
+    train --check`` asks too."""
+    classes_file = root / CLASSES_FILE
+    if not classes_file.is_file():
+        raise MissingPathError(f"{classes_file} is missing: write {fmt} data with `sigmanens data convert --format "
+                               f"{fmt} --out {root} …`")
+    return classes_file

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from sigmanens_dist.config import DataConfig
 from sigmanens_dist.data.bad_samples import BadSamples, Checked, collate_present
-from sigmanens_dist.data.datasets import DATASETS, convertible, resolve_root
+from sigmanens_dist.data.datasets import CLASSES_FILE, DATASETS, converted_classes_file, convertible, resolve_root
 from sigmanens_dist.data.raw import IMAGE_FOLDERS, build_datasets, image_folder_transforms
 from sigmanens_dist.data.remote import RemotePath
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler, epoch_seed
@@ -44,7 +44,6 @@ if TYPE_CHECKING:  # sst2 loads the tokenizers library, wanted only for text
 
 __all__ = ["CLASSES_FILE", "FORMATS", "Data", "MapStyleStream", "TrainStream", "build_data"]
 
-CLASSES_FILE = "classes.json"
 
 log = logging.getLogger("sigmanens")
 
@@ -157,11 +156,7 @@ def _converted(d: DataConfig) -> _Converted:
                          f"{', '.join(convertible())}; got data.dataset={d.dataset!r}")
     root = resolve_root(d.dataset, d.root)
     root = root if isinstance(root, RemotePath) else Path(root)  # a URL root streams webdataset shards
-    classes_file = root / CLASSES_FILE
-    if not classes_file.is_file():
-        raise MissingPathError(f"{classes_file} is missing: write {d.format} data with `sigmanens data convert "
-                               f"--format {d.format} --out {root} …`")
-    meta = json.loads(classes_file.read_text())
+    meta = json.loads(converted_classes_file(d.format, root).read_text())
     return _Converted(root, len(meta["classes"]), _converted_val(d, root, meta))
 
 

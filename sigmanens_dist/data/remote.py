@@ -42,7 +42,7 @@ from pydantic import GetCoreSchemaHandler
 from pydantic_core import core_schema
 
 from sigmanens_dist.data.traffic import TRAFFIC
-from sigmanens_dist.errors import MissingPathError, UsageError
+from sigmanens_dist.errors import MissingPathError, UnavailableError, UsageError
 
 __all__ = ["SCHEMES", "ReadAhead", "RemoteError", "RemoteMismatch", "RemoteNotFound", "RemotePath", "RemoteRefused",
            "RemoteSettings", "RemoteUnavailable", "download", "first_object", "stream_items", "upload"]
@@ -72,9 +72,9 @@ class RemoteMismatch(RemoteError, UsageError):
     """The object differs from what the manifest records (size or sha256): replaced or rewritten."""
 
 
-class RemoteUnavailable(RemoteError, ConnectionError):
+class RemoteUnavailable(RemoteError, UnavailableError):
     """The retry budget ran out on connection errors, timeouts, 5xx or short reads: maybe transient, so not a
-    usage error (a batch script may requeue)."""
+    usage error (exit 1: a batch script may requeue), but one line."""
 
 
 class _Transient(Exception):

@@ -63,7 +63,7 @@ MANIFEST_FORMAT = "sigmanens-webdataset/1"
 SHARDS_GLOB = "{split}-*.tar"  # every shard of a split (written as {split}-%06d.tar)
 
 
-class ShardError(ValueError):
+class ShardError(UsageError):
     """A shard that does not match its manifest, or holds a sample that cannot be read."""
 
 

@@ -25,9 +25,8 @@ from torchmetrics.utilities import dim_zero_cat
 
 from sigmanens_dist.errors import UsageError
 
-__all__ = ["DIAGNOSIS_KEYS", "EnsembleMetrics", "SampleMetrics", "adaptive_calibration_error", "aurc",
-           "calibration_error", "detection_auroc", "diagnosis", "ensemble_log_probs", "entropy", "mutual_information",
-           "ood_detection", "predictive_entropy"]
+__all__ = ["EnsembleMetrics", "SampleMetrics", "adaptive_calibration_error", "aurc", "calibration_error",
+           "ensemble_log_probs", "entropy", "mutual_information", "ood_detection", "predictive_entropy"]
 
 
 # -- per-sample quantities ---------------------------------------------------------------------------------------
@@ -189,12 +188,14 @@ class EnsembleMetrics(nn.Module):
 
     def _check(self, member_logits: Tensor, target: Tensor) -> None:
         m, k = self.num_members, self.num_classes
+        # an invariant of the pass: the model's (M, B, K) logits (a bug if hit)
         if member_logits.ndim != 3 or member_logits.shape[0] != m or member_logits.shape[2] != k:
             raise ValueError(f"member_logits must have shape (M={m}, B, K={k}), got {tuple(member_logits.shape)}")
         b = member_logits.shape[1]
         if target.ndim != 1 or target.shape[0] != b:  # an invariant of the pass: the loader's labels (a bug if hit)
             raise ValueError(f"target must have shape (B={b},) to match member_logits {tuple(member_logits.shape)}, "
                              f"got {tuple(target.shape)}")
+        # an invariant of the pass: the loader's labels (a bug if hit)
         if target.is_floating_point() or target.dtype == torch.bool:
             raise ValueError(f"target must hold integer class indices, got dtype {target.dtype}")
         lo, hi = torch.stack(torch.aminmax(target)).tolist()  # one device sync, not two
@@ -218,14 +219,13 @@ class SampleMetrics(Metric):
 
     def __init__(self, num_classes: int, num_members: int, n_bins: int = 15, **kwargs: object) -> None:
         super().__init__(**kwargs)
-        # an invariant of the pass: the model's (M, B, K) logits (a bug if hit)
         self.num_classes, self.num_members, self.n_bins = num_classes, num_members, n_bins
         for name in (*self._FIELDS, *self._SCORES):
             self.add_state(name, default=[], dist_reduce_fx="cat")
 
     def update(self, member_logits: Tensor, target: Tensor) -> None:
         m, _, k = member_logits.shape
-        # an invariant of the pass: the loader's labels (a bug if hit)
+        # an invariant of the pass (a bug if hit)
         if m != self.num_members or k != self.num_classes or target.shape != member_logits.shape[1:2]:
             raise ValueError(f"expected member_logits (M={self.num_members}, B, K={self.num_classes}) and target "
                              f"(B,), got {tuple(member_logits.shape)} and {tuple(target.shape)}")
@@ -255,7 +255,6 @@ class SampleMetrics(Metric):
             out |= {f"{prefix}acc": float(correct.double().mean()), f"{prefix}nll": float(cols["nll"][:, j].double()
                     .mean()), f"{prefix}ece": calibration_error(conf, correct, self.n_bins),
                     f"{prefix}aece": adaptive_calibration_error(conf, correct, self.n_bins),
-        # an invariant of the pass (a bug if hit)
                     f"{prefix}brier": float(cols["brier"][:, j].double().mean()), f"{prefix}aurc": aurc(conf, correct)}
         m = self.num_members
         for key in ("acc", "nll", "ece", "aece", "brier", "aurc"):

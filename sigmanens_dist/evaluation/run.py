@@ -30,11 +30,11 @@ from sigmanens_dist.config import Config, EvalConfig
 from sigmanens_dist.data.corruptions import CORRUPTIONS, corrupt
 from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.distributed.env import DistEnv
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation.load import method_of
 from sigmanens_dist.evaluation.norm_stats import describe, norm_stats_problem, with_norm_stats
 from sigmanens_dist.evaluation.ood import score_ood
 from sigmanens_dist.evaluation.posthoc import PostHoc, fit_posthoc
-from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation.report import (
     SHIFT_KEYS,
     SUB_KEYS,

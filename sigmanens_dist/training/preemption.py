@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -121,13 +122,16 @@ class StartupGuard:
     run_dir: Path | None = None
 
     @classmethod
-    def install(cls, argv: list[str]) -> None:
+    def install(cls, argv: list[str], noted: Sequence[int] = ()) -> None:
         """``argv``'s ``run_dir=`` override (what the Slurm scripts pass) names the run directory until the config
-        is read (:meth:`set_run_dir`)."""
+        is read (:meth:`set_run_dir`). ``noted``: signals a handler installed before this module's import recorded
+        (the trainer's first statement), answered now."""
         found = [a.split("=", 1)[1] for a in argv if a.startswith("run_dir=")]
         cls.run_dir = Path(found[-1]) if found else None
         for sig in (signal.SIGUSR1, signal.SIGTERM):
             signal.signal(sig, cls._exit)
+        if noted:
+            cls._exit(noted[0], None)
 
     @classmethod
     def set_run_dir(cls, run_dir: Path | str) -> None:

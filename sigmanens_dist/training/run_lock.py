@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sigmanens_dist.atomic import check_writable_folder
 from sigmanens_dist.errors import UsageError
 
 if TYPE_CHECKING:  # torch only where a trainer takes the lock: the preemption guard reads LOCK_FILE from here
@@ -125,9 +126,8 @@ def own_run_containing(path: Path, purpose: str, env: DistEnv | None = None) -> 
 
 
 def _make_run_dir(run_dir: Path) -> None:
-    """Create the run directory, or say in one line why it cannot be one."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UsageError(f"run_dir={run_dir} is a file, not a folder: give a folder for the run's records")
+    """Create the run directory, or say in one line why it cannot be one (what ``train --check`` checks too)."""
+    check_writable_folder(run_dir, "run_dir=")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):

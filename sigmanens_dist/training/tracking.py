@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from sigmanens_dist.atomic import write_text
+from sigmanens_dist.errors import UnavailableError, UsageError
 
 __all__ = ["EXPERIMENT_KIND", "PARENT_TAG", "RUN_ID_FILE", "ParentRunNotFound", "Tracker", "artifact_root_for",
-           "default_tracking_uri", "ensure_experiment", "read_records", "set_status", "ui_hint"]
+           "check_server", "default_tracking_uri", "ensure_experiment", "read_records", "set_status", "ui_hint"]
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ RUN_ID_FILE = "mlflow_run.txt"  # <run_dir>/mlflow_run.txt: the tracking URI and
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 
-class ParentRunNotFound(ValueError):
+class ParentRunNotFound(UsageError):
     """``tracking.parent_run_id`` names a run the (reachable) store does not have: a config error, not an outage."""
 
 
@@ -247,6 +248,26 @@ def read_records(path: Path) -> list[dict[str, Any]]:
             continue
         rows.append(row)
     return rows
+
+
+def check_server(uri: str) -> None:
+    """One :class:`~sigmanens_dist.errors.UnavailableError` line for an HTTP(S) tracking server that does not answer
+    (refused, unknown host, timed out), asked once before a command that needs the store: MLflow's first call would
+    fail with a traceback of its retry loop instead. Any HTTP answer, an error status too, is an answer; sqlite and
+    file stores are not asked."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(f"{uri.rstrip('/')}/health",
+                               timeout=float(os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT", "20"))).close()
+    except urllib.error.HTTPError:
+        return  # it answered
+    except (urllib.error.URLError, OSError) as err:
+        raise UnavailableError(f"the tracking server {uri} does not answer ({getattr(err, 'reason', err)}); start "
+                               "it, or check the URI") from None
 
 
 def _unwritable_store(uri: str) -> str | None:

@@ -24,7 +24,7 @@ from sigmanens_dist.atomic import write_text
 from sigmanens_dist.config import Config
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.experiments.study import DEFINITION, ROLE_TAG, method_table
-from sigmanens_dist.training.tracking import PARENT_TAG
+from sigmanens_dist.training.tracking import PARENT_TAG, check_server
 
 __all__ = ["RECORDS_FILE", "CompareError", "Group", "RunRecord", "load_runs", "method_variant", "mlflow_client",
            "read_records", "save_records", "select_split"]
@@ -163,11 +163,12 @@ def _uses(method: str, axis: str) -> bool:
 
 def mlflow_client(uri: str) -> Any:
     """An ``MlflowClient`` for ``uri`` that fails fast: a missing sqlite file is a :class:`CompareError`, a server
-    that does not answer is given up on after one retry."""
+    that does not answer one :class:`~sigmanens_dist.errors.UnavailableError` line."""
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         raise CompareError(f"--uri {uri}: no such sqlite file (a study's store is <study folder>/mlflow.db)")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    check_server(uri)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from mlflow import MlflowClient
 

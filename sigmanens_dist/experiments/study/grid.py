@@ -13,6 +13,7 @@ from typing import Any, get_args
 import yaml
 
 from sigmanens_dist.config import Config, ConfigError, ModelConfig, RegConfig, load_config
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.training.tracking import default_tracking_uri
 
 log = logging.getLogger("sigmanens.study")
@@ -36,7 +37,7 @@ def method_table() -> dict[str, Any]:
     return METHODS
 
 
-class StudyError(ValueError):
+class StudyError(UsageError):
     """A study that cannot start: every problem found, one line each."""
 
 
