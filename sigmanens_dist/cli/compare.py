@@ -14,6 +14,10 @@ metrics, and the ``final/*`` extras. The table (Markdown and CSV, plus a CSV of 
 back to the study's parent run. Every compared run is also saved, store-free, in ``records.jsonl`` beside the
 table: ``--records`` compares such files (runs from stores that were not kept, or from several stores) as it would
 the store.
+
+``--register-best NAME [--by val/nll] [--alias ALIAS]`` then exports the run that is best on that validation metric
+(never a test metric) as a program and registers it in the store's Model Registry as a version of NAME, tagged with
+the study and the choice (docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -56,6 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--split", choices=list(SPLITS), default="auto",
                     help="scores from the test-set evaluation or the validation split (auto: test when every run "
                          "has it)")
+    ap.add_argument("--register-best", metavar="NAME", help="export the run best on --by and register it as a "
+                                                            "version of NAME in the store's Model Registry")
+    ap.add_argument("--by", help="with --register-best: the validation metric that picks it: val/nll (default), "
+                                 "val/acc, val/ece or val/brier")
+    ap.add_argument("--alias", help="with --register-best: point this alias of NAME at the new version")
     args = ap.parse_args(argv)
     if not args.uri and not args.records:
         print("error: give --uri (e.g. sqlite:///runs/study-m-scaling/mlflow.db) or set MLFLOW_TRACKING_URI",
@@ -63,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out = args.out or Path("runs") / f"compare-{args.parent or args.experiment or 'records'}"
     try:
+        by = _registering(args)
         if args.records:
             (records, notes), parent = read_records(args.records), None
         else:
@@ -87,4 +97,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"warning: could not log the report to the parent run {parent}: {err}", file=sys.stderr)
     if not args.records:
         print(terminal.ui_lines(args.uri, mlflow_client(args.uri).get_run(records[0].run_id).info.experiment_id))
+    if by is not None:
+        from sigmanens_dist.registry.best import register_best
+
+        try:
+            version = register_best(args.uri, records, args.register_best, by, args.alias,
+                                    parent or args.experiment)
+        except UsageError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"registered it as models:/{args.register_best}/{version.version}"
+              f"{f' (models:/{args.register_best}@{args.alias})' if args.alias else ''} in {args.uri}")
     return 0
+
+
+def _registering(args: argparse.Namespace) -> str | None:
+    """``--by`` of ``--register-best`` (None without it), every registry flag checked before any run is read."""
+    if args.register_best is None:
+        if args.by is not None or args.alias is not None:
+            raise UsageError("--by and --alias go with --register-best NAME")
+        return None
+    from sigmanens_dist.registry import check_alias, check_name
+    from sigmanens_dist.registry.best import parse_by
+
+    if args.records:
+        raise UsageError("--register-best needs the runs' store (--parent or --experiment with --uri), not --records")
+    check_name(args.register_best, "--register-best")
+    check_alias(args.alias)
+    return parse_by(args.by or "val/nll")

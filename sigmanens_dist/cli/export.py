@@ -15,6 +15,10 @@ normalise each input batch with that batch's statistics.
 
 OUT is written atomically and never over the checkpoint being exported; a file already there is replaced only with
 ``--force``.
+
+``--register NAME [--alias ALIAS] [--tracking-uri URI]`` then logs the program as an MLflow Model into the run's own
+MLflow run (the store in the run's mlflow_run.txt, unless --tracking-uri says) and registers it as a new version of
+NAME in MLflow's Model Registry, ALIAS (e.g. champion) pointing at it (docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -57,6 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="with --program: the trained weights (default) or their EMA (train.ema_decay), as eval "
                          "scores them")
     ap.add_argument("--force", action="store_true", help="replace OUT if it exists (never the checkpoint itself)")
+    ap.add_argument("--register", metavar="NAME", help="with --program: log it as an MLflow Model into the run's "
+                                                       "MLflow run and register a version of NAME")
+    ap.add_argument("--alias", help="with --register: point this alias of NAME at the new version (e.g. champion)")
+    ap.add_argument("--tracking-uri", metavar="URI", help="with --register: the MLflow store (default: the one the "
+                                                          "run was tracked in, from its mlflow_run.txt)")
     args = ap.parse_args(argv)
     if (args.out is None) == (args.program is None) or (args.program is not None and args.member is not None):
         return _usage("give OUT (a state dict, optionally --member K) or --program OUT, one of the two")
@@ -65,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  or args.weights != "raw" or args.norm_stats != "train"):
         return _usage("--members, --calibration, --format, --conformal(-score), --weights and --norm-stats(-prior) "
                       "go with --program OUT")
+    registry_flags = args.alias is not None or args.tracking_uri is not None
+    if (args.register is None and registry_flags) or (args.register is not None and args.program is None):
+        return _usage("--register NAME goes with --program OUT, and --alias and --tracking-uri with --register")
     out = args.out or args.program
     from sigmanens_dist.atomic import torch_save  # after parsing: `sigmanens export --help` answers without torch
     from sigmanens_dist.checkpoint import consolidated_state_dict, resolve_checkpoint
@@ -82,7 +94,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             alpha = next(iter(parse_alphas(args.conformal, single=True)), None)
             score = parse_score(args.conformal_score, alpha)
             prior = parse_prior(args.norm_stats_prior, args.norm_stats)
+        if args.register is not None:
+            from sigmanens_dist.registry import check_alias, check_name, recorded_tracking_uri
+
+            check_name(args.register, "--register")
+            check_alias(args.alias)
         checkpoint, which = resolve_checkpoint(args.checkpoint, "checkpoint")
+        if args.register is not None:
+            uri = args.tracking_uri or recorded_tracking_uri(checkpoint)
+            if uri is None:
+                raise UsageError(f"--register: {args.checkpoint} has no mlflow_run.txt (a run trained with tracking "
+                                 "on has one); give the store with --tracking-uri")
         _check_out(out, checkpoint, args.force)
         lock = own_run_containing(out, "export")
         print(f"exporting {which}")
@@ -97,6 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 extra = f", {score} sets at α={alpha}, q̂={qhat}"
             print(f"wrote a program ({fmt}) of {len(meta['members'])} members (T={meta['temperature']:.4g}{extra}) "
                   f"to {out}")
+            if args.register is not None:
+                from sigmanens_dist.registry import register_program
+
+                version = register_program(out, args.register, uri=uri, run_id=meta["run_id"], alias=args.alias)
+                print(f"registered it as models:/{args.register}/{version.version}"
+                      f"{f' (models:/{args.register}@{args.alias})' if args.alias else ''} in {uri}")
             return 0
         if args.member is None:
             weights, _ = consolidated_state_dict(checkpoint)

@@ -1,0 +1,190 @@
+"""A program (``sigmanens export RUN --program OUT``) as an MLflow Model in MLflow's Model Registry, and back.
+
+:func:`register_program` logs the program into the MLflow run that trained it as a pyfunc model (the code file
+``pyfunc_program.py`` with ``program_check.py`` beside it, the ``.pt2`` or ``.onnx`` as its artifact, a signature
+and an input example, the program's metadata), registers a version of it under a name with the metadata as the
+version's tags and description, and points an alias at it. :func:`fetch_program` downloads the program a
+``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` URI names, for ``sigmanens predict``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sigmanens_dist import program_check
+from sigmanens_dist.atomic import file_sha256
+from sigmanens_dist.errors import UsageError
+from sigmanens_dist.predict.backends import load_program
+from sigmanens_dist.training.tracking import RUN_ID_FILE
+
+__all__ = ["MODEL_URI", "check_alias", "check_name", "fetch_program", "recorded_tracking_uri", "register_program"]
+
+PYFUNC_FILE = Path(__file__).with_name("pyfunc_program.py")  # the model's code (models from code)
+PROGRAM_ARTIFACT = "program"  # pyfunc_program.PROGRAM: the artifact the pyfunc loads
+TAG_PREFIX = "sigmanens."
+MODEL_URI = re.compile(r"models:/(?P<name>[\w.-]+)(?:@(?P<alias>[\w-]+)|/(?P<version>\d+))")
+_NAME = re.compile(r"[\w.-]{1,256}")  # what models:/NAME@ALIAS can carry unambiguously
+_ALIAS = re.compile(r"[\w-]{1,255}")  # MLflow's own rule for aliases, less the reserved names below
+
+
+def check_name(name: str, flag: str) -> str:
+    """A registered model's name, refused unless ``models:/NAME@ALIAS`` can name it."""
+    if not _NAME.fullmatch(name):
+        raise UsageError(f"{flag} {name!r}: a registered model's name is letters, digits, '_', '-' and '.' (at "
+                         "most 256), so that models:/NAME@ALIAS names it")
+    return name
+
+
+def check_alias(alias: str | None) -> str | None:
+    """An alias, refused unless MLflow takes it: letters, digits, '_' and '-', not ``latest`` nor ``v<N>``."""
+    if alias is not None and (not _ALIAS.fullmatch(alias) or alias.lower() == "latest"
+                              or re.fullmatch(r"[vV]\d+", alias)):
+        raise UsageError(f"--alias {alias!r}: an alias is letters, digits, '_' and '-', and neither 'latest' nor "
+                         "v<number> (MLflow reserves those), e.g. champion")
+    return alias
+
+
+def recorded_tracking_uri(checkpoint: Path) -> str | None:
+    """The tracking URI the trainer of ``checkpoint`` logged to: its run directory's ``mlflow_run.txt`` (the run
+    directory itself, or the folder above a ``checkpoints/`` entry); None when the run was not tracked."""
+    path = Path(checkpoint).resolve()
+    for folder in [path, *path.parents][:3]:
+        if (folder / RUN_ID_FILE).is_file():
+            parts = (folder / RUN_ID_FILE).read_text().split()
+            return parts[0] if parts else None
+    return None
+
+
+def _client(uri: str) -> Any:
+    """MLflow pointed at ``uri`` for this process (the fluent calls that log a model read the global URI), failing
+    fast on a server that does not answer."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return mlflow.MlflowClient(uri)
+
+
+def _signature(program: Any, example: np.ndarray) -> Any:
+    """Input ``(-1, C, H, W)`` float32; one named output per program output, its dtype and shape what the program
+    returns for ``example`` (the batch axis free)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import Schema, TensorSpec
+
+    outputs = program(torch.from_numpy(example))
+    return ModelSignature(Schema([TensorSpec(example.dtype, (-1, *example.shape[1:]))]),
+                          Schema([TensorSpec(value.dtype, (-1, *value.shape[1:]), name)
+                                  for name, value in outputs.items()]))
+
+
+def _tags(meta: dict[str, Any]) -> dict[str, str]:
+    """The metadata as model-version tags, ``sigmanens.<key>`` (nested keys joined by '.'), lists as JSON; the input
+    description, normalisation and output names stay in the model's MLmodel file (``metadata.sigmanens``)."""
+    tags: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, sub in value.items():
+                walk(f"{prefix}.{key}", sub)
+        else:
+            text = value if isinstance(value, str) else json.dumps(value)
+            tags[prefix] = text if len(text) <= 5000 else text[:4997] + "..."
+
+    for key, value in meta.items():
+        if key not in ("input", "normalisation", "outputs", "format"):
+            walk(TAG_PREFIX + key, value)
+    return tags
+
+
+def _description(meta: dict[str, Any], run_id: str) -> str:
+    """One line a person reads in the registry: what the program is and where it comes from."""
+    members = f"{len(meta['members'])} of {meta['trained_members']} members"
+    tau = f", τ={meta['tau']:g}" if meta.get("tau") is not None else ""
+    sets = meta.get("conformal")
+    conformal = f", {sets['score']} sets at α={sets['alpha']:g}" if sets else ""
+    return (f"sigmanens program ({meta['program_format']}): {meta['method']} ({members}{tau}) on {meta['dataset']}, "
+            f"T={meta['temperature']:.4g}{conformal}; run {run_id} step {meta['step']}, sigmanens-dist "
+            f"{meta['package_version']}")
+
+
+def register_program(program: Path, name: str, *, uri: str, run_id: str | None, alias: str | None = None,
+                     tags: dict[str, str] | None = None) -> Any:
+    """Log ``program`` into MLflow run ``run_id`` of store ``uri`` as a pyfunc model, register it as a new version
+    of ``name`` (created if missing) tagged with its metadata and ``tags``, point ``alias`` at it; returns the
+    version. The program is loaded (and a ``.pt2`` vetted) as ``sigmanens predict`` loads it first."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    loaded = load_program(program, torch.device("cpu"))
+    meta = loaded.meta
+    if run_id is None:
+        raise UsageError(f"--register: {program}'s run was trained without MLflow tracking (its checkpoint names no "
+                         "MLflow run), so there is no run to log the model into")
+    client = _client(uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise UsageError(f"--register: the program's MLflow run {run_id} is not in {uri}; give the store it was "
+                         "tracked in (--tracking-uri)") from None
+    example = np.full((2, *(int(v) for v in meta["input"]["shape"][1:])), 0.5, dtype=np.float32)
+    runtime = "onnxruntime" if program.suffix == ".onnx" else "torch"
+    requirements = [f"{dist}=={importlib.metadata.version(dist)}" for dist in ("mlflow", "numpy", runtime)]
+    mlflow.set_experiment(experiment_id=run.info.experiment_id)
+    info = mlflow.models.Model.log(
+        None, name=name, flavor=mlflow.pyfunc, run_id=run_id, python_model=str(PYFUNC_FILE),
+        artifacts={PROGRAM_ARTIFACT: str(program)}, code_paths=[program_check.__file__],
+        signature=_signature(loaded, example), input_example=example, metadata={"sigmanens": meta},
+        pip_requirements=requirements)
+    try:
+        client.create_registered_model(name)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    version_tags = {**_tags(meta), f"{TAG_PREFIX}program_sha256": file_sha256(program), **(tags or {})}
+    version = client.create_model_version(name, info.model_uri, run_id=run_id, tags=version_tags,
+                                          description=_description(meta, run_id), model_id=info.model_id)
+    if alias is not None:
+        client.set_registered_model_alias(name, alias, version.version)
+    return version
+
+
+def fetch_program(model_uri: str, tracking_uri: str | None, dest: Path) -> Path:
+    """Download the model ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` names into ``dest``; the path of its
+    program file. A URI of another form, a name, alias or version the registry does not have, and a model that
+    is not a sigmanens program are refused in one line."""
+    if not MODEL_URI.fullmatch(model_uri):
+        raise UsageError(f"PROGRAM {model_uri}: give models:/NAME@ALIAS or models:/NAME/VERSION")
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        raise UsageError(f"PROGRAM {model_uri}: give the registry's store (--tracking-uri, or MLFLOW_TRACKING_URI)")
+    _client(uri)
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dest),
+                                                         tracking_uri=uri))
+    except MlflowException as err:
+        if err.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise
+        raise UsageError(f"PROGRAM {model_uri}: not in the registry of {uri} "
+                         f"({str(err).splitlines()[0][:200]})") from None
+    flavor = mlflow.models.Model.load(str(local)).flavors.get("python_function", {})
+    artifact = flavor.get("artifacts", {}).get(PROGRAM_ARTIFACT, {}).get("path")
+    if artifact is None or not (local / artifact).is_file():
+        raise UsageError(f"PROGRAM {model_uri}: not a sigmanens program (the model has no {PROGRAM_ARTIFACT!r} "
+                         "artifact); register one with sigmanens export RUN --program OUT --register NAME")
+    return local / artifact
