@@ -317,3 +317,28 @@ def test_calibration_and_conformal_end_to_end(trained: Path, tmp_path: Path,
             assert r["coverage"] > 0.8 and len(r["per_class"]) == 10 and "mean" in r["shift"]
     printed = capsys.readouterr().out
     assert "Temperature scaling: T = " in printed and "Conformal sets at α = 0.1" in printed
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_batch_norm_stats_and_member_temperatures_end_to_end(trained: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`--norm-stats batch --calibration member-temperature` through the CLI on the trained run: every pass (the
+    validation fit, test, shift) uses each batch's statistics, which under contrast (a shift of the activations' scale
+    that the training statistics cannot follow) score better than the training ones; the member temperatures are
+    reported beside the ensemble's."""
+    ckpt = str(trained / "checkpoints" / "best.pt")
+    common = ["--no-mlflow", "--no-sub-ensembles", "--corruptions", "contrast", "--severities", "5"]
+    assert eval_main(["--checkpoint", ckpt, "--out", str(tmp_path / "train"), *common]) == 0
+    assert eval_main(["--checkpoint", ckpt, "--out", str(tmp_path / "batch"), *common, "--norm-stats", "batch",
+                      "--calibration", "member-temperature"]) == 0
+    train, batch = (json.loads((tmp_path / name / "eval.json").read_text()) for name in ("train", "batch"))
+    assert batch["norm_stats"] == {"mode": "batch", "prior": 0.0}
+    for variant in ("raw", "ema"):
+        before, after = train["weights"][variant], batch["weights"][variant]
+        assert after["shift"]["contrast"]["5"]["acc"] > before["shift"]["contrast"]["5"]["acc"] + 0.05, variant
+        cal = after["member_calibration"]
+        assert len(cal["temperatures"]) == 2 and cal["num_fit"] == 300 and set(cal["shift"]["contrast"]) == {"5"}
+    printed = capsys.readouterr().out
+    assert "Member temperatures: T_m = " in printed and "re-estimated from each batch of 32" in (
+        tmp_path / "batch" / "eval.md").read_text()

@@ -5,8 +5,10 @@ line and exit 2 before any work; an exported batch-statistics program is eager e
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +26,7 @@ from sigmanens_dist.evaluation import load_for_eval
 from sigmanens_dist.evaluation.norm_stats import batch_norm_layers, norm_stats_problem, with_norm_stats
 from sigmanens_dist.models import build_model
 from sigmanens_dist.predict.norm_stats import check_norm_stats
-from tests.helpers import FIXTURE
+from tests.helpers import FIXTURE, REPO, env, torchrun
 
 METHODS = ("sigma", "single", "deep", "batch", "packed", "film")  # every method of test_resnet keeps BatchNorms
 TINY = ["model.name=test_resnet", "model.num_members=2", "data.dataset=synthetic", "data.img_size=16",
@@ -150,16 +152,38 @@ def test_eval_with_batch_stats_end_to_end(tmp_path: Path) -> None:
     assert batch["weights"]["raw"]["metrics"] == again["weights"]["raw"]["metrics"] and ckpt.read_bytes() == stored
     assert batch["weights"]["raw"]["metrics"]["nll"] != train["weights"]["raw"]["metrics"]["nll"]
     # by hand: the eager prediction copy over the same 3 test batches of 8
+    assert batch["weights"]["raw"]["metrics"]["nll"] == pytest.approx(_eager_nll(ckpt, [0, 8, 16, 24]), rel=1e-5)
+
+
+def _eager_nll(ckpt: Path, edges: list[int]) -> float:
+    """The test NLL of the checkpoint's prediction copy (batch statistics) over the test batches [edges[i],
+    edges[i+1])."""
     cfg, model, *_ = load_for_eval(ckpt)
     from sigmanens_dist.data.raw import build_datasets
 
     test = build_datasets(cfg.data, cfg.data_root()).test
-    x, y = torch.stack([test[i][0] for i in range(24)]), torch.tensor([test[i][1] for i in range(24)])
+    n = edges[-1]
+    x, y = torch.stack([test[i][0] for i in range(n)]), torch.tensor([test[i][1] for i in range(n)])
     adapted = with_norm_stats(model, "batch")
     with torch.no_grad():
-        probs = torch.cat([adapted(x[i: i + 8]).softmax(-1).mean(0) for i in range(0, 24, 8)])
-    nll = float(-probs[torch.arange(24), y].log().mean())
-    assert batch["weights"]["raw"]["metrics"]["nll"] == pytest.approx(nll, rel=1e-5)
+        probs = torch.cat([adapted(x[lo:hi]).softmax(-1).mean(0) for lo, hi in itertools.pairwise(edges)])
+    return float(-probs[torch.arange(n), y].log().mean())
+
+
+@pytest.mark.slow
+def test_every_rank_normalises_with_its_own_batches(tmp_path: Path) -> None:
+    """Under torchrun each rank scores its contiguous shard (12 of the 24 test samples) in its own batches, each
+    normalised by itself, with nothing synced: rank 0's batches are samples 0-7 and 8-11, rank 1's 12-19 and 20-23."""
+    run = _random_run(tmp_path / "run")
+    out = tmp_path / "out"
+    proc = subprocess.run([*torchrun(2), "-m", "sigmanens_dist.cli", "eval", "--checkpoint", str(run), "--out",
+                           str(out), "--no-mlflow", "--no-sub-ensembles", "--device", "cpu", "--norm-stats", "batch"],
+                          cwd=REPO, env=env(), capture_output=True, text=True, timeout=540, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    metrics = json.loads((out / "eval.json").read_text())["weights"]["raw"]["metrics"]
+    assert metrics["num_samples"] == 24
+    ckpt = run / "checkpoints" / "step_00000000.pt"
+    assert metrics["nll"] == pytest.approx(_eager_nll(ckpt, [0, 8, 12, 20, 24]), rel=1e-5)
 
 
 def _metadata(path: Path) -> dict:
