@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -11,6 +12,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +43,53 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mlflow_server(db: Path) -> Iterator[str]:
+    """A real MLflow tracking server on the sqlite file ``db`` (its artifacts in ``mlartifacts/`` beside it), one
+    worker, job execution off (what the README recommends for small machines); yields its URL, stopped by its PID."""
+    port = free_port()
+    log = db.parent / "server.log"
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                             "--workers", "1", "--backend-store-uri", f"sqlite:///{db}",
+                             "--artifacts-destination", str(db.parent / "mlartifacts")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            with contextlib.suppress(OSError), urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+            if proc.poll() is not None or time.time() > deadline:
+                pytest.fail("mlflow server did not start:\n" + log.read_text()[-3000:])
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def import_blocking(*modules: str) -> str:
+    """The head of a script for a fresh interpreter in which importing ``modules`` fails (checked at once)."""
+    return f"""
+import importlib.abc, json, sys
+BLOCKED = {modules!r}
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Block())
+for name in BLOCKED:
+    try:
+        __import__(name)
+    except ImportError:
+        pass
+    else:
+        raise SystemExit(name + " was importable")
+"""
 
 
 def torchrun(nproc: int) -> list[str]:

@@ -46,7 +46,7 @@ from sigmanens_dist.evaluation.program import (
 )
 from sigmanens_dist.evaluation.program_onnx import TRANSLATIONS
 from sigmanens_dist.models import build_model
-from tests.helpers import FIXTURE
+from tests.helpers import FIXTURE, import_blocking
 
 METHODS = ("sigma", "single", "deep", "batch", "packed", "film")
 # A tiny ResNet on generated 16x16 images: what the per-method programs are made of (a random one: the program does
@@ -55,28 +55,8 @@ TINY = ["model.name=test_resnet", "model.num_members=2", "data.dataset=synthetic
         "data.val_split=16", "data.val_subset=16", "train.batch_size=16"]
 
 
-def _blocking(*modules: str) -> str:
-    """The head of a script for a fresh interpreter in which importing ``modules`` fails (checked at once)."""
-    return f"""
-import importlib.abc, json, sys
-BLOCKED = {modules!r}
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ImportError("blocked: " + name)
-sys.meta_path.insert(0, Block())
-for name in BLOCKED:
-    try:
-        __import__(name)
-    except ImportError:
-        pass
-    else:
-        raise SystemExit(name + " was importable")
-"""
-
-
 # Imports of sigmanens_dist and timm fail before the program is loaded.
-LOAD_WITHOUT_PACKAGE = _blocking("sigmanens_dist", "timm") + """
+LOAD_WITHOUT_PACKAGE = import_blocking("sigmanens_dist", "timm") + """
 import torch
 extra = {"sigmanens.json": ""}
 program = torch.export.load(sys.argv[1], extra_files=extra).module()
@@ -86,7 +66,7 @@ print(extra["sigmanens.json"])
 """
 
 # The same for ONNX with onnxruntime and numpy alone: torch and the onnx package are blocked too.
-RUN_ONNX_ALONE = _blocking("sigmanens_dist", "timm", "torch", "onnx") + """
+RUN_ONNX_ALONE = import_blocking("sigmanens_dist", "timm", "torch", "onnx") + """
 import numpy as np
 import onnxruntime as ort
 session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])

@@ -3,14 +3,10 @@ server``, a partial study, resuming, and clear errors for bad input."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import subprocess
 import sys
-import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +30,7 @@ from sigmanens_dist.experiments.compare import (
 )
 from sigmanens_dist.experiments.study import StudyError, build_definition, child_state, run_one, write_definition
 from sigmanens_dist.experiments.study.running import _command
-from tests.helpers import REPO, SYNTHETIC, TINY_VIT, free_port, run_record
+from tests.helpers import REPO, SYNTHETIC, TINY_VIT, mlflow_server, run_record
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -43,31 +39,6 @@ BASE = [*TINY_VIT, *SYNTHETIC, "train.batch_size=16", "train.max_steps=2", "trai
 GRID = ["m-scaling", "--members", "1,2", "--taus", "0.25,1", "--seeds", "0"]
 NAMES = ["sigma-M1-tau0.25-lam0.001-s0", "sigma-M1-tau1-lam0.001-s0", "sigma-M2-tau0.25-lam0.001-s0",
          "sigma-M2-tau1-lam0.001-s0"]
-
-
-@contextlib.contextmanager
-def mlflow_server(db: Path) -> Iterator[str]:
-    """A real tracking server on ``db``, one worker, job execution off; stopped by its PID."""
-    port = free_port()
-    log = db.parent / "server.log"
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--workers", "1", "--backend-store-uri", f"sqlite:///{db}"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=log.open("w"))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            with contextlib.suppress(OSError), urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-            if proc.poll() is not None or time.time() > deadline:
-                pytest.fail("mlflow server did not start:\n" + log.read_text()[-3000:])
-            time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def _table_rows(path: Path) -> list[list[str]]:

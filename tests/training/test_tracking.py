@@ -3,17 +3,15 @@ not stop training."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import SYNTHETIC, TINY_VIT, free_port, losses, run_train
+from tests.helpers import mlflow_server as tracking_server
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -24,29 +22,8 @@ BASE = [*TINY_VIT, *SYNTHETIC, "train.batch_size=16", "optim.name=adamw", "optim
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real tracking server, one worker, job execution off (what the README recommends for small machines)."""
-    root = tmp_path_factory.mktemp("mlflow_server")
-    port = free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--workers", "1", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
-                             "--artifacts-destination", str(root / "artifacts")], env=env,
-                            stdout=subprocess.DEVNULL, stderr=(root / "server.log").open("w"))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            pytest.fail("mlflow server did not start:\n" + (root / "server.log").read_text()[-3000:])
-        time.sleep(0.5)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    with tracking_server(tmp_path_factory.mktemp("mlflow_server") / "mlflow.db") as url:
+        yield url
 
 
 def _check_run(uri: str, run_dir: Path, steps: int) -> None:
@@ -125,8 +102,6 @@ def test_child_run_joins_its_parent_with_the_dataset_as_input(tmp_path: Path, mo
 def test_a_batch_script_can_mark_a_dead_trainers_run_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A trainer killed before it could report leaves its run RUNNING; slurm/common.sh marks it FAILED on giving up
     with ``python -m sigmanens_dist.cli.tracking set-status RUN_DIR FAILED``."""
-    import subprocess
-    import sys
 
     from sigmanens_dist.training.tracking import Tracker
 
