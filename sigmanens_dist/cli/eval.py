@@ -4,6 +4,7 @@
     sigmanens eval --checkpoint best.pt --corruptions all --severities 1-5 --ood digits --members 2
     sigmanens eval --checkpoint best.pt --data root=/data/cifar10 --ood svhn --ood-root /data/svhn
     sigmanens eval --checkpoint best.pt --calibration temperature --conformal 0.1 --corruptions all
+    sigmanens eval --checkpoint best.pt --shift-split val --corruptions all --severities 3,5   # for choices
     sigmanens eval --checkpoint best.pt --norm-stats batch --calibration member-temperature --corruptions all
 
 Writes eval.json, eval.md and PNG plots into --out (default: eval_<checkpoint name>/ beside the checkpoint) and logs
@@ -23,10 +24,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sigmanens_dist.config import EvalConfig, choices
-from sigmanens_dist.data.corruption_table import CORRUPTIONS, SEVERITIES, unknown
+from sigmanens_dist.data.corruption_table import CORRUPTIONS, SEVERITIES, SHIFT_SPLITS, shift_split_problem, unknown
 from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, UnavailableError, UsageError
 
-__all__ = ["main", "parse_corruptions", "parse_severities"]
+__all__ = ["main", "parse_corruptions", "parse_severities", "resolve_splits"]
 
 
 def parse_severities(text: str) -> list[int]:
@@ -55,6 +56,20 @@ def parse_corruptions(text: str | None) -> list[str]:
     return ["all"] if "all" in names else names
 
 
+def resolve_splits(split: str | None, shift_split: str | None, corruptions: list[str]) -> tuple[str, str]:
+    """``(split, shift_split)`` from ``--split`` and ``--shift-split``, each defaulting to the other (both to test):
+    the clean and corrupted passes read one split, and the corruptions must be the shift split's."""
+    split = split or shift_split or "test"
+    shift_split = shift_split or split
+    if shift_split != split:
+        raise UsageError(f"--shift-split {shift_split} corrupts the {shift_split} split, which --split {split} does "
+                         "not score: give one of them (or both alike)")
+    problem = shift_split_problem(corruptions, shift_split)
+    if problem is not None:
+        raise UsageError(f"--corruptions {problem.replace('shift split', '--shift-split')}")
+    return split, shift_split
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="sigmanens eval", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,8 +78,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "checkpoint, else its newest)")
     ap.add_argument("--data", nargs="+", default=[], metavar="KEY=VALUE",
                     help="overrides of the checkpoint's data config, e.g. root=/data/cifar10 test_subset=1000")
-    ap.add_argument("--split", choices=["test", "val"], default="test")
-    ap.add_argument("--corruptions", help=f"all, or a comma-separated subset of: {', '.join(CORRUPTIONS)}")
+    ap.add_argument("--split", choices=["test", "val"],
+                    help="the split scored clean and corrupted (default: --shift-split's, else test)")
+    ap.add_argument("--shift-split", choices=["test", "val"],
+                    help="test: the test corruptions on the test split (default); val: the validation corruptions on "
+                         "the validation split, for choices; the test split is then never read")
+    ap.add_argument("--corruptions", help=f"all, or a comma-separated subset of the shift split's: test "
+                                          f"{', '.join(SHIFT_SPLITS['test'])}; val {', '.join(SHIFT_SPLITS['val'])}")
     ap.add_argument("--severities", default="1-5", help="1-5, or a list such as 1,3,5 (default 1-5)")
     ap.add_argument("--imagenet-c", type=Path, help="a pre-generated ImageNet-C folder (corruption/severity/class)")
     ap.add_argument("--ood", help="OOD set: digits (Fashion-MNIST models), svhn (CIFAR models)")
@@ -115,6 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     # Everything that can be checked without the checkpoint first, then the checkpoint, then the rest: all before
     # the first forward pass.
     corruptions = parse_corruptions(args.corruptions)
+    split, shift_split = resolve_splits(args.split, args.shift_split, corruptions)
     severities = parse_severities(args.severities)
     alphas = parse_alphas(args.conformal)  # before anything is read
     prior = parse_prior(args.norm_stats_prior, args.norm_stats)
@@ -129,8 +150,9 @@ def _run(args: argparse.Namespace) -> int:
     cfg = loaded.cfg
     if args.no_mlflow:
         cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"enabled": False})})
-    options = EvalConfig(split=args.split, corruptions=corruptions, severities=severities, ood=args.ood,
+    options = EvalConfig(split=split, corruptions=corruptions, severities=severities, ood=args.ood,
                          ood_root=args.ood_root, members=args.members, sub_ensembles=not args.no_sub_ensembles,
+                         shift_split=shift_split,
                          batch_size=args.batch_size, imagenet_c=args.imagenet_c, calibration=args.calibration,
                          conformal=alphas, norm_stats=args.norm_stats, norm_stats_prior=prior)
     check_options(cfg, loaded.model, options)

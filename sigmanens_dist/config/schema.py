@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from sigmanens_dist.config.model_section import Float, Int, ModelConfig, _cross_field, _number, _Section
-from sigmanens_dist.data.corruption_table import CORRUPTIONS, unknown
+from sigmanens_dist.data.corruption_table import CORRUPTIONS, shift_split_problem, unknown
 from sigmanens_dist.data.datasets import DatasetName, resolve_root
 from sigmanens_dist.data.remote import RemotePath, RemoteSettings
 
@@ -343,6 +343,10 @@ class EvalConfig(_Section):
     batch_size: Int | None = Field(None, ge=1)  # None: train.batch_size
     # temperature: one T fitted on the val split, scored before/after; member-temperature: also one T per member
     calibration: Literal["none", "temperature", "member-temperature"] = "none"
+    # which corruptions corrupt which split (data.corruption_table.SHIFT_SPLITS): test, the test corruptions on the
+    # test split (read once, at the end); val, the validation corruptions on the validation split (where choices are
+    # made). None: eval.split's; given, it must be eval.split, so a shift pass never reads the other split
+    shift_split: Literal["test", "val"] | None = None
     conformal: list[Alpha] = Field(default_factory=list)  # miscoverages α of split conformal sets fitted on val
     # the BatchNorm statistics at prediction: the training ones, or each batch's own mixed with them by the prior N
     # (evaluation/norm_stats.py; N = 0: the batch's alone)
@@ -360,6 +364,22 @@ class EvalConfig(_Section):
         if self.norm_stats_prior and self.norm_stats != "batch":
             raise _cross_field("norm_stats_prior", "goes with eval.norm_stats: batch (it weights the training "
                                "statistics against the batch's)", self.norm_stats_prior)
+        return self
+
+    @property
+    def shift(self) -> str:
+        """The shift split in force: ``shift_split``, else the split's."""
+        return self.shift_split or self.split
+
+    @model_validator(mode="after")
+    def _shift_split_fits(self) -> EvalConfig:
+        if self.shift != self.split:
+            raise _cross_field("shift_split", f"{self.shift} corrupts the {self.shift} split, but eval.split is "
+                               f"{self.split}: the clean and corrupted passes read one split; set both alike",
+                               self.shift)
+        problem = shift_split_problem(self.corruptions, self.shift)
+        if problem is not None:
+            raise _cross_field("corruptions", problem, self.corruptions)
         return self
 
     @field_validator("corruptions")

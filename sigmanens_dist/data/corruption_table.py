@@ -1,11 +1,16 @@
 """The corruption names and severity tables of :mod:`sigmanens_dist.data.corruptions`, without torch: the command
-line and the config check names with them before anything imports torch."""
+line and the config check names with them before anything imports torch.
+
+Two disjoint sets, one per shift split (``sigmanens eval --shift-split``): the test corruptions are the benchmark's
+fifteen but frost (:data:`TEST_CORRUPTIONS`), read once for the test columns; the validation corruptions are
+CIFAR-10-C's four extras (:data:`VAL_CORRUPTIONS`), on which every choice under shift is made."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CORRUPTIONS", "SEVERITIES", "UNAVAILABLE", "unknown"]
+__all__ = ["CORRUPTIONS", "SEVERITIES", "SHIFT_SPLITS", "TEST_CORRUPTIONS", "UNAVAILABLE", "VAL_CORRUPTIONS",
+           "shift_split_problem", "unknown"]
 
 SEVERITIES = (1, 2, 3, 4, 5)
 
@@ -28,8 +33,15 @@ _PARAMS: dict[str, tuple[Any, ...]] = {
     "fog": ((0.2, 3), (0.5, 3), (0.75, 2.5), (1, 2), (1.5, 1.75)),  # fog strength, fractal roughness decay
     "elastic_transform": ((0, 0, 0.08), (0.05, 0.2, 0.07), (0.08, 0.06, 0.06), (0.1, 0.04, 0.05),
                           (0.1, 0.03, 0.03)),  # displacement, its smoothing, affine jitter (× image size)
+    # liquid layer's mean, std and blur sigma, its threshold, then water: strength, or mud: its mask's blur sigma; mud?
+    "spatter": ((0.62, 0.1, 0.7, 0.7, 0.5, 0), (0.65, 0.1, 0.8, 0.7, 0.5, 0), (0.65, 0.3, 1, 0.69, 0.5, 0),
+                (0.65, 0.1, 0.7, 0.69, 0.6, 1), (0.65, 0.1, 0.5, 0.68, 0.6, 1)),
+    "saturate": ((0.3, 0), (0.1, 0), (1.5, 0), (2, 0.1), (2.5, 0.2)),  # HSV saturation s -> s * a + b
 }
-CORRUPTIONS = tuple(_PARAMS)
+CORRUPTIONS = tuple(_PARAMS)  # every corruption `corrupt` knows, of both sets
+VAL_CORRUPTIONS = ("speckle_noise", "gaussian_blur", "spatter", "saturate")  # CIFAR-10-C's extras
+TEST_CORRUPTIONS = tuple(n for n in CORRUPTIONS if n not in VAL_CORRUPTIONS)
+SHIFT_SPLITS = {"test": TEST_CORRUPTIONS, "val": VAL_CORRUPTIONS}  # shift split -> the corruptions it may use
 UNAVAILABLE = {"frost": "it blends in the frost photographs that the reference implementation ships beside its "
                         "script, which are not available here"}
 
@@ -39,3 +51,15 @@ def unknown(names: list[str]) -> str:
     why = "".join(f" ({n}: {UNAVAILABLE[n]})" for n in names if n in UNAVAILABLE)
     return (f"unknown corruption(s) {', '.join(map(repr, names)) or '(none)'}{why}; allowed: all, "
             + ", ".join(CORRUPTIONS))
+
+
+def shift_split_problem(names: list[str], shift_split: str) -> str | None:
+    """Why corruptions ``names`` (known ones, or ``all``) cannot be scored on ``shift_split``, or None: a test
+    corruption must never make a choice, nor a validation corruption a test column."""
+    other = "val" if shift_split == "test" else "test"
+    wrong = [n for n in names if n in SHIFT_SPLITS[other]]
+    if not wrong:
+        return None
+    kind = "validation" if other == "val" else "test"
+    return (f"{', '.join(wrong)}: {kind} corruption(s), not scored on shift split {shift_split}; choose from all, "
+            f"{', '.join(SHIFT_SPLITS[shift_split])} (or shift split {other})")

@@ -6,10 +6,15 @@ copy of the test set. The reference works on uint8 PIL images; here values stay 
 where the corruption is itself a uint8 codec (JPEG). Given the same ``seed`` the output is the same, on any device.
 
 All fifteen of the benchmark but frost (it blends in six photographs of frost that the reference ships beside its
-script), plus its extras gaussian_blur and speckle_noise. Motion blur (and the snow streaks, which use it) is
-ImageMagick's kernel in the reference: here the same one-sided Gaussian along a random direction, sampled at whole
-pixels with the edge pixel repeated; sizes that the reference ties to 32 px (glass blur's sweep, elastic's
-displacement, fog's fractal) follow the image's own size.
+script), and its four extras speckle_noise, gaussian_blur, spatter and saturate, which ``sigmanens eval`` keeps for
+the validation shift (:data:`~sigmanens_dist.data.corruption_table.SHIFT_SPLITS`). Motion blur (and the snow
+streaks, which use it) is ImageMagick's kernel in the reference: here the same one-sided Gaussian along a random
+direction, sampled at whole pixels with the edge pixel repeated; sizes that the reference ties to 32 px (glass blur's
+sweep, elastic's displacement, fog's fractal) follow the image's own size. Spatter's water edges use OpenCV's
+operators in the reference (Canny, the 5 × 5 chamfer distance, histogram equalisation, box filters): here the same
+operators in torch, checked against OpenCV in the tests. A one-channel image is a grey RGB image whose colours
+(spatter's water and mud, saturate's result) are read back as their luma, 0.299 R + 0.587 G + 0.114 B, as OpenCV's
+RGB-to-grey does.
 """
 
 from __future__ import annotations
@@ -24,10 +29,19 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from sigmanens_dist.data.corruption_table import _PARAMS, CORRUPTIONS, SEVERITIES, UNAVAILABLE, unknown
+from sigmanens_dist.data.corruption_table import (
+    _PARAMS,
+    CORRUPTIONS,
+    SEVERITIES,
+    TEST_CORRUPTIONS,
+    UNAVAILABLE,
+    VAL_CORRUPTIONS,
+    unknown,
+)
 from sigmanens_dist.errors import UsageError
 
-__all__ = ["CORRUPTIONS", "SEVERITIES", "UNAVAILABLE", "corrupt", "unknown"]
+__all__ = ["CORRUPTIONS", "SEVERITIES", "TEST_CORRUPTIONS", "UNAVAILABLE", "VAL_CORRUPTIONS", "corrupt",
+           "unknown"]
 
 
 def corrupt(x: torch.Tensor, name: str, severity: int, seed: int = 0) -> torch.Tensor:
@@ -293,6 +307,147 @@ def _elastic_transform(x: torch.Tensor, params: tuple[float, float, float], g: t
     return _sample(y, rows + field[:, 1].double(), cols + field[:, 0].double())
 
 
+_LUMA = (0.299, 0.587, 0.114)  # OpenCV's RGB -> grey weights
+
+
+def _colour(rgb: tuple[int, int, int], x: torch.Tensor) -> torch.Tensor:
+    """An 8-bit RGB colour as a ``(1, C, 1, 1)`` tensor like ``x``: the colour on three channels, its luma on one."""
+    values = [c / 255 for c in rgb]
+    if x.shape[1] == 1:
+        values = [sum(w * v for w, v in zip(_LUMA, values, strict=True))]
+    return torch.tensor(values, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+
+
+def _filter3(x: torch.Tensor, kernel: list[list[float]], mode: str) -> torch.Tensor:
+    """``x`` ``(B, 1, H, W)`` correlated with a 3 × 3 ``kernel`` (OpenCV's filter2D, not flipped), padded by
+    ``mode`` (``replicate``; ``reflect`` is OpenCV's default, reflect-101)."""
+    k = torch.tensor(kernel, dtype=x.dtype, device=x.device).view(1, 1, 3, 3)
+    return F.conv2d(F.pad(x, (1, 1, 1, 1), mode=mode), k)
+
+
+def _canny(img: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """OpenCV's ``Canny(img, low, high)`` (3 × 3 Sobel with replicated borders, L1 magnitude, non-maximum
+    suppression in four directions with its tan 22.5° test and its strict/non-strict neighbour comparisons, 8-connected
+    hysteresis) on 8-bit values held as float ``(B, 1, H, W)``; the edge pixels as booleans."""
+    sobel = [[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]
+    dx = _filter3(img, sobel, "replicate")
+    dy = _filter3(img, [list(r) for r in zip(*sobel, strict=True)], "replicate")
+    mag = dx.abs() + dy.abs()
+    h, w = mag.shape[-2:]
+    padded = F.pad(mag, (1, 1, 1, 1))  # beyond the image the magnitude is 0
+
+    def at(di: int, dj: int) -> torch.Tensor:
+        return padded[..., 1 + di:1 + di + h, 1 + dj:1 + dj + w]
+
+    tg22x = dx.abs() * 13573  # tan(22.5°) · 2^15, rounded, as OpenCV
+    ys = dy.abs() * 32768
+    horizontal = ys < tg22x
+    vertical = ~horizontal & (ys > tg22x + dx.abs() * 65536)
+    opposite = (dx < 0) ^ (dy < 0)  # OpenCV's (dx ^ dy) < 0
+    diagonal = torch.where(opposite, (mag > at(-1, 1)) & (mag > at(1, -1)), (mag > at(-1, -1)) & (mag > at(1, 1)))
+    peak = torch.where(horizontal, (mag > at(0, -1)) & (mag >= at(0, 1)),
+                       torch.where(vertical, (mag > at(-1, 0)) & (mag >= at(1, 0)), diagonal))
+    weak = peak & (mag > low)
+    edges = weak & (mag > high)
+    while True:
+        grown = edges | (weak & (F.max_pool2d(edges.to(img.dtype), 3, 1, 1) > 0))
+        if torch.equal(grown, edges):
+            return edges
+        edges = grown
+
+
+def _chamfer_distance(zero: torch.Tensor, cap: float) -> torch.Tensor:
+    """OpenCV's ``distanceTransform(…, DIST_L2, 5)``: the 5 × 5 chamfer distance (steps 1, 1.4 and 2.1969 in its
+    16-bit fixed point) of every pixel to the nearest ``zero`` pixel, exact up to ``cap`` and at least ``cap`` beyond
+    (the only part the caller keeps); float32 ``(B, 1, H, W)``."""
+    one = 1 << 16
+    steps = [((0, 1), one), ((1, 1), 91750), ((1, 2), 143976)]  # round(1.4 · 2^16), round(2.1969 · 2^16)
+    offsets = [((a * sa, b * sb), cost) for (a, b), cost in steps for sa in (1, -1) for sb in (1, -1)]
+    offsets += [((b, a), cost) for (a, b), cost in offsets if a != b]
+    offsets = list(dict(offsets).items())  # 4 + 4 + 8 distinct moves
+    big = int(cap * one) + 4 * 143976
+    dist = torch.where(zero, 0, big).long()
+    h, w = dist.shape[-2:]
+    for _ in range(int(cap) + 1):  # a path shorter than cap has fewer than cap + 1 steps, each at least 1
+        padded = F.pad(dist, (2, 2, 2, 2), value=big)
+        best = dist
+        for (di, dj), cost in offsets:
+            best = torch.minimum(best, padded[..., 2 + di:2 + di + h, 2 + dj:2 + dj + w] + cost)
+        if torch.equal(best, dist):
+            break
+        dist = best.clamp(max=big)
+    return (dist.double() / one).float()
+
+
+def _box3(x: torch.Tensor) -> torch.Tensor:
+    """OpenCV's ``blur(x, (3, 3))``: the mean of each 3 × 3 neighbourhood, borders reflect-101."""
+    return F.avg_pool2d(F.pad(x, (1, 1, 1, 1), mode="reflect"), 3, 1)
+
+
+def _equalize_hist(v: torch.Tensor) -> torch.Tensor:
+    """OpenCV's ``equalizeHist`` of 8-bit values held as float ``(B, 1, H, W)``, image by image: the lowest value
+    present maps to 0, value k to round(255 · #(first < value ≤ k) / #(value > first)) in float32."""
+    b = v.shape[0]
+    flat = v.reshape(b, -1).long()
+    hist = torch.zeros((b, 256), dtype=torch.long, device=v.device).scatter_add_(1, flat, torch.ones_like(flat))
+    first = (hist > 0).long().argmax(1, keepdim=True)
+    cum = hist.cumsum(1)
+    rest = (flat.shape[1] - hist.gather(1, first)).float()
+    scale = torch.where(rest > 0, 255 / rest.clamp(min=1), 0)
+    lut = ((cum - cum.gather(1, first)).float() * scale).round()
+    lut = torch.where(rest > 0, lut, first.float())  # one value only: OpenCV keeps it
+    return lut.gather(1, flat).view_as(v).to(v.dtype)
+
+
+def _water(layer: torch.Tensor) -> torch.Tensor:
+    """Spatter's water mask from the 8-bit liquid layer ``(B, 1, H, W)`` (float values 0..255), before its strength:
+    the layer times a shading that rises away from the liquid's edges, scaled to a maximum of 1 per image."""
+    edges = _canny(layer, 50, 150)
+    dist = _chamfer_distance(edges, 20).clamp(max=20)
+    dist = _box3(dist.double()).float().floor()  # float blur, then numpy's cast to uint8 (truncation)
+    dist = _equalize_hist(dist.double())
+    emboss = [[-2.0, -1.0, 0.0], [-1.0, 1.0, 1.0], [0.0, 1.0, 2.0]]
+    dist = _filter3(dist, emboss, "reflect").clamp(0, 255)  # filter2D into uint8 saturates
+    dist = (F.avg_pool2d(F.pad(dist, (1, 1, 1, 1), mode="reflect"), 3, 1, divisor_override=1) / 9).round()
+    m = layer * dist
+    peak = m.amax(dim=(2, 3), keepdim=True)
+    return torch.where(peak > 0, m / peak.clamp(min=1e-12), 0)
+
+
+def _spatter(x: torch.Tensor, params: tuple[float, ...], g: torch.Generator) -> torch.Tensor:
+    # A liquid layer (Gaussian noise, blurred, thresholded), one per image. Severities 1-3: water, pale turquoise,
+    # added where the layer is, shaded by the distance to its edges; 4-5: mud brown, blended in where the layer's
+    # blurred mask exceeds 0.8.
+    loc, scale, sigma, threshold, strength, mud = params
+    b, _, h, w = x.shape
+    liquid = loc + scale * torch.randn((b, 1, h, w), generator=g, device=x.device, dtype=torch.float64)
+    liquid = _gaussian_blur(liquid, sigma, g)
+    liquid = torch.where(liquid < threshold, 0, liquid)
+    if mud:
+        m = _gaussian_blur((liquid > threshold).to(x.dtype), strength, g)
+        m = torch.where(m < 0.8, 0, m)
+        return x * (1 - m) + _colour((63, 42, 20), x) * m
+    layer = (liquid.clamp(0, 1) * 255).floor()  # the reference's uint8 layer (it wraps above 1: never seen there)
+    return x + _water(layer).to(x.dtype) * strength * _colour((175, 238, 238), x)
+
+
+def _saturate(x: torch.Tensor, params: tuple[float, float], _: torch.Generator) -> torch.Tensor:
+    # HSV saturation s -> clip(a s + b) with hue and value kept. For fixed (h, v) each channel is v - s v w with w in
+    # [0, 1] set by the hue alone, w = (v - channel) / (v - min); a grey pixel has hue 0 (red) and w = (0, 1, 1), so
+    # b > 0 tints it red, as skimage's hsv2rgb does in the reference.
+    a, b = params
+    rgb = x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x
+    v = rgb.amax(dim=1, keepdim=True)
+    delta = v - rgb.amin(dim=1, keepdim=True)
+    grey = torch.tensor([0.0, 1.0, 1.0], dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+    weight = torch.where(delta > 0, (v - rgb) / delta.clamp(min=1e-12), grey)
+    s = torch.where(v > 0, delta / v.clamp(min=1e-12), 0)
+    out = v - (s * a + b).clamp(0, 1) * v * weight
+    if x.shape[1] == 1:
+        return sum(c * out[:, i:i + 1] for i, c in enumerate(_LUMA))
+    return out
+
+
 _FUNCS: dict[str, Callable[[torch.Tensor, Any, torch.Generator], torch.Tensor]] = {
     "gaussian_noise": _gaussian_noise,
     "shot_noise": _shot_noise,
@@ -310,4 +465,6 @@ _FUNCS: dict[str, Callable[[torch.Tensor, Any, torch.Generator], torch.Tensor]] 
     "snow": _snow,
     "fog": _fog,
     "elastic_transform": _elastic_transform,
+    "spatter": _spatter,
+    "saturate": _saturate,
 }

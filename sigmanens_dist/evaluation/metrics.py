@@ -25,8 +25,9 @@ from torchmetrics.utilities import dim_zero_cat
 
 from sigmanens_dist.errors import UsageError
 
-__all__ = ["EnsembleMetrics", "SampleMetrics", "adaptive_calibration_error", "aurc", "calibration_error",
-           "ensemble_log_probs", "entropy", "mutual_information", "ood_detection", "predictive_entropy"]
+__all__ = ["DIAGNOSIS_KEYS", "EnsembleMetrics", "SampleMetrics", "adaptive_calibration_error", "aurc",
+           "calibration_error", "detection_auroc", "diagnosis", "ensemble_log_probs", "entropy", "mutual_information",
+           "ood_detection", "predictive_entropy"]
 
 
 # -- per-sample quantities ---------------------------------------------------------------------------------------
@@ -95,6 +96,35 @@ def ood_detection(score_in: Tensor, score_out: Tensor) -> dict[str, float]:
             "aupr_out": float(binary_average_precision(scores, is_out)),
             "aupr_in": float(binary_average_precision(-scores, 1 - is_out)),
             "fpr95": float(fpr[tpr >= 0.95].min())}
+
+
+def detection_auroc(negatives: Tensor, positives: Tensor) -> float:
+    """AUROC of telling ``positives`` from ``negatives`` by their score (higher: more likely positive; ties count
+    half), torchmetrics' ``binary_auroc``: the probability that a random positive outscores a random negative."""
+    scores = torch.cat([negatives, positives]).double()
+    labels = torch.cat([torch.zeros(len(negatives)), torch.ones(len(positives))]).long()
+    return float(binary_auroc(scores, labels))
+
+
+# the diagnosis columns of a shift report (docs/eval.md): member-based ones are None for a single member
+DIAGNOSIS_KEYS = ("member_mean/nll", "member_mean/ece", "disagreement", "mutual_information", "mi_auroc")
+
+
+def diagnosis(values: dict[str, float], num_members: int, clean_mi: Tensor | None = None,
+              shifted_mi: Tensor | None = None) -> dict[str, float | None]:
+    """Why an ensemble's uncertainty moves under shift, from one pass's :meth:`SampleMetrics.compute` ``values``: the
+    mean member NLL and ECE (beside the ensemble's), member disagreement, mutual information and, given the
+    per-sample mutual information of the clean pass (negatives) and of this corrupted pass (positives), the AUROC of
+    telling corrupted from clean inputs by it. With one member there is nothing to disagree: disagreement, mutual
+    information and its AUROC are undefined, None (not the 0 and 0.5 a single network scores by construction)."""
+    ensemble = num_members > 1
+    out: dict[str, float | None] = {"member_mean/nll": values["member_mean/nll"],
+                                    "member_mean/ece": values["member_mean/ece"],
+                                    "disagreement": values["disagreement"] if ensemble else None,
+                                    "mutual_information": values["mutual_information"] if ensemble else None}
+    if clean_mi is not None and shifted_mi is not None:
+        out["mi_auroc"] = detection_auroc(clean_mi, shifted_mi) if ensemble else None
+    return out
 
 
 def _sum() -> SumMetric:

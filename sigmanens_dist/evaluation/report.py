@@ -16,19 +16,26 @@ from sigmanens_dist.config import Config
 from sigmanens_dist.evaluation.ood import OOD_SCORES
 from sigmanens_dist.methods.base import EnsembleMethod
 
-__all__ = ["SHIFT_KEYS", "SUB_KEYS", "flat_metrics", "markdown", "shift_mean", "temperature_label"]
+__all__ = ["DIAGNOSIS_COLUMNS", "SHIFT_KEYS", "SUB_KEYS", "diagnosis_rows", "diversity_text", "flat_metrics",
+           "markdown", "shift_mean", "temperature_label"]
 
 log = logging.getLogger("sigmanens")
 
 SHIFT_KEYS = ("acc", "nll", "ece")
 
 
-def shift_mean(table: dict[str, dict[str, dict[str, float]]], severities: list[int]) -> dict[str, dict[str, float]]:
+def shift_mean(table: dict[str, dict[str, dict[str, float | None]]], severities: list[int]
+               ) -> dict[str, dict[str, float | None]]:
     """``{severity: {key: mean over corruptions}}`` of a ``{corruption: {severity: {key: value}}}`` table: the "mean"
-    row of every shift table in a report (the plain scores, the calibrated ones, each conformal method's)."""
+    row of every shift table in a report (the plain scores, the calibrated ones, each conformal method's). A key that
+    is undefined (None: the member-based diagnosis of one member) stays None."""
     names = list(table)
     keys = list(table[names[0]][str(severities[0])])
-    return {str(s): {k: sum(table[c][str(s)][k] for c in names) / len(names) for k in keys} for s in severities}
+
+    def mean(values: list[float | None]) -> float | None:
+        return None if any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type]
+
+    return {str(s): {k: mean([table[c][str(s)][k] for c in names]) for k in keys} for s in severities}
 SUB_KEYS = ("acc", "nll", "ece", "aece", "brier", "aurc")
 
 
@@ -60,15 +67,61 @@ def _write(out_dir: Path, report: dict[str, Any]) -> list[Path]:
     return [json_path, md_path]
 
 
-def _fmt(value: float) -> str:
+def _fmt(value: float | None) -> str:
+    if value is None:  # undefined (a member-based diagnosis of one member)
+        return "—"
     return "nan" if isinstance(value, float) and math.isnan(value) else f"{value:.4f}"
+
+
+DIAGNOSIS_COLUMNS = {"acc": "acc", "nll": "NLL", "member_mean/nll": "NLL members", "ece": "ECE",
+                     "member_mean/ece": "ECE members", "disagreement": "disagreement", "mutual_information": "MI",
+                     "mi_auroc": "MI AUROC"}
+
+
+def diversity_text(metrics: dict[str, float], members: int) -> str:
+    """Disagreement and mutual information of the clean pass, or that they are undefined for one member (the 0 in
+    ``metrics`` is kept for older readers of eval.json, not a measurement)."""
+    if members == 1:
+        return "disagreement and mutual information undefined (one member)"
+    return (f"disagreement {_fmt(metrics['disagreement'])}, mutual information "
+            f"{_fmt(metrics['mutual_information'])}")
+
+
+def diagnosis_rows(part: dict[str, Any], members: int, every: bool = True) -> list[tuple[str, list[str]]]:
+    """The diagnosis table of one weights' part: clean (the test metrics; member-based columns undefined with one
+    member, the MI AUROC undefined for clean against clean), the mean over corruptions per severity and, with
+    ``every``, each corruption at each severity. Cells formatted, "—" where undefined."""
+    clean = dict(part["metrics"])
+    if members == 1:
+        clean["disagreement"] = clean["mutual_information"] = None
+    rows = [("clean", [_fmt(clean.get(k)) for k in DIAGNOSIS_COLUMNS])]
+    tables = [("mean", part["shift"]["mean"])]
+    tables += [(name, by_sev) for name, by_sev in part["shift"].items() if name != "mean"] if every else []
+    for name, by_sev in tables:
+        rows += [(f"{name} s{severity}", [_fmt(v.get(k)) for k in DIAGNOSIS_COLUMNS]) for severity, v in by_sev.items()]
+    return rows
+
+
+def _diagnosis_md(part: dict[str, Any], members: int, shift_split: str) -> list[str]:
+    if "shift" not in part:
+        return []
+    which = "validation corruptions on the validation split" if shift_split == "val" else "test corruptions"
+    lines = ["", f"### Diagnosis under shift ({which})", "",
+             "Ensemble and mean member NLL / ECE, member disagreement (fraction of member pairs that predict "
+             "differently), mutual information (entropy of the mean − mean member entropy), and the AUROC of telling "
+             "corrupted from clean inputs by mutual information (clean negative)"
+             + (". One member: the member-based columns are undefined (—)." if members == 1 else "."), "",
+             "| | " + " | ".join(DIAGNOSIS_COLUMNS.values()) + " |", "|---|" + "---:|" * len(DIAGNOSIS_COLUMNS)]
+    lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in diagnosis_rows(part, members)]
+    return lines
 
 
 def markdown(report: dict[str, Any]) -> str:
     """The report as Markdown tables (what ``eval.md`` holds)."""
     lines = [f"# Evaluation: {report['checkpoint'] or 'end of training'} (step {report['step']})", "",
              f"method {report['method']}, {report['dataset']} {report['split']} split, "
-             f"{report['members']} of {report['num_members']} members", ""]
+             f"{report['members']} of {report['num_members']} members"
+             + (f", shift split {report['shift_split']}" if report.get("shift_split") else ""), ""]
     lines += [f"> {note}" for note in report["notes"]] + ([""] if report["notes"] else [])
     keys = ("acc", "nll", "ece", "aece", "brier", "aurc")
     for variant, part in report["weights"].items():
@@ -79,8 +132,7 @@ def markdown(report: dict[str, Any]) -> str:
         rows += [("mean of members", "member_mean/")] if report["members"] > 1 else []
         for label, prefix in rows:
             lines.append(f"| {label} | " + " | ".join(_fmt(m[prefix + k]) for k in keys) + " |")
-        lines += ["", f"disagreement {_fmt(m['disagreement'])}, mutual information {_fmt(m['mutual_information'])}, "
-                      f"predictive entropy {_fmt(m['entropy'])}"
+        lines += ["", f"{diversity_text(m, report['members'])}, predictive entropy {_fmt(m['entropy'])}"
                   + (f", members on per feature {_fmt(part['sharing']['all'])}" if "sharing" in part else ""), ""]
         lines += ["### Sub-ensembles", "", "| k | " + " | ".join(SUB_KEYS) + " | ms/image |",
                   "|---:|" + "---:|" * (len(SUB_KEYS) + 1)]
@@ -93,6 +145,7 @@ def markdown(report: dict[str, Any]) -> str:
             for name, by_sev in part["shift"].items():
                 lines.append(f"| {name} | " + " | ".join(
                     " / ".join(_fmt(v[k]) for k in SHIFT_KEYS) for v in by_sev.values()) + " |")
+            lines += _diagnosis_md(part, report["members"], report.get("shift_split", "test"))
         lines += _calibration_md(part.get("calibration"), part)
         lines += _calibration_md(part.get("member_calibration"), part)
         for conf in part.get("conformal", []):
@@ -172,7 +225,7 @@ def flat_metrics(report: dict[str, Any]) -> dict[str, float]:
             out |= {f"{base}/k{row['k']}/{k}": row[k] for k in (*SUB_KEYS, "ms_per_image")}
         for name, by_sev in part.get("shift", {}).items():
             for severity, values in by_sev.items():
-                out |= {f"{base}/shift/{name}/s{severity}/{k}": v for k, v in values.items()}
+                out |= {f"{base}/shift/{name}/s{severity}/{k}": v for k, v in values.items() if v is not None}
         if "ood" in part:
             for score in OOD_SCORES:
                 out |= {f"{base}/ood_{part['ood']['set']}/{score}/{k}": v for k, v in part["ood"][score].items()}

@@ -6,7 +6,9 @@ For each set of weights (raw, and EMA when the run kept one) :func:`run_eval` ru
   adaptive ECE, Brier, AURC and the measured forward time; the K-member one gives the headline metrics, per member
   and for the ensemble, and member disagreement and mutual information;
 * corruptions (CIFAR-C style, applied to [0, 1] pixels before normalisation) at each severity, or a pre-generated
-  ImageNet-C folder;
+  ImageNet-C folder: the test corruptions on the test split, or the validation corruptions on the validation split
+  (``shift_split``), each with the diagnosis (mean member NLL and ECE, disagreement, mutual information and the AUROC
+  of telling corrupted from clean inputs by it);
 * OOD detection against an OOD set (OOD positive) for the max-softmax, entropy and mutual-information scores;
 * when asked, a temperature and conformal thresholds fitted on the validation split (:mod:`.posthoc`), scored with
   the K-member ensemble on the test and shift passes;
@@ -27,11 +29,13 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from sigmanens_dist.config import Config, EvalConfig
-from sigmanens_dist.data.corruptions import CORRUPTIONS, corrupt
+from sigmanens_dist.data.corruption_table import SHIFT_SPLITS, VAL_CORRUPTIONS
+from sigmanens_dist.data.corruptions import corrupt
 from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation.load import method_of
+from sigmanens_dist.evaluation.metrics import SampleMetrics, diagnosis
 from sigmanens_dist.evaluation.norm_stats import describe, norm_stats_problem, with_norm_stats
 from sigmanens_dist.evaluation.ood import score_ood
 from sigmanens_dist.evaluation.posthoc import PostHoc, fit_posthoc
@@ -91,8 +95,8 @@ def check_options(cfg: Config, model: EnsembleMethod, options: EvalConfig) -> li
     elif options.members not in (None, m) and not model.supports_sub_ensembles:
         problems.append(f"--members {options.members}: model.method={method_of(cfg)!r} cannot run a sub-ensemble "
                         f"(no sub_ensemble(members)); score all {m} members")
-    # corruption names and severities are already checked by EvalConfig
-    names = list(CORRUPTIONS) if "all" in options.corruptions else list(options.corruptions)
+    # corruption names, severities and the shift split are already checked by EvalConfig
+    names = list(SHIFT_SPLITS[options.shift]) if "all" in options.corruptions else list(options.corruptions)
     images = [name for name, spec in DATASETS.items() if spec.kind == "image"]
     if names and cfg.data.dataset not in images:
         problems.append(f"corruptions need an image dataset with known pixel statistics ({', '.join(images)}); "
@@ -105,7 +109,10 @@ def check_options(cfg: Config, model: EnsembleMethod, options: EvalConfig) -> li
         elif options.ood == "svhn" and options.ood_root is None:
             problems.append("--ood svhn needs --ood-root, the folder with SVHN's test_32x32.mat")
     if options.imagenet_c is not None:
-        if cfg.data.dataset not in IMAGENET_C_DATASETS:
+        if options.shift == "val":
+            problems.append(f"--imagenet-c {options.imagenet_c}: a pre-generated ImageNet-C folder corrupts the test "
+                            "set, not the validation split (shift split val): drop --imagenet-c")
+        elif cfg.data.dataset not in IMAGENET_C_DATASETS:
             problems.append(f"--imagenet-c is for data.dataset in {IMAGENET_C_DATASETS}, not {cfg.data.dataset!r}")
         elif not Path(options.imagenet_c).is_dir():
             problems.append(f"--imagenet-c {options.imagenet_c}: no such folder")
@@ -128,7 +135,7 @@ def check_options(cfg: Config, model: EnsembleMethod, options: EvalConfig) -> li
 
 
 def _imagenet_c_problems(root: Path, names: list[str], severities: list[int]) -> list[str]:
-    wanted = names or sorted(p.name for p in root.iterdir() if p.is_dir())
+    wanted = names or _imagenet_c_names(root)
     missing = [f"{root / n / str(s)}" for n in wanted for s in severities if not (root / n / str(s)).is_dir()]
     return [f"--imagenet-c: missing folder(s) {', '.join(missing[:5])}{' …' if len(missing) > 5 else ''} (layout: "
             "<dir>/<corruption>/<severity>/<class>/<image>)"] if missing else []
@@ -159,6 +166,7 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
 
     report: dict[str, Any] = {"checkpoint": str(checkpoint) if checkpoint else None, "step": step,
                               "method": method_of(cfg), "dataset": cfg.data.dataset, "split": options.split,
+                              "shift_split": options.shift if names or options.imagenet_c else None,
                               "num_members": model.num_members, "members": k_max, "notes": notes,
                               "norm_stats": describe(options.norm_stats, options.norm_stats_prior), "weights": {}}
     plots: list[Path] = []
@@ -191,7 +199,7 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
         scores = scored.scores()
         if names or options.imagenet_c:
             part["shift"] = _shift(cfg, options, names, full, eval_set, data.num_classes, device, variant, batch, sync,
-                                   posthoc)
+                                   posthoc, scores["mutual_information"])
         if posthoc is not None:
             part |= posthoc.parts
         if ood_batches is not None:
@@ -224,10 +232,11 @@ def _notes(cfg: Config, options: EvalConfig) -> list[str]:
 
 
 def _shift(cfg: Config, options: EvalConfig, names: list[str], model: nn.Module, eval_set: Callable[[], Iterable],
-           num_classes: int, device: torch.device, variant: str, batch: int, sync: bool, posthoc: PostHoc | None
-           ) -> dict[str, Any]:
-    """``{corruption: {severity: {acc, nll, ece}}, "mean": {severity: …}}`` over the corruptions asked for; the
-    calibrated and conformal scores of the same passes go to ``posthoc``."""
+           num_classes: int, device: torch.device, variant: str, batch: int, sync: bool, posthoc: PostHoc | None,
+           clean_mi: torch.Tensor) -> dict[str, Any]:
+    """``{corruption: {severity: {acc, nll, ece, <diagnosis>}}, "mean": {severity: …}}`` over the corruptions asked
+    for, the diagnosis (:func:`~sigmanens_dist.evaluation.metrics.diagnosis`) against ``clean_mi``, the clean pass's
+    per-sample mutual information; the calibrated and conformal scores of the same passes go to ``posthoc``."""
     out: dict[str, Any] = {}
     members = model.num_members
     if options.imagenet_c is not None:
@@ -237,7 +246,7 @@ def _shift(cfg: Config, options: EvalConfig, names: list[str], model: nn.Module,
             extra = posthoc.metrics(num_classes, members, False) if posthoc is not None else {}
             metrics, _ = score_pass(model, loader, num_classes, device, f"{variant} {name} s{severity}",
                                     also=list(extra.values()))
-            out.setdefault(name, {})[str(severity)] = _pick(metrics.compute(), SHIFT_KEYS)
+            out.setdefault(name, {})[str(severity)] = _cell(metrics, members, clean_mi)
             if posthoc is not None:
                 posthoc.record(extra, name, severity)
     else:
@@ -248,7 +257,7 @@ def _shift(cfg: Config, options: EvalConfig, names: list[str], model: nn.Module,
                 extra = posthoc.metrics(num_classes, members, sync) if posthoc is not None else {}
                 metrics, _ = score_pass(model, eval_set(), num_classes, device, f"{variant} {name} s{severity}",
                                         transform, sync=sync, also=list(extra.values()))
-                out.setdefault(name, {})[str(severity)] = _pick(metrics.compute(), SHIFT_KEYS)
+                out.setdefault(name, {})[str(severity)] = _cell(metrics, members, clean_mi)
                 if posthoc is not None:
                     posthoc.record(extra, name, severity)
     out["mean"] = shift_mean(out, options.severities)
@@ -257,8 +266,17 @@ def _shift(cfg: Config, options: EvalConfig, names: list[str], model: nn.Module,
     return out
 
 
-def _pick(values: dict[str, float], keys: Sequence[str]) -> dict[str, float]:
-    return {k: values[k] for k in keys}
+def _cell(metrics: SampleMetrics, members: int, clean_mi: torch.Tensor) -> dict[str, float | None]:
+    """One corruption at one severity: accuracy, NLL, ECE and the diagnosis against the clean pass."""
+    values = metrics.compute()
+    return ({k: values[k] for k in SHIFT_KEYS}
+            | diagnosis(values, members, clean_mi, metrics.scores()["mutual_information"]))
+
+
+def _imagenet_c_names(root: Path) -> list[str]:
+    """The corruption folders of an ImageNet-C folder, but the validation corruptions (its extras, when present):
+    they never make a test column."""
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in VAL_CORRUPTIONS)
 
 
 def _imagenet_c_sets(cfg: Config, root: Path, names: list[str], severities: list[int]
@@ -273,7 +291,7 @@ def _imagenet_c_sets(cfg: Config, root: Path, names: list[str], severities: list
     classes = sorted(p.name for p in (Path(cfg.data_root()) / "train").iterdir() if p.is_dir())
     transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Resize(size, antialias=True),
                             v2.CenterCrop(size), v2.Normalize(mean, std)])
-    for name in names or sorted(p.name for p in root.iterdir() if p.is_dir()):
+    for name in names or _imagenet_c_names(root):
         for severity in severities:
             folder = root / name / str(severity)
             dataset = datasets.ImageFolder(str(folder), transform=transform)

@@ -11,7 +11,7 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
-from sigmanens_dist.evaluation.report import temperature_label
+from sigmanens_dist.evaluation.report import DIAGNOSIS_COLUMNS, diagnosis_rows, diversity_text, temperature_label
 from sigmanens_dist.methods import display_name
 from sigmanens_dist.progress import WIDTH, near, text_console
 
@@ -20,6 +20,9 @@ __all__ = ["summary", "written"]
 KEYS = ("acc", "nll", "ece", "aece", "brier", "aurc")  # evaluation.run.SUB_KEYS: the per-model scores
 LABELS = {"acc": "acc ↑", "nll": "NLL ↓", "ece": "ECE ↓", "aece": "aECE ↓", "brier": "Brier ↓", "aurc": "AURC ↓"}
 OOD = ("msp", "entropy", "mutual_information")  # evaluation.run.OOD_SCORES
+# the diagnosis columns (their order), in short: the under-shift table fits 100 columns
+SHIFT_LABELS = {**DIAGNOSIS_COLUMNS, "acc": "acc ↑", "nll": "NLL ↓", "member_mean/nll": "NLL mem", "ece": "ECE ↓",
+                "member_mean/ece": "ECE mem", "disagreement": "disagree"}
 
 
 def _fmt(value: Any) -> str:
@@ -56,8 +59,7 @@ def summary(report: dict[str, Any]) -> str:
         for label, prefix in rows:
             table.add_row(label, *(_fmt(m[prefix + k]) for k in KEYS))
         console.print(table)
-        diversity = (f"disagreement {_fmt(m['disagreement'])}, mutual information {_fmt(m['mutual_information'])}, "
-                     f"predictive entropy {_fmt(m['entropy'])}"
+        diversity = (f"{diversity_text(m, report['members'])}, predictive entropy {_fmt(m['entropy'])}"
                      + (f", members on per feature {_fmt(part['sharing']['all'])}" if "sharing" in part else ""))
         console.print("\n".join(_wrap(diversity, "  ")), highlight=False)
         if part["sub_ensembles"]:
@@ -68,12 +70,17 @@ def summary(report: dict[str, Any]) -> str:
             console.print(table)
         if "shift" in part:
             corruptions = [name for name in part["shift"] if name != "mean"]
-            table = _table("severity", ["acc ↑", "NLL ↓", "ECE ↓"])
-            for severity, values in part["shift"]["mean"].items():
-                table.add_row(f"s{severity}", *(_fmt(values[k]) for k in ("acc", "nll", "ece")))
-            console.print(f"\nUnder shift: mean over {len(corruptions)} corruption(s), per corruption in eval.md",
-                          style="bold", highlight=False)
+            which = "validation" if report.get("shift_split") == "val" else "test"
+            table = _table("", list(SHIFT_LABELS.values()))
+            for label, cells in diagnosis_rows(part, report["members"], every=False):
+                table.add_row(label, *cells)
+            console.print(f"\nUnder shift ({which} corruptions): mean over {len(corruptions)} corruption(s), per "
+                          "corruption in eval.md", style="bold", highlight=False)
             console.print(table)
+            console.print("\n".join(_wrap("mem: the mean member; disagree: member pairs that differ; MI: mutual "
+                                           "information; MI AUROC: corrupted vs clean inputs told apart by MI"
+                                           + ("; — undefined with one member" if report["members"] == 1 else ""),
+                                           "  ")), highlight=False)
         _posthoc(console, part)
         if "ood" in part:
             ood = part["ood"]

@@ -19,9 +19,11 @@ from torchmetrics.functional.classification import multiclass_calibration_error
 from sigmanens_dist import convert_to_sigma_ensemble
 from sigmanens_dist.cli.eval import main as eval_main
 from sigmanens_dist.config import EvalConfig, load_config
+from sigmanens_dist.data.corruption_table import TEST_CORRUPTIONS, VAL_CORRUPTIONS
 from sigmanens_dist.data.idx import FASHION_MNIST_ROOT
 from sigmanens_dist.evaluation import load_for_eval, run_eval, sub_ensemble
 from sigmanens_dist.evaluation.metrics import (
+    DIAGNOSIS_KEYS,
     EnsembleMetrics,
     SampleMetrics,
     adaptive_calibration_error,
@@ -160,7 +162,8 @@ def test_imagenet_c_folder(tmp_path: Path) -> None:
     root, corrupted = tmp_path / "imgs", tmp_path / "imagenet-c"
     _images(root / "train", ["cat", "dog"], 4, 0)
     _images(root / "val", ["cat", "dog"], 2, 1)
-    for i, (name, severity) in enumerate([(n, s) for n in ("fog", "snow") for s in (1, 2)]):
+    # a folder of a validation corruption (ImageNet-C's extras) is not read for the test columns
+    for i, (name, severity) in enumerate([(n, s) for n in ("fog", "snow", "spatter") for s in (1, 2)]):
         _images(corrupted / name / str(severity), ["cat", "dog"], 2, 10 + i)
     cfg = load_config(None, ["data.dataset=imagefolder", f"data.root={root}", "data.img_size=16", "data.num_workers=0",
                              "model.name=test_resnet", "model.num_members=2", "train.batch_size=4",
@@ -177,6 +180,75 @@ def test_imagenet_c_folder(tmp_path: Path) -> None:
     shutil.rmtree(corrupted / "snow" / "1" / "dog")
     with pytest.raises(ValueError, match=r"snow/1: class folders \['cat'\]… differ from the training classes"):
         run_eval(cfg, model, options=EvalConfig(imagenet_c=corrupted, severities=[1]), out_dir=tmp_path / "q")
+
+
+# -- the validation shift -----------------------------------------------------------------------------------------
+def test_validation_shift_never_reads_the_test_split_nor_a_test_corruption(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`shift_split: val` scores the validation corruptions (disjoint from the test ones) on the validation split,
+    clean and corrupted, with the diagnosis columns; a test split wrapped to fail when read is never read. With one
+    member (`members=1`) the member-based columns are undefined, and say so."""
+    import dataclasses
+
+    from sigmanens_dist.data import loaders
+
+    root = tmp_path / "imgs"
+    _images(root / "train", ["cat", "dog"], 8, 0)
+    _images(root / "val", ["cat", "dog"], 2, 1)
+    cfg = load_config(None, ["data.dataset=imagefolder", f"data.root={root}", "data.img_size=16", "data.num_workers=0",
+                             "data.val_split=6", "model.name=test_resnet", "model.num_members=2",
+                             "train.batch_size=4", "tracking.enabled=false"])
+    real_build = loaders.build_data
+
+    def build(*args: object, **kwargs: object) -> loaders.Data:
+        def test() -> object:
+            raise AssertionError("the validation shift read the test split")
+
+        return dataclasses.replace(real_build(*args, **kwargs), test=test)
+
+    monkeypatch.setattr(loaders, "build_data", build)
+    torch.manual_seed(0)
+    model = build_model(cfg, 2, 3).eval()
+    options = EvalConfig(split="val", shift_split="val", corruptions=["all"], severities=[5], sub_ensembles=False)
+    report = run_eval(cfg, model, options=options, out_dir=tmp_path / "o")
+    assert report["split"] == report["shift_split"] == "val"
+    raw = report["weights"]["raw"]
+    assert raw["metrics"]["num_samples"] == 6  # the validation split, and only it
+    assert set(raw["shift"]) - {"mean"} == set(VAL_CORRUPTIONS) and not set(raw["shift"]) & set(TEST_CORRUPTIONS)
+    for name, by_sev in raw["shift"].items():
+        for cell in by_sev.values():
+            assert set(cell) == {"acc", "nll", "ece", *DIAGNOSIS_KEYS}, name
+            assert 0 <= cell["mi_auroc"] <= 1 and cell["mutual_information"] >= 0 and 0 <= cell["disagreement"] <= 1
+    md = (tmp_path / "o" / "eval.md").read_text()
+    assert "### Diagnosis under shift (validation corruptions on the validation split)" in md
+    assert "| spatter s5 |" in md and "| mean s5 |" in md and "| clean |" in md
+
+    one = options.model_copy(update={"members": 1, "corruptions": ["saturate"]})
+    single = run_eval(cfg, model, options=one, out_dir=tmp_path / "one")
+    cell = single["weights"]["raw"]["shift"]["mean"]["5"]
+    assert cell["disagreement"] is None and cell["mutual_information"] is None and cell["mi_auroc"] is None
+    assert cell["member_mean/nll"] == pytest.approx(cell["nll"])
+    md = (tmp_path / "one" / "eval.md").read_text()
+    assert "One member: the member-based columns are undefined (—)." in md
+    assert "disagreement and mutual information undefined (one member)" in md
+    assert json.loads((tmp_path / "one" / "eval.json").read_text())["weights"]["raw"]["shift"]["saturate"]["5"][
+        "mi_auroc"] is None  # null in the file, not a number that looks measured
+
+
+def test_shift_split_refusals_before_the_checkpoint_is_read(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt = str(tmp_path / "never-read.pt")
+    for args, match in ((["--shift-split", "val", "--corruptions", "gaussian_noise"],
+                         r"--corruptions gaussian_noise: test corruption\(s\), not scored on --shift-split val; "
+                         r"choose from all, speckle_noise, gaussian_blur, spatter, saturate"),
+                        (["--corruptions", "contrast,spatter"],
+                         r"--corruptions spatter: validation corruption\(s\), not scored on --shift-split test"),
+                        (["--split", "test", "--shift-split", "val"],
+                         r"--shift-split val corrupts the val split, which --split test does not score"),
+                        (["--split", "val", "--corruptions", "fog"], r"--corruptions fog: test corruption")):
+        assert eval_main(["--checkpoint", ckpt, *args]) == 2
+        err = capsys.readouterr().err
+        assert re.search(match, err) and len(err.strip().splitlines()) == 1, err
 
 
 # -- end to end on Fashion-MNIST -----------------------------------------------------------------------------------
@@ -219,6 +291,11 @@ def test_corruption_and_ood_eval_end_to_end(trained: Path, capsys: pytest.Captur
     shift = raw["shift"]
     assert set(shift) == {"gaussian_noise", "contrast", "mean"} and set(shift["contrast"]) == {"1", "5"}
     assert shift["contrast"]["5"]["acc"] < shift["contrast"]["1"]["acc"] < raw["metrics"]["acc"] + 0.02
+    assert report["shift_split"] == "test"  # the diagnosis columns, per corruption and severity and their mean
+    for cell in (shift["contrast"]["5"], shift["mean"]["1"]):
+        assert set(cell) == {"acc", "nll", "ece", *DIAGNOSIS_KEYS}
+        assert 0 <= cell["disagreement"] <= 1 and cell["mutual_information"] >= 0 and 0 <= cell["mi_auroc"] <= 1
+    assert "### Diagnosis under shift (test corruptions)" in (out / "eval.md").read_text()
     ood = raw["ood"]
     assert ood["num_out"] == 1797 and ood["num_in"] == 300
     assert ood["entropy"]["auroc"] > 0.8 and ood["msp"]["auroc"] > 0.75  # digits are obviously not clothes
@@ -290,6 +367,10 @@ def test_missing_or_mismatched_checkpoint(trained: Path, tmp_path: Path, capsys:
     (["eval.members=5"], r"eval.members: the model has only model.num_members=4 members \(got 5\)"),
     (["eval.corruptions=[smoke]"], r"eval.corruptions: unknown corruption\(s\) 'smoke'; allowed: all, gaussian_noise"),
     (["eval.severities=[0, 6]"], r"eval.severities: severities must be a non-empty list of 1..5"),
+    (["eval.corruptions=[spatter]"], r"eval.corruptions: spatter: validation corruption\(s\), not scored on shift "
+                                     r"split test"),
+    (["eval.split=val", "eval.corruptions=[fog]"], r"eval.corruptions: fog: test corruption\(s\)"),
+    (["eval.shift_split=val"], r"eval.shift_split: val corrupts the val split, but eval.split is test"),
 ])
 def test_eval_config_errors(overrides: list[str], match: str) -> None:
     from sigmanens_dist.config import ConfigError

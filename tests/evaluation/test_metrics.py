@@ -12,8 +12,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from sigmanens_dist.evaluation.metrics import EnsembleMetrics
+from sigmanens_dist.evaluation.metrics import (
+    DIAGNOSIS_KEYS,
+    EnsembleMetrics,
+    SampleMetrics,
+    detection_auroc,
+    diagnosis,
+)
 from sigmanens_dist.evaluation.plots import reliability_diagram, reliability_diagrams
+from sigmanens_dist.evaluation.report import shift_mean
 
 # Two members, three classes, two samples; logits = log-probabilities, so member softmaxes are exactly these.
 MEMBER_PROBS = torch.tensor([
@@ -206,3 +213,42 @@ def test_reliability_diagram_rejects_bad_input(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="curves is empty"):
         reliability_diagrams({}, tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
+
+
+# -- the shift diagnosis ---------------------------------------------------------------------------------------------
+def _entropy(p: list[float]) -> float:
+    return -sum(v * math.log(v) for v in p)
+
+
+def test_shift_diagnosis_hand_computed() -> None:
+    """Mean member NLL and ECE, disagreement, mutual information and the AUROC of telling shifted from clean inputs
+    by it, on the two-member case above."""
+    metrics = SampleMetrics(3, 2)
+    metrics.update(MEMBER_PROBS.log(), TARGET)
+    clean, shifted = torch.tensor([0.1, 0.4]), torch.tensor([0.3, 0.5])
+    out = diagnosis(metrics.compute(), 2, clean, shifted)
+    assert set(out) == set(DIAGNOSIS_KEYS)
+    assert out["member_mean/nll"] == pytest.approx(-(math.log(0.7 * 0.6 * 0.5 * 0.2)) / 4)
+    assert out["member_mean/ece"] == pytest.approx((0.35 + 0.55) / 2)
+    assert out["disagreement"] == pytest.approx(0.5)  # sample 0 both say 0; sample 1: 1 against 2
+    mi = [_entropy([0.6, 0.3, 0.1]) - (_entropy([0.7, 0.2, 0.1]) + _entropy([0.5, 0.4, 0.1])) / 2,
+          _entropy([0.15, 0.4, 0.45]) - (_entropy([0.1, 0.6, 0.3]) + _entropy([0.2, 0.2, 0.6])) / 2]
+    assert out["mutual_information"] == pytest.approx(sum(mi) / 2, rel=1e-5)
+    # shifted 0.3 beats clean 0.1 not 0.4, 0.5 beats both: 3 of 4 pairs
+    assert out["mi_auroc"] == pytest.approx(0.75)
+    assert detection_auroc(torch.tensor([0.2]), torch.tensor([0.2, 0.3])) == pytest.approx(0.75)  # a tie is half
+    assert "mi_auroc" not in diagnosis(metrics.compute(), 2)  # the clean pass: nothing to tell apart
+
+
+def test_shift_diagnosis_of_one_member_is_undefined_not_zero() -> None:
+    logits, target = _random_case(1, 20, 4)
+    metrics = SampleMetrics(4, 1)
+    metrics.update(logits, target)
+    values = metrics.compute()
+    out = diagnosis(values, 1, torch.zeros(20), torch.zeros(20))
+    assert out["disagreement"] is None and out["mutual_information"] is None and out["mi_auroc"] is None
+    assert out["member_mean/nll"] == pytest.approx(values["nll"]) and out["member_mean/ece"] == pytest.approx(
+        values["ece"])
+    table = {"fog": {"3": {"acc": 0.5, **out}}, "snow": {"3": {"acc": 0.7, **out}}}
+    mean = shift_mean(table, [3])["3"]
+    assert mean["acc"] == pytest.approx(0.6) and mean["mi_auroc"] is None  # undefined stays undefined
