@@ -22,7 +22,7 @@ CONFIG_NAMES = {"cfg", "config", "d", "data_cfg", "section"}  # how the package 
 
 def test_choices_reads_a_literal_field_with_or_without_none() -> None:
     assert choices(StrategyConfig, "name") == ("ddp", "fsdp", "deepspeed")
-    assert choices(EvalConfig, "calibration") == ("none", "temperature")
+    assert choices(EvalConfig, "calibration") == ("none", "temperature", "member-temperature")
     assert choices(ModelConfig, "member_batches") == ("shared", "independent")  # Literal[...] | None
 
 
