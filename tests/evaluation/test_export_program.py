@@ -473,9 +473,9 @@ def test_program_under_a_file_says_the_file(run: Path, tmp_path: Path, capsys: p
 
 
 def test_program_flags_without_program_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    message = ("sigmanens export: error: --members, --calibration, --format, --conformal(-score) and --weights go "
-               "with --program OUT\n")
-    for flags in (["--format", "onnx"], ["--weights", "ema"]):
+    message = ("sigmanens export: error: --members, --calibration, --format, --conformal(-score), --weights and "
+               "--norm-stats(-prior) go with --program OUT\n")
+    for flags in (["--format", "onnx"], ["--weights", "ema"], ["--norm-stats", "batch"], ["--norm-stats-prior", "2"]):
         assert main(["export", str(tmp_path / "run"), str(tmp_path / "w.pt"), *flags]) == 2
         assert capsys.readouterr().err == message
 
