@@ -237,3 +237,14 @@ def test_architecture_states_the_member_layout_the_code_has() -> None:
     assert "b·M + m" in (sigma_norm.__doc__ or ""), "the σ layers' docstring no longer states the layout the page does"
     wrong = re.findall(r"[^.]*inside the backbone[^.]*member-major[^.]*", text, flags=re.I)
     assert not wrong, f"docs/architecture.md puts member-major rows inside the backbone: {wrong}"
+
+
+@pytest.mark.slow
+def test_readme_demo_excerpt_is_what_the_demo_prints() -> None:
+    """The README's demo table is the demo's own output on this build (timing row by label): a stale excerpt makes a
+    new user think the install is wrong. `python launch/readme_demo.py --write` refreshes it."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(REPO / "launch" / "readme_demo.py"), "--check"], capture_output=True,
+                          text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

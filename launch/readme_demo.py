@@ -1,0 +1,97 @@
+"""The README's demo excerpt, made by the demo itself: run ``sigmanens demo`` in a fresh folder, then check that every
+line of the README's excerpt is one the demo printed, in order (``--check``), or write the demo's table into the
+README (``--write``). The timing row (``ms / image``) is the one line that differs from run to run; it is compared
+by its label only.
+
+    python launch/readme_demo.py --check     # exit 1 with the differing lines when the README is stale
+    python launch/readme_demo.py --write     # after a change that moves the demo's scores
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+# the excerpt's fence follows this sentence; its date is rewritten with the block
+INTRO = re.compile(r"\(written by `python launch/readme_demo\.py --write`, (\d{4}-\d{2}-\d{2}),")
+TIMING = "ms / image"
+
+
+def excerpt(readme: str) -> tuple[int, int]:
+    """The [start, end) character span of the excerpt's lines inside the README (between its fences)."""
+    intro = INTRO.search(readme)
+    if intro is None:
+        raise SystemExit(f"{README}: no '(written by `python launch/readme_demo.py --write`, DATE,' before the demo's "
+                         "table")
+    start = readme.index("```\n", intro.end()) + 4
+    return start, readme.index("```", start)
+
+
+def demo_table(output: str) -> list[str]:
+    """The comparison table the demo printed: from its header (the line naming both methods) to the timing row."""
+    lines = output.splitlines()
+    head = next((i for i, line in enumerate(lines) if "σN-Ens" in line and "single model" in line), None)
+    end = next((i for i, line in enumerate(lines) if TIMING in line and head is not None and i > head), None)
+    if head is None or end is None:
+        raise SystemExit("the demo printed no comparison table (a header naming σN-Ens and the single model, then "
+                         f"a '{TIMING}' row):\n{output[-3000:]}")
+    return lines[head:end + 1]
+
+
+def stale_lines(readme_lines: list[str], table: list[str]) -> list[str]:
+    """README lines the demo did not print (in order), each as 'README: …'; the timing row by its label only."""
+    def key(line: str) -> str:
+        return TIMING if TIMING in line else line.rstrip()
+
+    printed = [key(line) for line in table]
+    at, stale = 0, []
+    for line in readme_lines:
+        try:
+            at = printed.index(key(line), at) + 1
+        except ValueError:
+            stale.append(f"README: {line}")
+    return stale
+
+
+def run_demo() -> str:
+    with tempfile.TemporaryDirectory(prefix="readme_demo_") as tmp:
+        proc = subprocess.run([sys.executable, "-m", "sigmanens_dist.cli", "demo", "--out", f"{tmp}/demo"],
+                              capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"sigmanens demo failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                         f"{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="exit 1 when the README's excerpt is not the demo's")
+    mode.add_argument("--write", action="store_true", help="write the demo's table into the README")
+    args = ap.parse_args()
+    readme = README.read_text()
+    start, end = excerpt(readme)
+    table = demo_table(run_demo())
+    if args.write:
+        dated = INTRO.sub(lambda m: m.group(0).replace(m.group(1), datetime.date.today().isoformat()), readme, count=1)
+        start, end = excerpt(dated)
+        README.write_text(dated[:start] + "\n".join(table) + "\n" + dated[end:])
+        print(f"{README}: the demo's table written ({len(table)} lines)")
+        return 0
+    stale = stale_lines(readme[start:end].splitlines(), table)
+    if stale:
+        print("the README's demo excerpt is not what the demo prints on this build; the demo printed:\n"
+              + "\n".join(table) + "\n\n" + "\n".join(stale) + "\n\n(python launch/readme_demo.py --write)")
+        return 1
+    print("the README's demo excerpt is the demo's table")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
