@@ -3,9 +3,9 @@ circle, no private name imported across packages, and nothing under evaluation/ 
 internals except through the methods interface.
 
 The import graph is the real one: every import of a module, at its top, inside functions, under ``TYPE_CHECKING``,
-in ``__main__.py`` files and in ``if __name__ == "__main__":`` blocks. One import is allowed to run up a floor
-(:data:`ENTRY_POINT`): ``torchrun -m sigmanens_dist.train`` runs the trainer module, whose ``__main__`` block calls
-the parser of cli/train.py, which imports the trainer once the config is valid.
+in ``__main__.py`` files and in ``if __name__ == "__main__":`` blocks. No import runs up a floor: the command a
+launcher runs (``torchrun -m sigmanens_dist.train``) is a module of the command line's floor, apart from the trainer
+(``sigmanens_dist.trainer``), which imports nothing from ``cli/``.
 """
 
 from __future__ import annotations
@@ -30,12 +30,10 @@ FLOORS = [
     ("training",),
     ("models", "export"),
     ("evaluation",),
-    ("train", "experiments", "predict", "registry"),
-    ("cli",),
+    ("trainer", "experiments", "predict", "registry"),
+    ("cli", "train"),  # train: `python -m sigmanens_dist.train`, the command for launchers (torchrun, Slurm)
 ]
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
-# the torchrun entry: train.py's `if __name__ == "__main__":` block -> the parser it runs (module docstring)
-ENTRY_POINT = ("sigmanens_dist.train", "sigmanens_dist.cli.train")
 
 
 def _modules() -> dict[str, Path]:
@@ -68,21 +66,12 @@ def _imported(name: str, path: Path, nodes: list[ast.stmt]) -> Iterator[str]:
                 yield from (f"{base}.{a.name}" for a in node.names)
 
 
-def _entry_point(node: ast.stmt) -> bool:
-    """``if __name__ == "__main__":``: what ``python -m`` runs."""
-    return isinstance(node, ast.If) and ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"'
-
-
 def _graph() -> dict[str, set[str]]:
-    """Module -> the package's modules it imports, anywhere in its file, less the one :data:`ENTRY_POINT` import."""
+    """Module -> the package's modules it imports, anywhere in its file."""
     modules = _modules()
     graph = {}
     for name, path in modules.items():
-        body = ast.parse(path.read_text(encoding="utf-8")).body
-        targets = set(_imported(name, path, [n for n in body if not _entry_point(n)]))
-        for target in _imported(name, path, [n for n in body if _entry_point(n)]):
-            if (name, target) != ENTRY_POINT:
-                targets.add(target)
+        targets = set(_imported(name, path, ast.parse(path.read_text(encoding="utf-8")).body))
         graph[name] = {t for t in targets if t in modules and t != name}
     return graph
 
@@ -101,14 +90,6 @@ def test_no_import_runs_back_up_a_floor() -> None:
     upward = [f"{name} -> {target}" for name, targets in _graph().items() if name != "sigmanens_dist"
               for target in targets if _floor(target) is not None and _floor(target) > _floor(name)]
     assert sorted(upward) == []
-
-
-def test_the_entry_point_exception_is_the_torchrun_entry() -> None:
-    """:data:`ENTRY_POINT` still names an import of its module's ``__main__`` block (not a stale exemption)."""
-    name, target = ENTRY_POINT
-    path = _modules()[name]
-    body = ast.parse(path.read_text(encoding="utf-8")).body
-    assert target in set(_imported(name, path, [n for n in body if _entry_point(n)]))
 
 
 def test_no_import_circle() -> None:

@@ -6,7 +6,7 @@
 
 The recipe (a YAML path or a packaged name) plus dotted ``key=value`` overrides is checked first: a bad key or value
 is one message and exit status 2, without importing torch (``--check`` stops there). Exit status 0 when done,
-75 (``EXIT_PREEMPTED``) after a signal-triggered checkpoint; the trainer itself is :mod:`sigmanens_dist.train`.
+75 (``EXIT_PREEMPTED``) after a signal-triggered checkpoint; the trainer itself is :mod:`sigmanens_dist.trainer`.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"config ok: run_dir={cfg.run_dir}")
             return 0
         StartupGuard.set_run_dir(cfg.run_dir)
-        from sigmanens_dist import train as trainer
+        from sigmanens_dist import trainer
 
         return trainer.fit(cfg)
     except UsageError as err:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sigmanens_dist.cli.eval import main as eval_main
 from sigmanens_dist.config import load_config
-from sigmanens_dist.train import Trainer
+from sigmanens_dist.trainer import Trainer
 
 TINY_VIT = ["model.name=vit_tiny_patch16_224", "model.kwargs.img_size=16", "model.kwargs.patch_size=4",
             "model.kwargs.depth=2", "model.kwargs.embed_dim=48", "model.kwargs.num_heads=2"]

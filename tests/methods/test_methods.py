@@ -20,7 +20,7 @@ from sigmanens_dist.methods.deep import DeepEnsemble
 from sigmanens_dist.methods.film import convert_to_film_ensemble
 from sigmanens_dist.methods.packed import MIN_CHANNELS_PER_GROUP, convert_to_packed_ensemble
 from sigmanens_dist.models import build_model
-from sigmanens_dist.train import fit
+from sigmanens_dist.trainer import fit
 from sigmanens_dist.training.objective import member_loss
 from sigmanens_dist.training.optim import param_groups
 from tests.helpers import SYNTHETIC, final_state

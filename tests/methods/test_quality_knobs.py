@@ -13,7 +13,7 @@ from sigmanens_dist import convert_to_sigma_ensemble, diversity_loss
 from sigmanens_dist.config import load_config
 from sigmanens_dist.data.member_streams import member_major
 from sigmanens_dist.models import build_model
-from sigmanens_dist.train import fit
+from sigmanens_dist.trainer import fit
 from sigmanens_dist.training.objective import loss_reduction, member_loss
 from sigmanens_dist.training.optim import build_optimizer, param_groups, sigma_lr
 from tests.helpers import SYNTHETIC, TINY_VIT, final_state, losses

@@ -207,7 +207,7 @@ def test_known_benign_library_warnings_are_silenced_by_their_exact_text() -> Non
     """FSDP2's view-tensor warning and DeepSpeed's deprecated collectives would repeat every step on every rank."""
     import warnings
 
-    from sigmanens_dist.train import _quiet_known_warnings
+    from sigmanens_dist.trainer import _quiet_known_warnings
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
