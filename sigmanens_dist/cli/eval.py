@@ -78,9 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "checkpoint, else its newest)")
     ap.add_argument("--data", nargs="+", default=[], metavar="KEY=VALUE",
                     help="overrides of the checkpoint's data config, e.g. root=/data/cifar10 test_subset=1000")
-    ap.add_argument("--split", choices=["test", "val"],
+    ap.add_argument("--split", choices=choices(EvalConfig, "split"),
                     help="the split scored clean and corrupted (default: --shift-split's, else test)")
-    ap.add_argument("--shift-split", choices=["test", "val"],
+    ap.add_argument("--shift-split", choices=choices(EvalConfig, "shift_split"),
                     help="test: the test corruptions on the test split (default); val: the validation corruptions on "
                          "the validation split, for choices; the test split is then never read")
     ap.add_argument("--corruptions", help=f"all, or a comma-separated subset of the shift split's: test "
