@@ -12,6 +12,7 @@ import contextlib
 import random
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from sigmanens_dist.errors import UsageError
@@ -86,15 +87,20 @@ def sample_seed(seed: int, epoch: int, position: int) -> int:
 
 @contextlib.contextmanager
 def seeded(seed: int) -> Iterator[None]:
-    """One sample's augmentation under its own seed (:func:`sample_seed`), every reader the same way: torch's CPU
-    generator and python's ``random`` (timm's RandAugment draws from it) are seeded, then restored, so augmentation
-    replays on resume whatever worker or rank draws the sample. CPU only: ``torch.manual_seed`` would also seed
-    CUDA, 3× slower."""
-    torch_state, py_state = torch.get_rng_state(), random.getstate()
+    """One sample's augmentation under its own seed (:func:`sample_seed`), every reader the same way: the global
+    generators augmentations draw from are seeded, then restored, so augmentation replays on resume whatever worker
+    or rank draws the sample and whatever those generators held before, and the caller's own draws (timm's Mixup on
+    the training thread) go on as if nothing had run. Those generators: torch's CPU one (torchvision's transforms),
+    numpy's (timm's RandAugment picks its operations with it, AugMix its mixing weights) and python's ``random``
+    (timm's crop, magnitudes and signs). CPU only: ``torch.manual_seed`` would also seed CUDA, 3× slower. Not
+    thread-safe: they are globals."""
+    torch_state, np_state, py_state = torch.get_rng_state(), np.random.get_state(), random.getstate()
     torch.default_generator.manual_seed(seed)
+    np.random.seed([seed & 0xFFFFFFFF, seed >> 32])  # all 63 bits: numpy's legacy seed takes 32-bit words
     random.seed(seed)
     try:
         yield
     finally:
         torch.set_rng_state(torch_state)
+        np.random.set_state(np_state)
         random.setstate(py_state)
