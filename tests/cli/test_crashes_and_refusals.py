@@ -86,7 +86,7 @@ def test_a_crash_in_the_trainers_set_up_exits_1_with_its_traceback(tmp_path: Pat
     error (exit 2, usage_error.txt), which slurm/common.sh never requeues. A CUDA out-of-memory while the model is
     built is exit 1 with its traceback and no marker: the batch script retries it (up to SIGMANENS_MAX_RETRIES)."""
     run = tmp_path / "run"
-    crash = ("import sys\nimport sigmanens_dist.train as trainer\n"
+    crash = ("import sys\nimport sigmanens_dist.trainer as trainer\n"
              "def out_of_memory(*args, **kwargs):\n"
              f"    raise RuntimeError({OOM!r})\n"
              "trainer.build_model = out_of_memory\n"
@@ -103,7 +103,7 @@ def test_a_plain_error_at_set_up_is_not_a_usage_error(error: Exception, tmp_path
                                                       monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """A ValueError of a bug, or a file not (yet) visible on this node, keeps its type and traceback."""
-    import sigmanens_dist.train as trainer
+    import sigmanens_dist.trainer as trainer
     from sigmanens_dist.cli.train import main
 
     def fail(*args: object, **kwargs: object) -> None:
