@@ -35,10 +35,10 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision import datasets
 
-from sigmanens_dist.data.remote import RemotePath
 from sigmanens_dist.data.synthetic_tree import make_image_folder
 from sigmanens_dist.data.webdataset_io import WebDatasetLoader, image_transform
 from sigmanens_dist.data.webdataset_write import write_shards
+from sigmanens_dist.storage.remote import RemotePath
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

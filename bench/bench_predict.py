@@ -70,8 +70,8 @@ def backends(head: torch.nn.Module, example: torch.Tensor, folder: Path) -> dict
 
 def head_for(config: Path, method: str, members: int) -> tuple[torch.nn.Module, torch.Tensor]:
     """The recipe's model of ``method`` at ``members`` inside the program head, and an example batch."""
+    from sigmanens_dist.catalog.datasets import DATASETS
     from sigmanens_dist.config import load_config
-    from sigmanens_dist.data.datasets import DATASETS
     from sigmanens_dist.evaluation.program import ProgramHead
     from sigmanens_dist.models import build_model
 

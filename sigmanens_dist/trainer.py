@@ -31,7 +31,6 @@ from sigmanens_dist.checkpoint import BatchLayout, CheckpointManager, Position, 
 from sigmanens_dist.config import Config, flatten, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
 from sigmanens_dist.data.member_streams import member_major, member_train_stream
-from sigmanens_dist.data.traffic import TRAFFIC
 from sigmanens_dist.distributed.env import DistEnv, all_gather_object, init_distributed
 from sigmanens_dist.distributed.strategies import build_strategy, strategy_class, strategy_options
 from sigmanens_dist.errors import USAGE_MARKER, RunExistsError, UsageError
@@ -40,6 +39,7 @@ from sigmanens_dist.evaluation.plots import reliability_diagram
 from sigmanens_dist.methods import map_tensors
 from sigmanens_dist.models import build_model
 from sigmanens_dist.progress import progress
+from sigmanens_dist.storage.traffic import TRAFFIC
 from sigmanens_dist.training.ema import build_ema
 from sigmanens_dist.training.objective import loss_reduction, member_loss
 from sigmanens_dist.training.optim import build_optimizer, fast_weight_lr, param_groups, sigma_lr, warmup_cosine

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from sigmanens_dist.catalog.datasets import DATASETS
 from sigmanens_dist.config import DataConfig, EvalConfig, ModelConfig, StrategyConfig, choices
-from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.data.loaders import FORMATS
 from sigmanens_dist.data.raw import READERS
 from sigmanens_dist.distributed.strategies import CHECKPOINT_FORMATS, STRATEGIES, strategy_class

@@ -37,8 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _convert(argv: Sequence[str]) -> int:
     """``sigmanens data convert``: the options are checked as a training run's config (the same validation and
     missing-path errors), then :func:`sigmanens_dist.data.convert.convert` writes the format."""
+    from sigmanens_dist.catalog.datasets import convertible
     from sigmanens_dist.config import DataConfig, choices, load_config
-    from sigmanens_dist.data.datasets import convertible
     from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, UnavailableError, UsageError
 
     ap = argparse.ArgumentParser(prog="sigmanens data convert", description=DATA_CONVERT_USAGE,

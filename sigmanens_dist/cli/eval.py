@@ -23,8 +23,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from sigmanens_dist.catalog.corruption_table import CORRUPTIONS, SEVERITIES, SHIFT_SPLITS, shift_split_problem, unknown
 from sigmanens_dist.config import EvalConfig, choices
-from sigmanens_dist.data.corruption_table import CORRUPTIONS, SEVERITIES, SHIFT_SPLITS, shift_split_problem, unknown
 from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, UnavailableError, UsageError
 
 __all__ = ["main", "parse_corruptions", "parse_severities", "resolve_splits"]

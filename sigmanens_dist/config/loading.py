@@ -14,10 +14,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from sigmanens_dist.atomic import check_writable_folder, write_text
+from sigmanens_dist.catalog.datasets import DATASETS, converted_classes_file, convertible, resolve_root
 from sigmanens_dist.config.messages import ConfigError, _did_you_mean, _from_pydantic, _keys_of, _line, _model_at
 from sigmanens_dist.config.schema import Config, DataConfig
-from sigmanens_dist.data.datasets import DATASETS, converted_classes_file, convertible, resolve_root
-from sigmanens_dist.data.remote import RemotePath
+from sigmanens_dist.storage.remote import RemotePath
 
 __all__ = ["RECIPES", "check_paths", "check_run_paths", "config_from_dict", "flatten", "load_config", "recipe_path",
            "recipes", "save_config"]

@@ -12,10 +12,10 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
+from sigmanens_dist.catalog.corruption_table import CORRUPTIONS, shift_split_problem, unknown
+from sigmanens_dist.catalog.datasets import DatasetName, resolve_root
 from sigmanens_dist.config.model_section import Float, Int, ModelConfig, _cross_field, _number, _Section
-from sigmanens_dist.data.corruption_table import CORRUPTIONS, shift_split_problem, unknown
-from sigmanens_dist.data.datasets import DatasetName, resolve_root
-from sigmanens_dist.data.remote import RemotePath, RemoteSettings
+from sigmanens_dist.storage.remote import RemotePath, RemoteSettings
 
 Alpha = Annotated[Float, Field(gt=0, lt=1)]  # a miscoverage level of conformal sets
 
@@ -169,7 +169,7 @@ class RemoteConfig(_Section):
 class DataConfig(_Section):
     """Which dataset, in which format, from where; nothing is ever downloaded (webdataset shards may be streamed)."""
 
-    dataset: DatasetName = "fashion_mnist"  # sigmanens_dist/data/datasets.py names them all
+    dataset: DatasetName = "fashion_mnist"  # sigmanens_dist/catalog/datasets.py names them all
     format: Literal["raw", "ffcv", "webdataset"] = "raw"  # raw: the dataset's native on-disk format
     # None: /usr/share/datasets/fashion-mnist for fashion_mnist; required otherwise. webdataset also streams from
     # http(s)://HOST/PATH or s3://BUCKET/PREFIX (docs/data.md "Remote shards")
@@ -333,7 +333,7 @@ class EvalConfig(_Section):
 
     at_end: bool = False
     split: Literal["test", "val"] = "test"
-    corruptions: list[str] = Field(default_factory=list)  # names from data.corruption_table.CORRUPTIONS, or ["all"]
+    corruptions: list[str] = Field(default_factory=list)  # names from catalog.corruption_table.CORRUPTIONS, or ["all"]
     severities: list[Int] = Field(default_factory=lambda: [1, 2, 3, 4, 5])
     ood: str | None = None  # an OOD set name (eval.ood_sets), e.g. digits for Fashion-MNIST, svhn for CIFAR
     ood_root: Path | None = None  # where the OOD set's files are (svhn)
@@ -343,7 +343,7 @@ class EvalConfig(_Section):
     batch_size: Int | None = Field(None, ge=1)  # None: train.batch_size
     # temperature: one T fitted on the val split, scored before/after; member-temperature: also one T per member
     calibration: Literal["none", "temperature", "member-temperature"] = "none"
-    # which corruptions corrupt which split (data.corruption_table.SHIFT_SPLITS): test, the test corruptions on the
+    # which corruptions corrupt which split (catalog.corruption_table.SHIFT_SPLITS): test, the test corruptions on the
     # test split (read once, at the end); val, the validation corruptions on the validation split (where choices are
     # made). None: eval.split's; given, it must be eval.split, so a shift pass never reads the other split
     shift_split: Literal["test", "val"] | None = None

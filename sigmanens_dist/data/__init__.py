@@ -8,7 +8,7 @@ __all__ = ["FASHION_MNIST_ROOT", "IdxImageDataset", "read_idx"]
 
 
 def __getattr__(name: str) -> Any:
-    # data.idx imports torch; the config (data.datasets) and the command line do not need it
+    # data.idx imports torch: importing a torch-free module of data/ (tar_samples, for predict) must not load it
     if name in __all__:
         from sigmanens_dist.data import idx
 

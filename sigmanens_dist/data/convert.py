@@ -27,15 +27,15 @@ from typing import Any
 from torch.utils.data import Subset
 
 from sigmanens_dist.atomic import check_writable_folder, write_text
-from sigmanens_dist.data.datasets import convertible
+from sigmanens_dist.catalog.datasets import convertible
 from sigmanens_dist.data.loaders import CLASSES_FILE
 from sigmanens_dist.data.raw import build_datasets, split_indices
-from sigmanens_dist.data.remote import RemoteNotFound, RemotePath, first_object, upload
 from sigmanens_dist.data.sources import source_classes, unwrap_source
 from sigmanens_dist.data.sst2 import TOKENIZER_DIR, read_sst2, save_default_tokenizer
 from sigmanens_dist.data.webdataset_io import MANIFEST, MANIFEST_FORMAT, PARTIAL_MANIFEST, SHARDS_GLOB
 from sigmanens_dist.data.webdataset_write import write_shards
 from sigmanens_dist.errors import UsageError
+from sigmanens_dist.storage.remote import RemoteNotFound, RemotePath, first_object, upload
 
 __all__ = ["convert", "fraction_or_count", "out_location"]
 

@@ -7,7 +7,7 @@ where the corruption is itself a uint8 codec (JPEG). Given the same ``seed`` the
 
 All fifteen of the benchmark but frost (it blends in six photographs of frost that the reference ships beside its
 script), and its four extras speckle_noise, gaussian_blur, spatter and saturate, which ``sigmanens eval`` keeps for
-the validation shift (:data:`~sigmanens_dist.data.corruption_table.SHIFT_SPLITS`). Motion blur (and the snow
+the validation shift (:data:`~sigmanens_dist.catalog.corruption_table.SHIFT_SPLITS`). Motion blur (and the snow
 streaks, which use it) is ImageMagick's kernel in the reference: here the same one-sided Gaussian along a random
 direction, sampled at whole pixels with the edge pixel repeated; sizes that the reference ties to 32 px (glass blur's
 sweep, elastic's displacement, fog's fractal) follow the image's own size. Spatter's water edges use OpenCV's
@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from sigmanens_dist.data.corruption_table import (
-    _PARAMS,
+from sigmanens_dist.catalog.corruption_table import (
     CORRUPTIONS,
+    PARAMETERS,
     SEVERITIES,
     TEST_CORRUPTIONS,
     UNAVAILABLE,
@@ -50,7 +50,7 @@ def corrupt(x: torch.Tensor, name: str, severity: int, seed: int = 0) -> torch.T
     if name in UNAVAILABLE:
         raise UsageError(f"corruption {name!r} is not available: {UNAVAILABLE[name]}; the others: "
                          f"{', '.join(CORRUPTIONS)}")
-    if name not in _PARAMS:
+    if name not in PARAMETERS:
         raise UsageError(f"corruption {name!r} is not one of {', '.join(CORRUPTIONS)}")
     if isinstance(severity, bool) or severity not in SEVERITIES:
         raise UsageError(f"severity {severity!r} is not one of {', '.join(map(str, SEVERITIES))}")
@@ -60,7 +60,7 @@ def corrupt(x: torch.Tensor, name: str, severity: int, seed: int = 0) -> torch.T
                          f"{tuple(x.shape)}")
     batched = x if x.ndim == 4 else x.unsqueeze(0)
     g = torch.Generator(device=x.device).manual_seed(seed)
-    out = _FUNCS[name](batched.float(), _PARAMS[name][severity - 1], g).clamp_(0, 1).to(x.dtype)
+    out = _FUNCS[name](batched.float(), PARAMETERS[name][severity - 1], g).clamp_(0, 1).to(x.dtype)
     return out if x.ndim == 4 else out.squeeze(0)
 
 

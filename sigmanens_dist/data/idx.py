@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from sigmanens_dist.data.datasets import DATASETS, FASHION_MNIST_ROOT
+from sigmanens_dist.catalog.datasets import DATASETS, FASHION_MNIST_ROOT
 from sigmanens_dist.errors import MissingPathError, UsageError
 
 __all__ = ["FASHION_MNIST_CLASSES", "FASHION_MNIST_MEAN", "FASHION_MNIST_ROOT", "FASHION_MNIST_STD",

@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from sigmanens_dist.catalog.datasets import CLASSES_FILE, DATASETS, converted_classes_file, convertible, resolve_root
 from sigmanens_dist.config import DataConfig
 from sigmanens_dist.data.bad_samples import BadSamples, Checked, collate_present
-from sigmanens_dist.data.datasets import CLASSES_FILE, DATASETS, converted_classes_file, convertible, resolve_root
 from sigmanens_dist.data.raw import IMAGE_FOLDERS, build_datasets, image_folder_transforms
-from sigmanens_dist.data.remote import RemotePath
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler, epoch_seed
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.errors import MissingPathError, UsageError
+from sigmanens_dist.storage.remote import RemotePath
 
 if TYPE_CHECKING:  # sst2 loads the tokenizers library, wanted only for text
     from sigmanens_dist.data.sst2 import TextBatcher
@@ -185,7 +185,7 @@ def _ffcv(d: DataConfig, batch: int, seed: int, env: DistEnv, randaugment: str |
 
 
 def _webdataset(d: DataConfig, batch: int, seed: int, env: DistEnv, randaugment: str | None) -> Data:
-    """webdataset tar shards on local disk or behind a URL (data/webdataset_io.py, data/remote.py)."""
+    """webdataset tar shards on local disk or behind a URL (data/webdataset_io.py, storage/remote.py)."""
     from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, image_transform, iter_eval
 
     c = _converted(d)

@@ -45,7 +45,7 @@ class SVHNOOD(Dataset):
         from torchvision import datasets
         from torchvision.transforms import v2
 
-        from sigmanens_dist.data.datasets import DATASETS
+        from sigmanens_dist.catalog.datasets import DATASETS
 
         if in_dataset not in ("cifar10", "cifar100"):
             raise UsageError(f"SVHNOOD: in_dataset={in_dataset!r} is not one of cifar10, cifar100")

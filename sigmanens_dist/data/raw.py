@@ -14,8 +14,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
+from sigmanens_dist.catalog.datasets import DATASETS
 from sigmanens_dist.config import DataConfig
-from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.data.idx import IdxImageDataset
 from sigmanens_dist.data.sampler import seeded
 from sigmanens_dist.errors import MissingPathError, UsageError
@@ -249,7 +249,7 @@ def _image_folder(data_cfg: DataConfig, root: Path, randaugment: str | None) -> 
     return _Parts(_subset(train, data_cfg.train_subset), test, aug, evaluate, len(train.classes), 3)
 
 
-#: data.dataset → its reader of the native files; the keys are data/datasets.py's DATASETS (a test holds them equal)
+#: data.dataset → its reader of the native files; the keys are catalog/datasets.py's DATASETS (a test holds them equal)
 READERS: dict[str, Callable[[DataConfig, Path | None, str | None], _Parts]] = {
     "fashion_mnist": _fashion_mnist, "cifar10": _cifar, "cifar100": _cifar, "imagenet": _image_folder,
     "imagefolder": _image_folder, "synthetic": _synthetic, "sst2": _sst2}

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import IO
 
 from sigmanens_dist.atomic import atomic_path
-from sigmanens_dist.data.remote import RemoteError, RemotePath, RemoteSettings, download
 from sigmanens_dist.errors import UsageError
+from sigmanens_dist.storage.remote import RemoteError, RemotePath, RemoteSettings, download
 
 __all__ = ["CacheUnwritable", "check_cache", "open_cached"]
 

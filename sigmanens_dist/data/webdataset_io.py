@@ -46,13 +46,13 @@ from torchvision.transforms import v2
 
 from sigmanens_dist.atomic import file_sha256
 from sigmanens_dist.data.bad_samples import BadSamples
-from sigmanens_dist.data.remote import ReadAhead, RemoteError, RemotePath, stream_items
 from sigmanens_dist.data.sampler import epoch_seed, sample_seed, seeded
 from sigmanens_dist.data.shard_cache import check_cache, open_cached
 from sigmanens_dist.data.tar_samples import tar_samples
-from sigmanens_dist.data.traffic import TRAFFIC
 from sigmanens_dist.errors import MissingPathError, UsageError
 from sigmanens_dist.progress import progress
+from sigmanens_dist.storage.remote import ReadAhead, RemoteError, RemotePath, stream_items
+from sigmanens_dist.storage.traffic import TRAFFIC
 
 __all__ = ["MANIFEST", "MANIFEST_FORMAT", "PARTIAL_MANIFEST", "SHARDS_GLOB", "Manifest", "Shard", "ShardError",
            "WebDatasetLoader", "image_transform", "iter_eval", "read_manifest"]

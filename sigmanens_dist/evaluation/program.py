@@ -145,7 +145,7 @@ def parse_members(text: str | None, num_members: int) -> list[int] | None:
 
 def _normalisation(cfg: Config, in_chans: int) -> tuple[list[float], list[float]]:
     """The mean/std the recipe's loaders normalise with (none for the synthetic recipe, already model inputs)."""
-    from sigmanens_dist.data.datasets import DATASETS
+    from sigmanens_dist.catalog.datasets import DATASETS
 
     spec = DATASETS[cfg.data.dataset]
     if spec.kind == "text":
@@ -160,7 +160,7 @@ def class_names(cfg: Config, num_classes: int) -> list[str] | None:
     """The names of labels 0..K-1 as the run's data builder sees them: the dataset's own, else a converted folder's
     ``classes.json``, else a raw folder's ``train/`` class folders (sorted, as ImageFolder); None when unknown or not
     K names (data on disk that is not what the run trained on). Never reads the test split."""
-    from sigmanens_dist.data.datasets import DATASETS, resolve_root
+    from sigmanens_dist.catalog.datasets import DATASETS, resolve_root
     from sigmanens_dist.data.loaders import CLASSES_FILE
 
     names: Sequence[str] = DATASETS[cfg.data.dataset].classes
@@ -274,6 +274,6 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
 
 def _default_size(cfg: Config) -> int:
     """The side the loaders use when ``data.img_size`` is unset."""
-    from sigmanens_dist.data.datasets import DATASETS
+    from sigmanens_dist.catalog.datasets import DATASETS
 
     return DATASETS[cfg.data.dataset].size or 16  # the synthetic recipe's default side

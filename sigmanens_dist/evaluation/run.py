@@ -28,10 +28,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from sigmanens_dist.catalog.corruption_table import SHIFT_SPLITS, VAL_CORRUPTIONS
+from sigmanens_dist.catalog.datasets import DATASETS
 from sigmanens_dist.config import Config, EvalConfig
-from sigmanens_dist.data.corruption_table import SHIFT_SPLITS, VAL_CORRUPTIONS
 from sigmanens_dist.data.corruptions import corrupt
-from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation.load import method_of

@@ -307,7 +307,7 @@ def _dataset_input(params: dict[str, Any]) -> Any:
     from mlflow.data.meta_dataset import MetaDataset
 
     data = {k.removeprefix("data."): v for k, v in params.items() if k.startswith("data.")}
-    from sigmanens_dist.data.datasets import DATASETS, resolve_root
+    from sigmanens_dist.catalog.datasets import DATASETS, resolve_root
 
     name, root = str(data.get("dataset", "unknown")), data.get("root")
     remote = isinstance(root, str) and "://" in root  # streamed shards: the URL (validation kept credentials out)

@@ -15,8 +15,8 @@ import pytest
 import torch
 from torchvision import datasets
 
+from sigmanens_dist.catalog.datasets import DATASETS
 from sigmanens_dist.config import load_config
-from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.data.raw import build_datasets
 
 # name → (torchvision class, folder, train files, test file, meta file, label key, label-names key, classes)

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from sigmanens_dist import convert_to_sigma_ensemble
-from sigmanens_dist.data.datasets import DATASETS
+from sigmanens_dist.catalog.datasets import DATASETS
 from sigmanens_dist.data.idx import FASHION_MNIST_MEAN, FASHION_MNIST_STD
 from sigmanens_dist.data.ood import SVHNOOD, DigitsOOD
 from sigmanens_dist.evaluation.metrics import predictive_entropy

@@ -30,19 +30,19 @@ from torchvision import datasets
 from sigmanens_dist.atomic import file_sha256
 from sigmanens_dist.config import ConfigError, load_config
 from sigmanens_dist.data import FASHION_MNIST_ROOT
-from sigmanens_dist.data.remote import (
+from sigmanens_dist.data.shard_cache import CacheUnwritable, open_cached
+from sigmanens_dist.data.synthetic_tree import make_image_folder
+from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, image_transform
+from sigmanens_dist.data.webdataset_write import write_shards
+from sigmanens_dist.errors import UsageError
+from sigmanens_dist.storage.remote import (
     RemoteMismatch,
     RemoteNotFound,
     RemotePath,
     RemoteSettings,
     RemoteUnavailable,
 )
-from sigmanens_dist.data.shard_cache import CacheUnwritable, open_cached
-from sigmanens_dist.data.synthetic_tree import make_image_folder
-from sigmanens_dist.data.traffic import TRAFFIC
-from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, image_transform
-from sigmanens_dist.data.webdataset_write import write_shards
-from sigmanens_dist.errors import UsageError
+from sigmanens_dist.storage.traffic import TRAFFIC
 from tests.helpers import (
     REPO,
     TINY_VIT,
@@ -247,7 +247,7 @@ def test_dropped_connections_and_503s_are_retried_without_losing_or_repeating_a_
     shards = [s.path.name for stream in remote.epoch_shards(0) for s in stream]
     flaky.faults.update({f"/loose/train/{shards[0]}": ["drop"], f"/loose/train/{shards[1]}": ["503", "503"],
                          f"/loose/train/{shards[2]}": ["drop", "503"]})
-    with caplog.at_level(logging.WARNING, logger="sigmanens_dist.data.remote"):
+    with caplog.at_level(logging.WARNING, logger="sigmanens_dist.storage.remote"):
         _assert_same(_epoch(remote, 0), _epoch(local, 0))
     assert not any(flaky.faults.values())  # every planned fault was served
     warnings = [r.getMessage() for r in caplog.records]
@@ -336,7 +336,7 @@ import sys, time
 from pathlib import Path
 import torch
 from sigmanens_dist.data import webdataset_io as wds
-from sigmanens_dist.data.remote import RemotePath, RemoteSettings
+from sigmanens_dist.storage.remote import RemotePath, RemoteSettings
 
 data, url, cache, read_ahead, seed = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), *map(int, sys.argv[4:])
 handed = wds.open_cached

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from sigmanens_dist.data import corruptions as C
-from sigmanens_dist.data.corruption_table import (
-    _PARAMS,
+from sigmanens_dist.catalog.corruption_table import (
     CORRUPTIONS,
+    PARAMETERS,
     SHIFT_SPLITS,
     TEST_CORRUPTIONS,
     VAL_CORRUPTIONS,
     shift_split_problem,
 )
+from sigmanens_dist.data import corruptions as C
 from sigmanens_dist.data.corruptions import corrupt
 
 LUMA = (0.299, 0.587, 0.114)
@@ -38,7 +38,7 @@ def test_saturate_is_the_hsv_saturation_map() -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.rand(3, 6, 6, generator=g)
     x[:, 0, 0], x[:, 0, 1] = 0.4, 0.0  # grey (hue 0: a red tint at b > 0) and black
-    for severity, (a, b) in enumerate(_PARAMS["saturate"], 1):
+    for severity, (a, b) in enumerate(PARAMETERS["saturate"], 1):
         want = torch.empty_like(x)
         for i in range(6):
             for j in range(6):
@@ -68,7 +68,7 @@ def test_spatter_water_matches_opencv() -> None:
     pytest.importorskip("cv2")
     rng = np.random.default_rng(0)
     for trial in range(12):
-        loc, scale, sigma, threshold, _, mud = _PARAMS["spatter"][trial % 3]
+        loc, scale, sigma, threshold, _, mud = PARAMETERS["spatter"][trial % 3]
         assert not mud
         size = (32, 28)[trial % 2]
         liquid = C._gaussian_blur(torch.from_numpy(rng.normal(loc, scale, (1, 1, size, size))), sigma, None)

@@ -17,9 +17,9 @@ from torch import nn
 from torchmetrics.functional.classification import multiclass_calibration_error
 
 from sigmanens_dist import convert_to_sigma_ensemble
+from sigmanens_dist.catalog.corruption_table import TEST_CORRUPTIONS, VAL_CORRUPTIONS
 from sigmanens_dist.cli.eval import main as eval_main
 from sigmanens_dist.config import EvalConfig, load_config
-from sigmanens_dist.data.corruption_table import TEST_CORRUPTIONS, VAL_CORRUPTIONS
 from sigmanens_dist.data.idx import FASHION_MNIST_ROOT
 from sigmanens_dist.evaluation import load_for_eval, run_eval, sub_ensemble
 from sigmanens_dist.evaluation.metrics import (

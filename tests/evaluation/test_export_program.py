@@ -24,9 +24,9 @@ import pytest
 import torch
 from torch import nn
 
+from sigmanens_dist.catalog.datasets import DATASETS
 from sigmanens_dist.cli import main
 from sigmanens_dist.config import EvalConfig, load_config
-from sigmanens_dist.data.datasets import DATASETS
 from sigmanens_dist.data.loaders import CLASSES_FILE, build_data
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.evaluation import load_for_eval, sub_ensemble

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
+from sigmanens_dist.catalog.corruption_table import CORRUPTIONS
 from sigmanens_dist.cli.compare import main as compare_main
-from sigmanens_dist.data.corruption_table import CORRUPTIONS
 from sigmanens_dist.evaluation.summary import summary
 from sigmanens_dist.experiments import terminal
 from sigmanens_dist.experiments.compare import build_report

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from sigmanens_dist.data.remote import RemotePath
 from sigmanens_dist.errors import MissingPathError
+from sigmanens_dist.storage.remote import RemotePath
 
 __all__ = ["CLASSES_FILE", "DATASETS", "FASHION_MNIST_ROOT", "DatasetName", "DatasetSpec", "converted_classes_file",
            "convertible", "resolve_root"]

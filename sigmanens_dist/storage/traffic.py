@@ -1,4 +1,5 @@
-"""What remote shard reads receive, counted for the trainer's throughput line (data/remote.py reads, trainer.py logs).
+"""What remote shard reads receive, counted for the trainer's throughput line (storage/remote.py reads, the trainer
+logs).
 
 One :data:`TRAFFIC` per process: a DataLoader worker is a separate process, so it reports what it received with
 each batch and the loader merges it into the trainer's count.

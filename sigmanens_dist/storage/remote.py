@@ -13,7 +13,7 @@ a consumer sees each item of a shard exactly once. A 4xx (not found, forbidden, 
 :class:`RemoteRefused`, a :class:`~sigmanens_dist.errors.UsageError`: retrying cannot fix it.
 
 :class:`ReadAhead` downloads whole shards in a background thread ahead of the one being read, so a slow request
-costs a step nothing while the shards before it last. :data:`~sigmanens_dist.data.traffic.TRAFFIC` counts what
+costs a step nothing while the shards before it last. :data:`~sigmanens_dist.storage.traffic.TRAFFIC` counts what
 arrives, for the trainer's log.
 :func:`upload` writes converted shards to a bucket (HTTP is read-only here).
 """
@@ -41,8 +41,8 @@ from typing import IO, Any, TypeVar
 from pydantic import GetCoreSchemaHandler
 from pydantic_core import core_schema
 
-from sigmanens_dist.data.traffic import TRAFFIC
 from sigmanens_dist.errors import MissingPathError, UnavailableError, UsageError
+from sigmanens_dist.storage.traffic import TRAFFIC
 
 __all__ = ["SCHEMES", "ReadAhead", "RemoteError", "RemoteMismatch", "RemoteNotFound", "RemotePath", "RemoteRefused",
            "RemoteSettings", "RemoteUnavailable", "download", "first_object", "stream_items", "upload"]

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CORRUPTIONS", "SEVERITIES", "SHIFT_SPLITS", "TEST_CORRUPTIONS", "UNAVAILABLE", "VAL_CORRUPTIONS",
-           "shift_split_problem", "unknown"]
+__all__ = ["CORRUPTIONS", "PARAMETERS", "SEVERITIES", "SHIFT_SPLITS", "TEST_CORRUPTIONS", "UNAVAILABLE",
+           "VAL_CORRUPTIONS", "shift_split_problem", "unknown"]
 
 SEVERITIES = (1, 2, 3, 4, 5)
 
-_PARAMS: dict[str, tuple[Any, ...]] = {
+#: each corruption's parameter at severities 1 to 5 (what ``data.corruptions.corrupt`` applies)
+PARAMETERS: dict[str, tuple[Any, ...]] = {
     "gaussian_noise": (0.04, 0.06, 0.08, 0.09, 0.10),  # noise std
     "shot_noise": (500, 250, 100, 75, 50),  # photons at full intensity (fewer: noisier)
     "impulse_noise": (0.01, 0.02, 0.03, 0.05, 0.07),  # fraction of values replaced by salt or pepper
@@ -38,7 +39,7 @@ _PARAMS: dict[str, tuple[Any, ...]] = {
                 (0.65, 0.1, 0.7, 0.69, 0.6, 1), (0.65, 0.1, 0.5, 0.68, 0.6, 1)),
     "saturate": ((0.3, 0), (0.1, 0), (1.5, 0), (2, 0.1), (2.5, 0.2)),  # HSV saturation s -> s * a + b
 }
-CORRUPTIONS = tuple(_PARAMS)  # every corruption `corrupt` knows, of both sets
+CORRUPTIONS = tuple(PARAMETERS)  # every corruption `corrupt` knows, of both sets
 VAL_CORRUPTIONS = ("speckle_noise", "gaussian_blur", "spatter", "saturate")  # CIFAR-10-C's extras
 TEST_CORRUPTIONS = tuple(n for n in CORRUPTIONS if n not in VAL_CORRUPTIONS)
 SHIFT_SPLITS = {"test": TEST_CORRUPTIONS, "val": VAL_CORRUPTIONS}  # shift split -> the corruptions it may use
