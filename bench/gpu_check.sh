@@ -67,7 +67,7 @@ import importlib, os, platform, sys
 
 sys.path.insert(0, "bench")
 missing = []
-for name in ("sigmanens_dist.train", "sigmanens_dist.cli.train", "sigmanens_dist.evaluation.run", "bench_core",
+for name in ("sigmanens_dist.trainer", "sigmanens_dist.cli.train", "sigmanens_dist.evaluation.run", "bench_core",
              "bench_trainer", "gpu_table", "pydantic", "yaml", "timm", "torchmetrics", "matplotlib", "sklearn"):
     try:
         importlib.import_module(name)
