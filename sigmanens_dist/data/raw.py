@@ -4,7 +4,7 @@ webdataset_io.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from sigmanens_dist.data.sampler import seeded
 from sigmanens_dist.errors import MissingPathError, UsageError
 
 __all__ = ["IMAGE_FOLDERS", "READERS", "DataBundle", "Evaluated", "Resized", "SeededAugment", "SyntheticImages",
-           "build_datasets", "image_folder_transforms", "split_indices"]
+           "build_datasets", "image_folder_transforms", "split_indices", "timm_train_transform"]
 
 
 
@@ -96,19 +96,28 @@ def _subset(ds: Dataset, n: int | None) -> Dataset:
     return torch.utils.data.Subset(ds, range(n))
 
 
-def split_indices(num_samples: int, val_split: float | int, seed: int) -> tuple[list[int], list[int]]:
-    """``(train, val)`` positions of a training pool of ``num_samples``: ``val_split`` (a fraction, rounded, at least
-    one sample; or a count) drawn by a permutation from ``seed`` alone, each list in increasing order. The same seed
-    gives the same split on every rank, format-independent and resumable."""
-    if val_split == 0:
-        return list(range(num_samples)), []
-    n_val = max(1, round(val_split * num_samples)) if isinstance(val_split, float) else int(val_split)
+def split_indices(num_samples: int, val_split: float | int, seed: int, calib_split: int = 0
+                  ) -> tuple[list[int], list[int], list[int]]:
+    """``(train, val, calib)`` positions of a training pool of ``num_samples``: ``val_split`` (a fraction, rounded,
+    at least one sample; or a count) and then ``calib_split`` (a count) drawn by one permutation from ``seed`` alone,
+    each list in increasing order. The same seed gives the same split on every rank, format-independent and
+    resumable; the validation samples do not depend on ``calib_split`` (it takes the next ones of the permutation),
+    so runs with and without a calibration split validate on the same samples."""
+    n_val = 0 if val_split == 0 else (max(1, round(val_split * num_samples)) if isinstance(val_split, float)
+                                      else int(val_split))
     if n_val >= num_samples:
         raise UsageError(f"data.val_split={val_split} takes {n_val} of the {num_samples} training samples, leaving "
                          "none to train on; lower data.val_split (or raise data.train_subset)")
+    if n_val + calib_split >= num_samples:
+        raise UsageError(f"data.calib_split={calib_split} with data.val_split={val_split} takes {n_val + calib_split} "
+                         f"of the {num_samples} training samples, leaving none to train on; lower data.calib_split "
+                         "(or raise data.train_subset)")
+    if n_val + calib_split == 0:
+        return list(range(num_samples)), [], []
     # Its own stream, offset from the seed so the split does not follow the first epoch's shuffle.
     perm = torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed + 0x5EED))
-    return sorted(perm[n_val:].tolist()), sorted(perm[:n_val].tolist())
+    cut = n_val + calib_split
+    return sorted(perm[cut:].tolist()), sorted(perm[:n_val].tolist()), sorted(perm[n_val:cut].tolist())
 
 
 @dataclass
@@ -225,8 +234,35 @@ def image_folder_transforms(dataset: str, size: int, randaugment: str | None) ->
     from timm.data import create_transform
 
     mean, std = DATASETS[dataset].mean, DATASETS[dataset].std
-    train = create_transform(size, is_training=True, auto_augment=randaugment, mean=mean, std=std)
+    train = timm_train_transform(size, randaugment, mean, std)
     return v2.Compose([_rgb, train]), v2.Compose([_rgb, create_transform(size, is_training=False, mean=mean, std=std)])
+
+
+def timm_train_transform(size: int, randaugment: str | None, mean: Sequence[float],
+                         std: Sequence[float]) -> Callable[[Image.Image], torch.Tensor]:
+    """timm's ImageNet training transform (``create_transform``), its posterize steps keeping Pillow's old meaning
+    of 0 bits: the black image. timm asks for 0 bits at its strongest magnitude (``rand-m9-mstd0.5-inc1`` draws it
+    in 1 of 44 of its posterize steps, about one image in 660; ``Posterize`` below magnitude 2.5), which Pillow 13
+    refuses with a ValueError, so a batch or two into an epoch."""
+    from timm.data import create_transform
+    from timm.data.auto_augment import AugmentOp, posterize
+
+    train = create_transform(size, is_training=True, auto_augment=randaugment, mean=tuple(mean), std=tuple(std))
+    for step in train.transforms:  # RandAugment and AugMix hold ``ops``, AutoAugment a ``policy`` of op lists
+        ops = [*getattr(step, "ops", []), *(op for sub in getattr(step, "policy", []) for op in sub)]
+        for op in ops:
+            if isinstance(op, AugmentOp) and op.aug_fn is posterize:
+                op.aug_fn = _posterize
+    return train
+
+
+def _posterize(image: Image.Image, bits_to_keep: int, **_: Any) -> Image.Image:
+    """timm's posterize, 0 bits kept giving the black image, as Pillow before 13 did."""
+    from timm.data.auto_augment import posterize
+
+    if bits_to_keep <= 0:
+        return image.point([0] * 256 * len(image.getbands()))
+    return posterize(image, bits_to_keep)
 
 
 def _rgb(image: Image.Image) -> Image.Image:
