@@ -1,22 +1,35 @@
 #!/usr/bin/env bash
-# σN-Ens under shift at the long budget (docs/results.md "Under shift", issue 45): the checkpoints the diagnosis and
-# the levers are measured on. Trains, per seed, the single model and σN-Ens M=4 at three temperatures (τ = 0.25, 0.5,
-# the recipe, and 1), with no end-of-training evaluation: every choice is made later on the validation split and the
-# validation corruptions, and the test set is read once, at the end. A finished study's runs are kept in
-# results/shift_long/records/<study>.jsonl (a recorded study is not trained again); the checkpoints stay in OUT.
-#   bash research/long_shift.sh train [OUT] [LANE...]   # lanes: single sigma sigma_t025 sigma_t1 (default: all, in turn)
-#   SEEDS="0 1 2 3 4" bash research/long_shift.sh train runs/shift_long sigma single
-# Two lanes may run at once on one OUT (they share its MLflow server).
+# σN-Ens under shift (docs/results.md "Under shift", issue 45): the checkpoints the diagnosis and the levers are
+# measured on, and the choice of the levers on the validation shift. Trains, per seed, the single model and σN-Ens M=4
+# at three temperatures (τ = 0.25, 0.5 — the recipe — and 1) with no end-of-training evaluation; then every run is
+# scored on the validation split under the validation corruptions (never a test corruption, never the test split),
+# with each member's training BatchNorm statistics and with the prediction batch's (`--norm-stats batch`). The test
+# set is read once, later, for the choices made here. A finished study's runs are kept in
+# results/shift_<budget>/records/<study>.jsonl (a recorded study is not trained again), each validation evaluation in
+# results/shift_<budget>/val/<run>/eval.json; the checkpoints stay in OUT.
+#   bash research/long_shift.sh train [OUT] [LANE...]   # lanes: single sigma sigma_t025 sigma_t1 (default: all)
+#   bash research/long_shift.sh choose [OUT]            # the validation-shift evaluations of every trained run
+#   python research/shift_tables.py choose              # their table
+#   SEEDS="0 1 2 3 4" bash research/long_shift.sh train runs/shift_long sigma single   # two lanes may share OUT
+# SHIFT_BUDGET=small uses the recipe's own 200 steps (a preview; OUT default runs/shift_small) instead of the long
+# budget (6,250 steps).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/launch/setup.sh"
 cd "$ROOT"
 source "$ROOT/launch/studies.sh"
 phase="${1:-}"
-[[ $phase == train ]] || { echo "long_shift: give a phase: train (got '$phase')" >&2; exit 2; }
+[[ $phase == train || $phase == choose ]] || { echo "long_shift: give a phase, train or choose (got '$phase')" >&2; exit 2; }
 shift
-out_arg="${1:-runs/shift_long}"
+budget="${SHIFT_BUDGET:-long}"
+case "$budget" in
+  long) BUDGET_ARGS=("${LONG_BUDGET[@]}" eval.at_end=false) ;;
+  small) BUDGET_ARGS=(eval.at_end=false) ;;
+  *) echo "long_shift: SHIFT_BUDGET=$budget: long or small" >&2; exit 2 ;;
+esac
+out_arg="${1:-runs/shift_$budget}"
 shift $(($# > 0 ? 1 : 0))
+RESULTS="$ROOT/results/shift_$budget"
 SEED_LIST=(${SEEDS:-0 1 2 3 4})
 declare -A LANE_ARGS=(
   [single]="--methods single"
@@ -24,17 +37,44 @@ declare -A LANE_ARGS=(
   [sigma_t025]="--methods sigma --members 4 reg.tau=0.25"
   [sigma_t1]="--methods sigma --members 4 reg.tau=1.0"
 )
-read -r -a LANES <<< "${*:-single sigma sigma_t025 sigma_t1}"
-for lane in "${LANES[@]}"; do
-  [ -n "${LANE_ARGS[$lane]:-}" ] || { echo "long_shift: unknown lane $lane (${!LANE_ARGS[*]})" >&2; exit 2; }
-done
-BUDGET_ARGS=("${LONG_BUDGET[@]}" eval.at_end=false)
-studies_begin "$out_arg" 5091
-RECORDS="$ROOT/results/shift_long/records"
-for seed in "${SEED_LIST[@]}"; do
+
+if [ "$phase" = train ]; then
+  read -r -a LANES <<< "${*:-single sigma sigma_t025 sigma_t1}"
   for lane in "${LANES[@]}"; do
-    # shellcheck disable=SC2086  # LANE_ARGS holds several words
-    study "${lane}_s$seed" methods ${LANE_ARGS[$lane]} --seeds "$seed"
+    [ -n "${LANE_ARGS[$lane]:-}" ] || { echo "long_shift: unknown lane $lane (${!LANE_ARGS[*]})" >&2; exit 2; }
+  done
+  studies_begin "$out_arg" 5091
+  RECORDS="$RESULTS/records"
+  for seed in "${SEED_LIST[@]}"; do
+    for lane in "${LANES[@]}"; do
+      # shellcheck disable=SC2086  # LANE_ARGS holds several words
+      study "${lane}_s$seed" methods ${LANE_ARGS[$lane]} --seeds "$seed"
+    done
+  done
+  [ ! -e "$OUT/.failed" ]
+  exit
+fi
+
+OUT="$(cd "$out_arg" && pwd)"
+export OMP_NUM_THREADS=1
+failed=0
+for runs in "$OUT"/*_s*/*/final_metrics.json; do
+  [ -e "$runs" ] || { echo "long_shift: no trained run in $OUT (*_s*/*/final_metrics.json)" >&2; exit 1; }
+  run="$(dirname "$runs")" study="$(basename "$(dirname "$run")")"
+  for norm in train batch; do
+    name="${study}_$norm" dest="$RESULTS/val/${study}_$norm"
+    if [ -s "$dest/eval.json" ]; then echo "[$(date +%T)] $name: evaluated before, skipped"; continue; fi
+    rm -rf "$OUT/val/$name"
+    if nice -n 19 sigmanens eval --checkpoint "$run" --split val --shift-split val --corruptions all --severities 3,5 \
+        --norm-stats "$norm" --no-sub-ensembles --no-mlflow --out "$OUT/val/$name" >"$OUT/val_$name.log" 2>&1; then
+      mkdir -p "$dest.tmp"
+      cp "$OUT/val/$name/eval.json" "$OUT/val/$name/eval.md" "$dest.tmp/"
+      rm -rf "$dest" && mv "$dest.tmp" "$dest"
+      echo "[$(date +%T)] $name: kept in $dest"
+    else
+      echo "[$(date +%T)] $name: eval FAILED: $OUT/val_$name.log"
+      failed=1
+    fi
   done
 done
-[ ! -e "$OUT/.failed" ]
+exit "$failed"
