@@ -5,6 +5,7 @@
     sigmanens eval --checkpoint best.pt --data root=/data/cifar10 --ood svhn --ood-root /data/svhn
     sigmanens eval --checkpoint best.pt --calibration temperature --conformal 0.1 --corruptions all
     sigmanens eval --checkpoint best.pt --shift-split val --corruptions all --severities 3,5   # for choices
+    sigmanens eval --checkpoint best.pt --shift-split val --corruptions all --calibration temperature  # calib_split
     sigmanens eval --checkpoint best.pt --norm-stats batch --calibration member-temperature --corruptions all
 
 Writes eval.json, eval.md and PNG plots into --out (default: eval_<checkpoint name>/ beside the checkpoint) and logs
@@ -93,9 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-sub-ensembles", action="store_true",
                     help="score only the K-member ensemble, not k = 1..K-1 (each is one more pass of the eval set)")
     ap.add_argument("--calibration", choices=choices(EvalConfig, "calibration"), default="none",
-                    help="temperature: fit one temperature on the validation split, report every metric before and "
-                         "after (test set and shift); member-temperature: also one temperature per member (each "
-                         "on its own validation NLL, applied before averaging), reported beside the one")
+                    help="temperature: fit one temperature on the calibration split (a run trained with "
+                         "data.calib_split), else the validation split, report every metric before and after (the "
+                         "scored split and shift); member-temperature: also one temperature per member (each on "
+                         "its own NLL there, applied before averaging), reported beside the one")
     ap.add_argument("--norm-stats", choices=choices(EvalConfig, "norm_stats"), default="train",
                     help="BatchNorm statistics at prediction: train (the running ones, default) or batch (each "
                          "member's re-estimated from each evaluation batch; the stored ones are not changed)")
@@ -103,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="with --norm-stats batch: use (N·train + n·batch)/(N + n) for a batch of n (default 0: the "
                          "batch statistics alone)")
     ap.add_argument("--conformal", metavar="ALPHA",
-                    help="split conformal sets (thr, aps, raps) calibrated on the validation split at miscoverage "
+                    help="split conformal sets (thr, aps, raps) calibrated where --calibration fits, at miscoverage "
                          "ALPHA in (0, 1), e.g. 0.1, or several (0.1,0.05): coverage and mean set size, clean, under "
                          "shift and per class")
     ap.add_argument("--batch-size", type=int, help="default: the run's train.batch_size")
@@ -119,6 +121,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"sigmanens eval: error: {err}", file=sys.stderr)
         return EXIT_USAGE if isinstance(err, UsageError) else EXIT_UNAVAILABLE
+
+
+#: the --data keys that choose which pool samples the calibration split holds (data/raw.py: split_indices)
+_CALIB_SPLIT_KEYS = ("data.train_subset", "data.val_split", "data.split_seed", "data.calib_split")
+
+
+def _check_split_overrides(given: list[str], overrides: list[str], calib_split: int) -> None:
+    """The calibration split is carved when the run trains: set at eval, or moved by changing the keys that carve
+    it, it would hold samples the model was trained on, and the post-hoc fit would read them."""
+    for text, kv in zip(given, overrides, strict=True):
+        key = kv.split("=", 1)[0].strip()
+        if key == "data.calib_split" or (calib_split and key in _CALIB_SPLIT_KEYS):
+            raise UsageError(f"--data {text}: the calibration split is carved from the training pool when the run "
+                             f"trains (this run: data.calib_split={calib_split}); {key} cannot change at eval, or "
+                             "the fit would read training samples: train with data.calib_split=N to fit on one")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -148,6 +165,7 @@ def _run(args: argparse.Namespace) -> int:
     logging.getLogger("sigmanens").info("evaluating %s", which)
     loaded = load_for_eval(checkpoint, overrides)
     cfg = loaded.cfg
+    _check_split_overrides(args.data, overrides, cfg.data.calib_split)
     if args.no_mlflow:
         cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"enabled": False})})
     options = EvalConfig(split=split, corruptions=corruptions, severities=severities, ood=args.ood,

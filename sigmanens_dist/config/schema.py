@@ -187,6 +187,10 @@ class DataConfig(_Section):
     # The split is drawn from this seed, not from `seed`: runs of different seeds (and a Deep Ensemble's members,
     # which read seed+k's data order) then validate on the same samples, as paired comparisons need.
     split_seed: Int = Field(0, ge=0)
+    # The calibration split: this many more samples of the training pool (after the validation split, by the same
+    # permutation), read by nothing in training. What `sigmanens eval --calibration/--conformal` and `export
+    # --program` fit on instead of the validation split, which picked best.pt; 0: none (they fit on val). Raw data.
+    calib_split: Int = Field(0, ge=0)
     max_length: Int = Field(64, ge=8)  # text: tokens per sample, padded or truncated to it
     # text: a local Hugging Face tokenizer folder (a pretrained backbone's own); None: <root>/tokenizer/, which a raw
     # run trains (WordPiece, on the training sentences) when absent and `sigmanens data convert` writes
@@ -268,6 +272,16 @@ class DataConfig(_Section):
                 raise _cross_field(key, f"applies to data.format=raw only: data.format={self.format} reads what "
                                         f"`sigmanens data convert {flag} …` wrote; set it to null",
                                    getattr(self, key))
+        return self
+
+    @model_validator(mode="after")
+    def _calibration_split_is_carved_when_read(self) -> DataConfig:
+        """Converted folders hold the train/val/test splits they were converted with; a calibration split carved
+        from their ``train`` would be samples the run trains on."""
+        if self.format != "raw" and self.calib_split:
+            raise _cross_field("calib_split", f"applies to data.format=raw only: data.format={self.format} reads the "
+                                              "train/val/test splits `sigmanens data convert` wrote; set it to 0",
+                               self.calib_split)
         return self
 
     @model_validator(mode="after")

@@ -90,7 +90,7 @@ def _write(data: Any, root: Path, fmt: str, out: Path, on_shard: Callable[[Path]
         # every split as stored (PIL, uint8, the source file), its transform left to the reader of the format
         pool, test, num_classes = unwrap_source(bundle.train), unwrap_source(bundle.test), bundle.num_classes
     classes = source_classes(pool) or [str(i) for i in range(num_classes)]
-    train_idx, val_idx = split_indices(len(pool), data.val_split, split_seed)
+    train_idx, val_idx, _ = split_indices(len(pool), data.val_split, split_seed)  # no calib: raw data only
     splits = {"train": Subset(pool, train_idx) if val_idx else pool, "test": test}
     if val_idx:
         splits["val"] = Subset(pool, val_idx)

@@ -65,6 +65,12 @@ class Data:
     in_chans: int
     vocab_size: int | None = None  # text datasets: the tokenizer's vocabulary size
     bad: BadSamples = field(default_factory=BadSamples)  # skipped-sample count (data.on_bad_sample=skip)
+    calib: Callable[[], Iterable[Batch]] | None = None  # the calibration split (data.calib_split): never trained on
+
+    def posthoc_split(self) -> tuple[str, Callable[[], Iterable[Batch]]]:
+        """``(name, pass)`` of the split post-hoc fits (temperature, conformal thresholds) read: the calibration
+        split when the run carved one, so that they are not fitted on the data best.pt was chosen on; else val."""
+        return ("calib", self.calib) if self.calib is not None else ("val", self.val)
 
 
 class MapStyleStream:
@@ -138,7 +144,8 @@ def _raw(d: DataConfig, batch: int, seed: int, env: DistEnv, randaugment: str | 
         return one_pass
 
     return Data(train, eval_pass(bundle.val, "val"), eval_pass(bundle.test, "test"), bundle.num_classes,
-                bundle.in_chans, bundle.vocab_size, bad)
+                bundle.in_chans, bundle.vocab_size, bad,
+                eval_pass(bundle.calib, "calib") if bundle.calib is not None else None)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ __all__ = ["IMAGE_FOLDERS", "READERS", "DataBundle", "Evaluated", "Resized", "Se
 @dataclass
 class DataBundle:
     """Train (augmenting, keyed by ``(index, seed)``), validation (carved from the training samples, or the test set
-    with ``data.val_from_test``) and test datasets; val and test read without augmentation."""
+    with ``data.val_from_test``), test and, with ``data.calib_split``, calibration datasets; all but train read
+    without augmentation."""
 
     train: Dataset
     val: Dataset
@@ -37,6 +38,8 @@ class DataBundle:
     in_chans: int  # 0 for text
     vocab_size: int | None = None  # text only: the tokenizer's, which a from-scratch backbone's embeddings must fit
     val_indices: list[int] = field(default_factory=list)  # positions in the training pool the val split took
+    calib: Dataset | None = None  # the calibration split (data.calib_split): what post-hoc fits read; None when 0
+    calib_indices: list[int] = field(default_factory=list)  # positions in the training pool the calib split took
 
 
 class SeededAugment(Dataset):
@@ -138,15 +141,19 @@ def build_datasets(data_cfg: DataConfig, root: Path | None, randaugment: str | N
     """Train, validation and test datasets for ``data.dataset``; nothing downloads.
 
     The training pool is the first ``data.train_subset`` training samples; ``data.val_split`` of them become the
-    validation set (drawn from ``data.split_seed``), the rest the training set. The test set (``data.test_subset``)
-    is never trained on nor validated on, unless ``data.val_from_test`` makes it the validation set."""
+    validation set and ``data.calib_split`` more the calibration set (both drawn from ``data.split_seed``), the rest
+    the training set. The test set (``data.test_subset``) is never trained on nor validated on, unless
+    ``data.val_from_test`` makes it the validation set."""
     parts = _parts(data_cfg, root, randaugment)
-    train_idx, val_idx = split_indices(len(parts.train), data_cfg.val_split, data_cfg.split_seed)
+    train_idx, val_idx, calib_idx = split_indices(len(parts.train), data_cfg.val_split, data_cfg.split_seed,
+                                                  data_cfg.calib_split)
     train = SeededAugment(_take(parts.train, train_idx), parts.augment)
     test = _evaluated(_subset(parts.test, data_cfg.test_subset), parts.evaluate)
     val = _evaluated(_subset(_take(parts.train, val_idx), data_cfg.val_subset) if val_idx
                      else _subset(parts.test, data_cfg.val_subset), parts.evaluate)
-    return DataBundle(train, val, test, parts.num_classes, parts.in_chans, parts.vocab_size, val_idx)
+    calib = _evaluated(_take(parts.train, calib_idx), parts.evaluate) if calib_idx else None
+    return DataBundle(train, val, test, parts.num_classes, parts.in_chans, parts.vocab_size, val_idx, calib,
+                      calib_idx)
 
 
 def _take(ds: Dataset, indices: list[int]) -> Dataset:

@@ -1,6 +1,7 @@
 """What ``sigmanens eval --calibration temperature|member-temperature`` and ``--conformal α[,α…]`` add to a report:
-fitted on the validation split (one pass, before any test batch is read), then scored alongside every test and shift
-pass of the K-member ensemble (the same forward pass feeds :class:`TemperedMetrics` and :class:`ConformalSets`)."""
+fitted on the calibration split (``data.calib_split``), else the validation split (one pass, before any scored batch
+is read), then scored alongside every test and shift pass of the K-member ensemble (the same forward pass feeds
+:class:`TemperedMetrics` and :class:`ConformalSets`)."""
 
 from __future__ import annotations
 
@@ -89,16 +90,17 @@ class PostHoc:
 
 
 def fit_posthoc(model: nn.Module, val: Callable[[], Iterable[Any]], options: EvalConfig, device: torch.device,
-                desc: str) -> PostHoc:
-    """Fit what ``options`` asks for on the validation pass ``val`` alone: the temperature first (NLL of the
-    ensemble, every member's logits / T), with ``member-temperature`` also one T_m per member (each member's own
-    NLL), then the conformal thresholds on the calibrated probabilities (member temperatures when fitted)."""
-    logits, target = collect_logits(model, val(), device, f"{desc} fit on val")
+                desc: str, split: str = "val") -> PostHoc:
+    """Fit what ``options`` asks for on the pass ``val`` alone (of the validation split, or of the calibration
+    split: ``split`` names it in the report): the temperature first (NLL of the ensemble, every member's logits /
+    T), with ``member-temperature`` also one T_m per member (each member's own NLL), then the conformal thresholds
+    on the calibrated probabilities (member temperatures when fitted)."""
+    logits, target = collect_logits(model, val(), device, f"{desc} fit on {split}")
     calibrate = options.calibration != "none"
     temperature = fit_temperature(logits, target) if calibrate else 1.0
     members = fit_member_temperatures(logits, target) if options.calibration == "member-temperature" else None
     parts: dict[str, dict[str, Any]] = {}
-    fitted = {"fitted_on": "val", "num_fit": len(target), "val_nll_before": float(ensemble_nll(logits, target))}
+    fitted = {"fitted_on": split, "num_fit": len(target), "val_nll_before": float(ensemble_nll(logits, target))}
     if calibrate:
         parts["calibration"] = {"method": "temperature", "temperature": temperature, **fitted,
                                 "val_nll_after": float(ensemble_nll(logits, target, temperature)), "shift": {}}
@@ -112,7 +114,7 @@ def fit_posthoc(model: nn.Module, val: Callable[[], Iterable[Any]], options: Eva
         true_class = {m: class_scores(probs, m).gather(-1, target[:, None])[:, 0] for m in METHODS}
         thresholds = [{m: conformal_quantile(scores, alpha) for m, scores in true_class.items()}
                       for alpha in options.conformal]
-        parts["conformal"] = [{"alpha": alpha, "calibrated_on": "val", "num_calibration": len(target),
+        parts["conformal"] = [{"alpha": alpha, "calibrated_on": split, "num_calibration": len(target),
                                "temperature": applied if calibrate else None,
                                "methods": {m: {"qhat": q, "shift": {}} for m, q in qs.items()}}
                               for alpha, qs in zip(options.conformal, thresholds, strict=True)]

@@ -16,12 +16,14 @@ from sigmanens_dist.config import Config
 from sigmanens_dist.evaluation.ood import OOD_SCORES
 from sigmanens_dist.methods.base import EnsembleMethod
 
-__all__ = ["DIAGNOSIS_COLUMNS", "SHIFT_KEYS", "SUB_KEYS", "diagnosis_rows", "diversity_text", "flat_metrics",
-           "markdown", "shift_mean", "temperature_label"]
+__all__ = ["DIAGNOSIS_COLUMNS", "FIT_SPLITS", "SHIFT_KEYS", "SUB_KEYS", "diagnosis_rows", "diversity_text",
+           "flat_metrics", "markdown", "shift_mean", "temperature_label"]
 
 log = logging.getLogger("sigmanens")
 
 SHIFT_KEYS = ("acc", "nll", "ece")
+# the split a post-hoc fit read (eval.json's fitted_on / calibrated_on) → its name in the report's words
+FIT_SPLITS = {"val": "validation", "calib": "calibration"}
 
 
 def shift_mean(table: dict[str, dict[str, dict[str, float | None]]], severities: list[int]
@@ -146,8 +148,8 @@ def markdown(report: dict[str, Any]) -> str:
                 lines.append(f"| {name} | " + " | ".join(
                     " / ".join(_fmt(v[k]) for k in SHIFT_KEYS) for v in by_sev.values()) + " |")
             lines += _diagnosis_md(part, report["members"], report.get("shift_split", "test"))
-        lines += _calibration_md(part.get("calibration"), part)
-        lines += _calibration_md(part.get("member_calibration"), part)
+        lines += _calibration_md(part.get("calibration"), part, report["split"])
+        lines += _calibration_md(part.get("member_calibration"), part, report["split"])
         for conf in part.get("conformal", []):
             lines += _conformal_md(conf)
         if "ood" in part:
@@ -171,14 +173,14 @@ def temperature_label(cal: dict[str, Any]) -> str:
     return f"Temperature scaling: T = {cal['temperature']:.4f}"
 
 
-def _calibration_md(cal: dict[str, Any] | None, part: dict[str, Any]) -> list[str]:
-    """Before and after temperature scaling (one T, or one per member): the ensemble and the mean member, clean and
-    mean under shift."""
+def _calibration_md(cal: dict[str, Any] | None, part: dict[str, Any], scored: str) -> list[str]:
+    """Before and after temperature scaling (one T, or one per member): the ensemble and the mean member on the
+    ``scored`` split, clean and mean under shift."""
     if cal is None:
         return []
-    lines = ["", f"### {temperature_label(cal)}, fitted on {cal['num_fit']} validation "
-                 f"samples (val NLL {_fmt(cal['val_nll_before'])} → {_fmt(cal['val_nll_after'])})", "",
-             "| test | " + " | ".join(SUB_KEYS) + " |", "|---|" + "---:|" * len(SUB_KEYS)]
+    lines = ["", f"### {temperature_label(cal)}, fitted on {cal['num_fit']} {FIT_SPLITS[cal['fitted_on']]} "
+                 f"samples (NLL {_fmt(cal['val_nll_before'])} → {_fmt(cal['val_nll_after'])} there)", "",
+             f"| {scored} | " + " | ".join(SUB_KEYS) + " |", "|---|" + "---:|" * len(SUB_KEYS)]
     for label, prefix in (("ensemble", ""), ("mean of members", "member_mean/")):
         for when, values in (("before", part["metrics"]), ("after", cal["metrics"])):
             lines.append(f"| {label}, {when} | " + " | ".join(_fmt(values[prefix + k]) for k in SUB_KEYS) + " |")
@@ -196,7 +198,8 @@ def _conformal_md(conf: dict[str, Any], worst: int = 10) -> list[str]:
     """Coverage and mean set size per method at one α: clean, mean under shift, and the classes of lowest coverage."""
     methods = conf["methods"]
     shift = "mean" in next(iter(methods.values()))["shift"]
-    lines = ["", f"### Conformal sets: α = {conf['alpha']}, calibrated on {conf['num_calibration']} validation "
+    lines = ["", f"### Conformal sets: α = {conf['alpha']}, calibrated on {conf['num_calibration']} "
+                 f"{FIT_SPLITS[conf['calibrated_on']]} "
                  f"samples (target coverage {1 - conf['alpha']:.4f})", "",
              "| method | q̂ | coverage | mean set size |" + (" under shift: coverage / size |" if shift else ""),
              "|---|---:|---:|---:|" + ("---|" if shift else "")]

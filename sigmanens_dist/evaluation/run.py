@@ -10,8 +10,9 @@ For each set of weights (raw, and EMA when the run kept one) :func:`run_eval` ru
   (``shift_split``), each with the diagnosis (mean member NLL and ECE, disagreement, mutual information and the AUROC
   of telling corrupted from clean inputs by it);
 * OOD detection against an OOD set (OOD positive) for the max-softmax, entropy and mutual-information scores;
-* when asked, a temperature and conformal thresholds fitted on the validation split (:mod:`.posthoc`), scored with
-  the K-member ensemble on the test and shift passes;
+* when asked, a temperature and conformal thresholds fitted on the calibration split (``data.calib_split``), else on
+  the validation split (:mod:`.posthoc`), scored with the K-member ensemble on the scored split's clean and shift
+  passes;
 
 then writes ``eval.json``, ``eval.md`` and PNG plots into ``out_dir`` and logs them to the run's MLflow run (those
 outputs: :mod:`sigmanens_dist.evaluation.report`).
@@ -122,10 +123,12 @@ def check_options(cfg: Config, model: EnsembleMethod, options: EvalConfig) -> li
                                                                  f"(model.name={cfg.model.name!r})")
     if norm_problem is not None:
         problems.append(norm_problem)
-    if options.calibration != "none" or options.conformal:
+    if (options.calibration != "none" or options.conformal) and not cfg.data.calib_split:
+        # with a calibration split they fit on it, which neither the test nor the validation split overlaps
         asked = "--calibration/--conformal (fitted on the validation split)"
         if options.split == "val":
-            problems.append(f"{asked} cannot be scored on the split they are fitted on: use --split test")
+            problems.append(f"{asked} cannot be scored on the split they are fitted on: use --split test, or train "
+                            "with a calibration split (data.calib_split) to fit on")
         elif cfg.data.val_from_test:
             problems.append(f"{asked}: this run validates on the test set (data.val_from_test), so fitting would read "
                             "the test set; give it a validation split (data.val_split)")
@@ -160,6 +163,7 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
     batch = options.batch_size or cfg.train.batch_size
     data = build_data(cfg.data, batch, cfg.seed, env)
     eval_set = data.test if options.split == "test" else data.val
+    fit_split, fit_set = data.posthoc_split()  # calib when the run carved it, else val
     ood_batches = _ood_batches(cfg, options, batch) if options.ood else None
     sync = env.world_size > 1
     notes = _notes(cfg, options)
@@ -179,7 +183,7 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
         part: dict[str, Any] = {"sub_ensembles": []}
         scored = None
         full = sub_ensemble(weights, range(k_max))
-        posthoc = (fit_posthoc(full, data.val, options, device, variant)  # before any test batch is read
+        posthoc = (fit_posthoc(full, fit_set, options, device, variant, fit_split)  # before any scored batch
                    if options.calibration != "none" or options.conformal else None)
         # methods that cannot run k of their members, and runs that ask for the full ensemble only, score k = K
         ks = range(1, k_max + 1) if options.sub_ensembles and weights.supports_sub_ensembles else [k_max]

@@ -11,7 +11,13 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
-from sigmanens_dist.evaluation.report import DIAGNOSIS_COLUMNS, diagnosis_rows, diversity_text, temperature_label
+from sigmanens_dist.evaluation.report import (
+    DIAGNOSIS_COLUMNS,
+    FIT_SPLITS,
+    diagnosis_rows,
+    diversity_text,
+    temperature_label,
+)
 from sigmanens_dist.methods import display_name
 from sigmanens_dist.progress import WIDTH, near, text_console
 
@@ -104,8 +110,8 @@ def _posthoc(console: Any, part: dict[str, Any]) -> None:
         rows += [("after, T_m", members["metrics"])] if members is not None else []
         for when, values in rows:
             table.add_row(when, *(_fmt(values[k]) for k in KEYS))
-        console.print(f"\n{temperature_label(cal)}, fitted on {cal['num_fit']} validation samples (under shift in "
-                      "eval.md)", style="bold", highlight=False)
+        console.print(f"\n{temperature_label(cal)}, fitted on {cal['num_fit']} {FIT_SPLITS[cal['fitted_on']]} "
+                      "samples (under shift in eval.md)", style="bold", highlight=False)
         if members is not None:
             console.print(temperature_label(members), style="bold", highlight=False)
         console.print(table)

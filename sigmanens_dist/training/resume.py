@@ -26,15 +26,18 @@ log = logging.getLogger(__name__)
 SAME_RUN_KEYS = ("model.source", "model.name", "model.pretrained", "model.kwargs", "model.method",
                  "model.num_members", "model.member_batches", "model.packed_alpha", "model.packed_gamma",
                  "model.fast_weight_init_std", "model.film_init_std", "model.layers", "reg.regularize",
-                 "data.dataset", "data.train_subset", "data.val_split", "data.split_seed", "data.img_size", "seed")
+                 "data.dataset", "data.train_subset", "data.val_split", "data.split_seed", "data.calib_split",
+                 "data.img_size", "seed")
+# Keys a checkpoint written before they existed lacks: its run had the value that keeps the old behaviour.
+_BEFORE_THE_KEY = {"data.calib_split": 0}
 
 
 def check_same_run(state: TrainerState, cfg: Config, layout: BatchLayout) -> BatchLayout:
     """Refuse a checkpoint of another run (every differing key in one error); return the batch layout to resume
     with, adapted to this world size when only the world size changed."""
     saved_cfg, current = state.config, cfg.model_dump(mode="json")
-    problems = [f"  - {key}: the checkpoint's run has {_get(saved_cfg, key)!r}, this config {_get(current, key)!r}"
-                for key in SAME_RUN_KEYS if _get(saved_cfg, key) != _get(current, key)]
+    problems = [f"  - {key}: the checkpoint's run has {_saved(saved_cfg, key)!r}, this config {_get(current, key)!r}"
+                for key in SAME_RUN_KEYS if _saved(saved_cfg, key) != _get(current, key)]
     saved = state.layout
     problems += _strategy_problems(state, cfg, saved.world_size, layout.world_size)
     resumed = _adapt(saved, layout, problems)
@@ -91,6 +94,12 @@ def _adapt(saved: BatchLayout, wanted: BatchLayout, problems: list[str]) -> Batc
     log.info("elastic resume: %d ranks instead of %d; per-rank batch %d → %d keeps the global batch of %d",
                 wanted.world_size, saved.world_size, saved.per_rank, adapted.per_rank, saved.global_batch)
     return adapted
+
+
+def _saved(tree: dict[str, Any], dotted: str) -> Any:
+    """``dotted`` in a checkpoint's config, or the value it had before the key existed."""
+    value = _get(tree, dotted)
+    return _BEFORE_THE_KEY.get(dotted) if value is None else value
 
 
 def _get(tree: dict[str, Any], dotted: str) -> Any:

@@ -1,21 +1,27 @@
 """Post-hoc temperature scaling and split conformal sets (`sigmanens eval --calibration temperature --conformal α`):
-the fit on synthetic logits, coverage on synthetic calibrated data, that fitting reads the validation split only,
-and the errors raised before any work."""
+the fit on synthetic logits, coverage on synthetic calibrated data, that fitting reads the validation split only (or
+the calibration split only, data.calib_split), and the errors raised before any work."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
+from torch.utils.data import DataLoader
 
 import sigmanens_dist.data.loaders as loaders
 import sigmanens_dist.evaluation.run as run
+from sigmanens_dist.cli.eval import _check_split_overrides
 from sigmanens_dist.cli.eval import main as eval_main
 from sigmanens_dist.config import ConfigError, EvalConfig, load_config
+from sigmanens_dist.data.raw import build_datasets
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation.calibration import (
     TemperedMetrics,
     ensemble_nll,
@@ -25,7 +31,9 @@ from sigmanens_dist.evaluation.calibration import (
 from sigmanens_dist.evaluation.conformal import ConformalSets, class_scores, conformal_quantile
 from sigmanens_dist.evaluation.metrics import SampleMetrics
 from sigmanens_dist.evaluation.report import flat_metrics
+from sigmanens_dist.evaluation.scoring import collect_logits
 from sigmanens_dist.models import build_model
+from tests.helpers import FIXTURE
 
 
 # -- temperature -----------------------------------------------------------------------------------------------------
@@ -230,6 +238,76 @@ def test_fitting_on_the_scored_split_is_refused(setup: tuple) -> None:
     leaky = cfg.model_copy(update={"data": cfg.data.model_copy(update={"val_from_test": True})})
     with pytest.raises(ValueError, match=r"fitting would read the test set"):
         run.check_options(leaky, model, EvalConfig(conformal=[0.1]))
+
+
+def test_a_calibration_split_is_what_the_fit_reads_and_frees_the_validation_split(
+        setup: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With data.calib_split the temperature and the thresholds are fitted on the calibration split, and nothing
+    else (the validation and test passes are wrapped to fail while fitting): T equals fit_temperature on that
+    split's logits computed by hand. The validation split, which best.pt was chosen on and the fit no longer reads,
+    may then be scored with calibration, clean and under the validation shift; without the split it may not."""
+    cfg, model, tmp = setup
+    options = EvalConfig(split="val", shift_split="val", corruptions=["saturate"], severities=[3],
+                         calibration="temperature", conformal=[0.2], sub_ensembles=False)
+    with pytest.raises(ValueError, match=r"cannot be scored on the split they are fitted on"):
+        run.check_options(cfg, model, options)
+    calib_cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"calib_split": 10})})
+    run.check_options(calib_cfg, model, options)
+
+    bundle = build_datasets(calib_cfg.data, calib_cfg.data_root())
+    logits, target = collect_logits(model, DataLoader(bundle.calib, batch_size=4), torch.device("cpu"), "by hand")
+    real_build, real_fit = loaders.build_data, run.fit_posthoc
+    fitting: list[bool] = []
+
+    def build(*args: object, **kwargs: object) -> loaders.Data:
+        data = real_build(*args, **kwargs)
+
+        def guarded(read: Callable[[], object], name: str) -> Callable[[], object]:
+            def one_pass() -> object:
+                if fitting:
+                    raise AssertionError(f"the {name} split was read while fitting on the calibration split")
+                return read()
+            return one_pass
+
+        return dataclasses.replace(data, val=guarded(data.val, "val"), test=guarded(data.test, "test"))
+
+    def fit(*args: object, **kwargs: object) -> object:
+        fitting.append(True)
+        try:
+            return real_fit(*args, **kwargs)
+        finally:
+            fitting.clear()
+
+    monkeypatch.setattr(loaders, "build_data", build)
+    monkeypatch.setattr(run, "fit_posthoc", fit)
+    raw = run.run_eval(calib_cfg, model, options=options, out_dir=tmp / "calib")["weights"]["raw"]
+    cal, (conf,) = raw["calibration"], raw["conformal"]
+    assert cal["fitted_on"] == "calib" == conf["calibrated_on"] and cal["num_fit"] == 10 == conf["num_calibration"]
+    assert cal["temperature"] == pytest.approx(fit_temperature(logits, target), rel=1e-6)
+    assert cal["metrics"]["num_samples"] == 16 == raw["metrics"]["num_samples"]  # scored: the validation split
+    assert set(cal["shift"]) == {"saturate", "mean"} and set(conf["methods"]["thr"]["shift"]) == {"saturate", "mean"}
+    md = (tmp / "calib" / "eval.md").read_text()
+    assert "fitted on 10 calibration samples" in md and "calibrated on 10 calibration samples" in md
+    # without a calibration split the same fit reads the validation split (as before), and says so
+    monkeypatch.undo()
+    plain = run.run_eval(cfg, model, options=options.model_copy(update={"split": "test", "shift_split": "test",
+                                                                       "corruptions": []}),
+                         out_dir=tmp / "plain")["weights"]["raw"]
+    assert plain["calibration"]["fitted_on"] == "val" and plain["calibration"]["num_fit"] == 16
+
+
+def test_the_calibration_split_cannot_be_set_or_moved_at_eval(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = shutil.copytree(FIXTURE, tmp_path / "run")  # trained with data.calib_split absent, so 0
+    assert eval_main(["--checkpoint", str(run_dir), "--data", "calib_split=5", "--calibration", "temperature",
+                      "--out", str(tmp_path / "e")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sigmanens eval: error: --data calib_split=5: the calibration split "
+                                               "is carved from the training pool when the run trains")
+    assert not (tmp_path / "e" / "eval.json").exists()
+    _check_split_overrides(["val_split=8"], ["data.val_split=8"], 0)  # no calibration split: nothing moves
+    with pytest.raises(UsageError, match=r"--data data.split_seed=3: .* data.split_seed cannot change at eval"):
+        _check_split_overrides(["data.split_seed=3"], ["data.split_seed=3"], 10)
 
 
 @pytest.mark.parametrize("alpha", ["0", "1", "-0.1", "1.5", "abc", "nan", "0.1,", "0.1,2"])

@@ -48,6 +48,18 @@ def test_changed_run_keys_are_all_named() -> None:
     assert "8 × 2 × 1 = 16" in text and "4 × 2 × 1 = 8" in text  # the global batch, both values
 
 
+def test_the_calibration_split_is_part_of_the_run() -> None:
+    """It takes its samples from the training set: changing it on resume would train on other samples."""
+    state = _state("data.calib_split=100")
+    with pytest.raises(ValueError, match=r"data.calib_split: the checkpoint's run has 100, this config 0"):
+        _resume(state, world=2)
+    before = _state()  # a checkpoint written before the key existed trained without a calibration split
+    del before.config["data"]["calib_split"]
+    assert _resume(before, world=2) == before.layout
+    with pytest.raises(ValueError, match=r"data.calib_split: the checkpoint's run has 0, this config 5"):
+        _resume(before, "data.calib_split=5", world=2)
+
+
 def test_elastic_resume_adapts_per_rank_batch() -> None:
     state = _state("train.batch_size=8", "train.grad_accum=3", world=2)
     assert _resume(state, "train.batch_size=8", "train.grad_accum=3", world=1) == BatchLayout(16, 1, 3)
