@@ -17,6 +17,8 @@ needs_fmnist = pytest.mark.skipif(not FASHION_MNIST_ROOT.is_dir(),
 def test_split_indices_disjoint_complete_and_seeded() -> None:
     train, val, calib = split_indices(1000, 0.1, seed=3)
     assert len(val) == 100 and len(train) == 900 and calib == []
+    perm = torch.randperm(1000, generator=torch.Generator().manual_seed(3 + 0x5EED))  # the split every run has had
+    assert val == sorted(perm[:100].tolist())
     assert not set(train) & set(val) and sorted(train + val) == list(range(1000))
     assert (train, val, calib) == split_indices(1000, 0.1, seed=3)
     assert val != split_indices(1000, 0.1, seed=4)[1]
