@@ -7,7 +7,7 @@ model of the same backbone; every number a ratio to a baseline measured in the s
 
 The model is the recipe's (``--config``, default configs/fmnist_small.yaml: timm's test_resnet on 28×28 grayscale,
 10 classes) at its initial weights (speed does not depend on training), inside the head ``sigmanens export
---program`` writes (:class:`~sigmanens_dist.evaluation.program.ProgramHead`: normalisation, member softmaxes, entropy,
+--program`` writes (:class:`~sigmanens_dist.export.program.ProgramHead`: normalisation, member softmaxes, entropy,
 mutual information, disagreement). Inputs are random [0, 1] images already in memory: this is the program's cost,
 not decoding's. Each cell is images/s, the best of ``--repeats`` timed windows of ``--seconds`` each on one thread
 (``torch.set_num_threads(1)``, onnxruntime with one intra-op thread).
@@ -43,8 +43,8 @@ def backends(head: torch.nn.Module, example: torch.Tensor, folder: Path) -> dict
     """The head as eager module, loaded .pt2 program and onnxruntime session."""
     import onnxruntime
 
-    from sigmanens_dist.evaluation.program import METADATA_FILE
-    from sigmanens_dist.evaluation.program_onnx import write_onnx
+    from sigmanens_dist.export.format import METADATA_FILE
+    from sigmanens_dist.export.program_onnx import write_onnx
 
     batch = torch.export.Dim("batch", min=1)
     with torch.no_grad():
@@ -72,7 +72,7 @@ def head_for(config: Path, method: str, members: int) -> tuple[torch.nn.Module, 
     """The recipe's model of ``method`` at ``members`` inside the program head, and an example batch."""
     from sigmanens_dist.catalog.datasets import DATASETS
     from sigmanens_dist.config import load_config
-    from sigmanens_dist.evaluation.program import ProgramHead
+    from sigmanens_dist.export.program import ProgramHead
     from sigmanens_dist.models import build_model
 
     cfg = load_config(config, [f"model.method={method}", f"model.num_members={members}", "tracking.enabled=false"],

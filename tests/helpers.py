@@ -73,13 +73,14 @@ def mlflow_server(db: Path) -> Iterator[str]:
 
 
 def import_blocking(*modules: str) -> str:
-    """The head of a script for a fresh interpreter in which importing ``modules`` fails (checked at once)."""
+    """The head of a script for a fresh interpreter in which importing ``modules`` (packages, or a package's part
+such as ``sigmanens_dist.evaluation``), and anything under them, fails (checked at once)."""
     return f"""
 import importlib.abc, json, sys
 BLOCKED = {modules!r}
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
+        if any(name == b or name.startswith(b + ".") for b in BLOCKED):
             raise ImportError("blocked: " + name)
 sys.meta_path.insert(0, Block())
 for name in BLOCKED:

@@ -29,8 +29,9 @@ FLOORS = [
     ("checkpoint",),
     ("methods",),
     ("training",),
-    ("models", "export"),
+    ("models",),
     ("evaluation",),
+    ("export",),  # a program reuses eval's rebuild, fits and metrics; predict reads its torch-free format.py
     ("trainer", "experiments", "predict", "registry"),
     ("cli", "train"),  # train: `python -m sigmanens_dist.train`, the command for launchers (torchrun, Slurm)
 ]

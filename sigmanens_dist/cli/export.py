@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.program is not None:  # every flag checked before the checkpoint is read
             from sigmanens_dist.evaluation.conformal import parse_alphas
             from sigmanens_dist.evaluation.norm_stats import parse_prior
-            from sigmanens_dist.evaluation.program import parse_score, program_format
+            from sigmanens_dist.export.program import parse_score, program_format
 
             fmt = program_format(args.format, args.program)
             alpha = next(iter(parse_alphas(args.conformal, single=True)), None)
@@ -109,20 +109,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         lock = own_run_containing(out, "export")
         print(f"exporting {which}")
         if args.program is not None:
-            from sigmanens_dist.evaluation.program import export_program
+            from sigmanens_dist.export.program import export_program
 
             meta = export_program(checkpoint, out, args.members, args.calibration, fmt, alpha, score, args.weights,
                                   args.norm_stats, prior)
-            extra, sets = "", meta.get("conformal")
+            extra, sets = "", meta.conformal
             if sets is not None:
-                qhat = "inf" if sets["qhat"] is None else f"{sets['qhat']:.4g}"
+                qhat = "inf" if sets.qhat is None else f"{sets.qhat:.4g}"
                 extra = f", {score} sets at α={alpha}, q̂={qhat}"
-            print(f"wrote a program ({fmt}) of {len(meta['members'])} members (T={meta['temperature']:.4g}{extra}) "
-                  f"to {out}")
+            print(f"wrote a program ({fmt}) of {len(meta.members)} members (T={meta.temperature:.4g}{extra}) to {out}")
             if args.register is not None:
                 from sigmanens_dist.registry import register_program
 
-                version = register_program(out, args.register, uri=uri, run_id=meta["run_id"], alias=args.alias)
+                version = register_program(out, args.register, uri=uri, run_id=meta.run_id, alias=args.alias)
                 print(f"registered it as models:/{args.register}/{version.version}"
                       f"{f' (models:/{args.register}@{args.alias})' if args.alias else ''} in {uri}")
             return 0

@@ -23,7 +23,7 @@ from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation.calibration import Temperature, scale_logits
 from sigmanens_dist.evaluation.metrics import ensemble_log_probs
 
-__all__ = ["METHODS", "ConformalSets", "class_scores", "conformal_quantile", "parse_alphas"]
+__all__ = ["METHODS", "ConformalSets", "class_scores", "conformal_quantile", "fit_conformal", "parse_alphas"]
 
 METHODS = ("thr", "aps", "raps")
 RAPS_LAMBDA, RAPS_K_REG = 0.01, 5  # Angelopoulos et al.'s ImageNet defaults are of this order
@@ -69,6 +69,16 @@ def conformal_quantile(scores: Tensor, alpha: float) -> float:
     n = len(scores)
     rank = math.ceil((n + 1) * (1 - alpha) - 1e-9)  # the slack keeps (n+1)(1−α) = 900.0000000001 at 900
     return math.inf if rank > n else float(scores.double().sort().values[rank - 1])
+
+
+def fit_conformal(member_logits: Tensor, target: Tensor, alphas: list[float],
+                  temperature: Temperature = 1.0) -> list[dict[str, float]]:
+    """q̂ of every method (:data:`METHODS`) at each miscoverage of ``alphas``, from these calibration member logits
+    ``(M, N, K)`` (divided by ``temperature`` first: one, or one per member) and labels ``(N,)``: a pure function of
+    them, what eval and a program's export fit alike."""
+    probs = ensemble_log_probs(scale_logits(member_logits, temperature)).exp()
+    true_class = {m: class_scores(probs, m).gather(-1, target[:, None])[:, 0] for m in METHODS}
+    return [{m: conformal_quantile(scores, alpha) for m, scores in true_class.items()} for alpha in alphas]
 
 
 class ConformalSets(Metric):

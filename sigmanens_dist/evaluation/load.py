@@ -1,6 +1,7 @@
-"""Reading a training checkpoint back as a model to evaluate, on top of
+"""Reading a training checkpoint back as its trained model, on top of
 :func:`sigmanens_dist.checkpoint.read_checkpoint` (any strategy's file or folder): the model is rebuilt from the
-config and the model sizes stored with it."""
+config and the model sizes stored with it. The one checkpoint → model rebuild: eval, the end-of-training eval, and
+every export (a state dict of one member, a program) start from it."""
 
 from __future__ import annotations
 
@@ -34,16 +35,19 @@ def method_of(cfg: Config) -> str:
     return cfg.model.method
 
 
-def load_for_eval(path: Path | str, overrides: Sequence[str] = ()) -> EvalCheckpoint:
+def load_for_eval(path: Path | str, overrides: Sequence[str] = (), *, what: str = "--checkpoint",
+                  with_ema: bool = True, check_data: bool = True) -> EvalCheckpoint:
     """Rebuild the model a checkpoint was trained as, from the config stored in it (``overrides``, dotted
-    ``key=value`` strings such as ``data.root=/elsewhere``, are applied to that config first), and load the raw and
-    EMA weights. Errors name the file: missing, not a checkpoint, weights of another method than its config says."""
+    ``key=value`` strings such as ``data.root=/elsewhere``, are applied to that config first), and load the raw and,
+    ``with_ema``, the EMA weights. ``check_data``: refuse a config whose data is not here (what needs no data, a
+    state dict, passes False). Errors name the file (as ``what``): missing, not a checkpoint, weights of another
+    method than its config says."""
     path = Path(path)
     if not path.exists():
-        raise MissingPathError(f"--checkpoint {path}: no such file or checkpoint folder")
-    ckpt = read_checkpoint(path, "--checkpoint", with_ema=True)
+        raise MissingPathError(f"{what} {path}: no such file or checkpoint folder")
+    ckpt = read_checkpoint(path, what, with_ema=with_ema)
     try:
-        cfg = config_from_dict(ckpt.config, overrides, source=f"the config stored in {path}")
+        cfg = config_from_dict(ckpt.config, overrides, source=f"the config stored in {path}", check_data=check_data)
     except ValueError as err:
         raise UsageError(f"the config stored in {path} does not load here (with overrides {list(overrides)}):\n"
                          f"{err}") from err

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torchmetrics import Metric
 
 from sigmanens_dist.config import EvalConfig
@@ -20,14 +20,12 @@ from sigmanens_dist.evaluation.calibration import (
     ensemble_nll,
     fit_member_temperatures,
     fit_temperature,
-    scale_logits,
 )
-from sigmanens_dist.evaluation.conformal import METHODS, ConformalSets, class_scores, conformal_quantile
-from sigmanens_dist.evaluation.metrics import ensemble_log_probs
+from sigmanens_dist.evaluation.conformal import ConformalSets, fit_conformal
 from sigmanens_dist.evaluation.report import SHIFT_KEYS, shift_mean
 from sigmanens_dist.evaluation.scoring import collect_logits
 
-__all__ = ["PostHoc", "fit_posthoc"]
+__all__ = ["PostHoc", "fit_posthoc", "fit_posthoc_on"]
 
 CONFORMAL_KEYS = ("coverage", "set_size")
 
@@ -89,13 +87,20 @@ class PostHoc:
                 table["mean"] = shift_mean(table, severities)
 
 
-def fit_posthoc(model: nn.Module, val: Callable[[], Iterable[Any]], options: EvalConfig, device: torch.device,
-                desc: str, split: str = "val") -> PostHoc:
-    """Fit what ``options`` asks for on the pass ``val`` alone (of the validation split, or of the calibration
-    split: ``split`` names it in the report): the temperature first (NLL of the ensemble, every member's logits /
-    T), with ``member-temperature`` also one T_m per member (each member's own NLL), then the conformal thresholds
-    on the calibrated probabilities (member temperatures when fitted)."""
-    logits, target = collect_logits(model, val(), device, f"{desc} fit on {split}")
+def fit_posthoc_on(model: nn.Module, batches: Callable[[], Iterable[Any]], options: EvalConfig,
+                   device: torch.device, desc: str, split: str = "val") -> PostHoc:
+    """:func:`fit_posthoc` on the logits of one pass of ``batches`` (of the validation split, or of the calibration
+    split: ``split`` names it in the report), the only pass it reads."""
+    logits, target = collect_logits(model, batches(), device, f"{desc} fit on {split}")
+    return fit_posthoc(logits, target, options, split)
+
+
+def fit_posthoc(logits: Tensor, target: Tensor, options: EvalConfig, split: str = "val") -> PostHoc:
+    """Fit what ``options`` asks for on these member logits ``(M, N, K)`` and labels ``(N,)`` alone, a pure function
+    of them (eval and a program's export call it alike): the temperature first (NLL of the ensemble, every member's
+    logits / T), with ``member-temperature`` also one T_m per member (each member's own NLL), then the conformal
+    thresholds on the calibrated probabilities (member temperatures when fitted). ``split`` names where the logits
+    come from in the report."""
     calibrate = options.calibration != "none"
     temperature = fit_temperature(logits, target) if calibrate else 1.0
     members = fit_member_temperatures(logits, target) if options.calibration == "member-temperature" else None
@@ -110,10 +115,7 @@ def fit_posthoc(model: nn.Module, val: Callable[[], Iterable[Any]], options: Eva
     applied = members if members is not None else temperature
     thresholds: list[dict[str, float]] = []
     if options.conformal:
-        probs = ensemble_log_probs(scale_logits(logits, applied)).exp()
-        true_class = {m: class_scores(probs, m).gather(-1, target[:, None])[:, 0] for m in METHODS}
-        thresholds = [{m: conformal_quantile(scores, alpha) for m, scores in true_class.items()}
-                      for alpha in options.conformal]
+        thresholds = fit_conformal(logits, target, options.conformal, applied)
         parts["conformal"] = [{"alpha": alpha, "calibrated_on": split, "num_calibration": len(target),
                                "temperature": applied if calibrate else None,
                                "methods": {m: {"qhat": q, "shift": {}} for m, q in qs.items()}}

@@ -39,7 +39,7 @@ from sigmanens_dist.evaluation.load import method_of
 from sigmanens_dist.evaluation.metrics import SampleMetrics, diagnosis
 from sigmanens_dist.evaluation.norm_stats import describe, norm_stats_problem, with_norm_stats
 from sigmanens_dist.evaluation.ood import score_ood
-from sigmanens_dist.evaluation.posthoc import PostHoc, fit_posthoc
+from sigmanens_dist.evaluation.posthoc import PostHoc, fit_posthoc_on
 from sigmanens_dist.evaluation.report import (
     SHIFT_KEYS,
     SUB_KEYS,
@@ -87,7 +87,7 @@ def _corruption(name: str, severity: int, mean: Sequence[float], std: Sequence[f
 
 # -- checks before any work ----------------------------------------------------------------------------------------
 def check_options(cfg: Config, model: EnsembleMethod, options: EvalConfig) -> list[str]:
-    """Every problem with ``options`` for this model and data, in one ``ValueError``; returns the corruption names
+    """Every problem with ``options`` for this model and data, in one ``UsageError``; returns the corruption names
     to run (``all`` expanded)."""
     problems = []
     m = model.num_members
@@ -183,7 +183,7 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
         part: dict[str, Any] = {"sub_ensembles": []}
         scored = None
         full = sub_ensemble(weights, range(k_max))
-        posthoc = (fit_posthoc(full, fit_set, options, device, variant, fit_split)  # before any scored batch
+        posthoc = (fit_posthoc_on(full, fit_set, options, device, variant, fit_split)  # before any scored batch
                    if options.calibration != "none" or options.conformal else None)
         # methods that cannot run k of their members, and runs that ask for the full ensemble only, score k = K
         ks = range(1, k_max + 1) if options.sub_ensembles and weights.supports_sub_ensembles else [k_max]

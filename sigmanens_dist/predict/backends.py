@@ -1,47 +1,47 @@
-"""The program ``sigmanens predict`` runs, behind one small interface: ``meta`` (the program's ``sigmanens.json``)
-and ``__call__`` (a ``(B, C, H, W)`` float32 batch → its outputs as numpy arrays). Two kinds of file:
+"""The program ``sigmanens predict`` runs, behind one small interface: ``meta`` (the program's ``sigmanens.json``
+as a checked :class:`~sigmanens_dist.export.format.ProgramMeta`) and ``__call__`` (a ``(B, C, H, W)`` float32 batch
+→ its outputs as numpy arrays). Two kinds of file:
 
 * ``.pt2``, a ``torch.export`` program (``sigmanens export RUN --program``), vetted by
   :func:`~sigmanens_dist.safe_load.check_program_file` before ``torch.export.load`` sees it, because that load can
   run code from the file;
 * ``.onnx``, run by onnxruntime: input ``images``, outputs named as the metadata's ``outputs``, the metadata in the
   model's ``metadata_props`` under ``sigmanens.json`` (ONNX holds no code to run).
+
+Of the exporter only the torch-free :mod:`sigmanens_dist.export.format` is imported: deploying needs no evaluation
+code.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from sigmanens_dist.errors import MissingPathError, UsageError
-from sigmanens_dist.evaluation.program import METADATA_FILE, OUTPUTS
+from sigmanens_dist.export.format import METADATA_FILE, LaterFormatError, ProgramMeta, ProgramMetaError
 
 __all__ = ["Program", "load_program"]
 
 
 class Program(Protocol):
     path: Path
-    meta: dict[str, Any]
+    meta: ProgramMeta
 
     def __call__(self, images: torch.Tensor) -> dict[str, np.ndarray]: ...
 
 
-def _checked_meta(path: Path, text: str | None) -> dict[str, Any]:
-    """The metadata, refused in one line unless it names the input shape and every output predict writes."""
+def _checked_meta(path: Path, text: str | None) -> ProgramMeta:
+    """The metadata, refused in one line unless it is of a format version this code reads and names the input shape
+    and every output predict writes."""
     try:
-        meta = json.loads(text or "")
-        channels, _, _ = (int(v) for v in meta["input"]["shape"][1:])
-        missing = [name for name in OUTPUTS if name not in meta["outputs"]]
-    except (ValueError, KeyError, TypeError):
-        missing, channels = ["input.shape"], 0
-    if missing or channels < 1:
-        raise UsageError(f"PROGRAM {path}: not a sigmanens program: its {METADATA_FILE} lacks {missing[0]}; write "
-                         "it with `sigmanens export RUN --program OUT`")
-    return meta
+        return ProgramMeta.from_json(text)
+    except LaterFormatError as err:
+        raise UsageError(f"PROGRAM {path}: {err}") from None
+    except ProgramMetaError as err:
+        raise UsageError(f"PROGRAM {path}: {err}; write it with `sigmanens export RUN --program OUT`") from None
 
 
 class TorchProgram:

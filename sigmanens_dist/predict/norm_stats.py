@@ -8,24 +8,19 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 from sigmanens_dist.errors import UsageError
+from sigmanens_dist.export.format import ProgramMeta
 
 __all__ = ["check_norm_stats", "warn_alone"]
 
 log = logging.getLogger("sigmanens")
 
 
-def _mode(meta: dict[str, Any]) -> tuple[str, float]:
-    stats = meta.get("norm_stats") or {"mode": "train"}
-    return str(stats.get("mode", "train")), float(stats.get("prior", 0.0))
-
-
-def check_norm_stats(path: Path, meta: dict[str, Any], wanted: str | None, batch_size: int) -> None:
+def check_norm_stats(path: Path, meta: ProgramMeta, wanted: str | None, batch_size: int) -> None:
     """Refuse, in one line, ``--norm-stats wanted`` for a program exported with other statistics, and
     ``--batch-size 1`` for a program that normalises each batch by its own statistics alone."""
-    mode, prior = _mode(meta)
+    mode, prior = meta.norm_stats.mode, meta.norm_stats.prior
     if wanted is not None and wanted != mode:
         raise UsageError(f"--norm-stats {wanted}: PROGRAM {path} normalises with the {mode} statistics it was exported "
                          f"with; export one with `sigmanens export RUN --program OUT --norm-stats {wanted}`")
@@ -35,8 +30,7 @@ def check_norm_stats(path: Path, meta: dict[str, Any], wanted: str | None, batch
                          "--batch-size 2 or more, or export with --norm-stats-prior N > 0")
 
 
-def warn_alone(meta: dict[str, Any], sample_id: str) -> None:
+def warn_alone(meta: ProgramMeta, sample_id: str) -> None:
     """A warning when a batch-statistics program (prior 0) predicts an input in a batch of one (a unit's last)."""
-    mode, prior = _mode(meta)
-    if mode == "batch" and prior == 0:
+    if meta.norm_stats.mode == "batch" and meta.norm_stats.prior == 0:
         log.warning("%s was predicted in a batch of 1: the program normalised it with its own statistics", sample_id)

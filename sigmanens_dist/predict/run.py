@@ -67,7 +67,7 @@ def predict(program_path: Path, inputs: Sequence[Path], out: Path, *, batch_size
     units = discover(inputs, chunk_size)
     program = load_program(program_path, _device(device, int(os.environ.get("LOCAL_RANK", "0")), world))
     check_norm_stats(program_path, program.meta, norm_stats, batch_size)
-    channels, height, width = (int(v) for v in program.meta["input"]["shape"][1:])
+    channels, height, width = program.meta.input.chw
     check_shapes(units, channels, (height, width))
     manifest = {"format": FORMAT, "program": {"path": str(program_path), "sha256": file_sha256(program_path)},
                 "inputs": [str(p) for p in inputs], "inputs_sha256": inputs_digest(units),
@@ -113,7 +113,7 @@ def _run_units(program: Program, mine: list[Unit], out: Path, fmt: str, batch_si
                shape: tuple[int, int, int], rank: int) -> dict[str, int]:
     """This rank's units without a part, each predicted and written; counts for the summary's throughput."""
     todo = [u for u in mine if not part_path(out, u.id, fmt).exists()]
-    names = program.meta.get("class_names")
+    names = program.meta.class_names
     predicted = skipped = 0
     bar = progress(total=len(todo), desc=f"predict (rank {rank})", unit="unit", disable=rank != 0)
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool, bar:

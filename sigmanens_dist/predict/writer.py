@@ -27,6 +27,7 @@ import numpy as np
 
 from sigmanens_dist.atomic import atomic_write, write_text
 from sigmanens_dist.errors import UsageError
+from sigmanens_dist.export.format import ProgramMeta
 
 __all__ = ["FORMAT", "MANIFEST", "PARTS", "PART_KEY", "SUMMARY", "check_out", "claim", "part_path", "read_part",
            "summarise", "write_part"]
@@ -192,7 +193,7 @@ def read_part(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     return header, {n: table.column(n).to_numpy() for n in names}
 
 
-def summarise(out: Path, manifest: dict[str, Any], meta: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise(out: Path, manifest: dict[str, Any], meta: ProgramMeta, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """``summary.json`` from every part of ``manifest`` (this run's and earlier ones') and this run's per-rank
     statistics ``runs``; written atomically, returned."""
     fmt = manifest["output_format"]
@@ -207,12 +208,12 @@ def summarise(out: Path, manifest: dict[str, Any], meta: dict[str, Any], runs: l
         counts.update(cols["prediction"].tolist())
         for name in totals:
             totals[name] += float(cols[name].sum())
-    names = meta.get("class_names")
+    names = meta.class_names
     seconds = max((r["seconds"] for r in runs), default=0.0)
     this_run = sum(r["predicted"] for r in runs)
     summary = {
         "format": FORMAT, "predicted": predicted, "skipped": len(skipped),
-        "per_class": {(names[c] if names else str(c)): counts[c] for c in range(int(meta["num_classes"]))},
+        "per_class": {(names[c] if names else str(c)): counts[c] for c in range(meta.num_classes)},
         "mean": {name: total / predicted if predicted else None for name, total in totals.items()},
         "skipped_inputs": skipped,
         "units": {"total": len(manifest["units"]), "this_run": sum(r["units"] for r in runs),
@@ -220,7 +221,7 @@ def summarise(out: Path, manifest: dict[str, Any], meta: dict[str, Any], runs: l
         "throughput": {"predicted_this_run": this_run, "seconds": round(seconds, 3),
                        "images_per_s": round(this_run / seconds, 2) if seconds > 0 else None,
                        "ranks": len(runs)},
-        "program": {**manifest["program"], "metadata": meta},
+        "program": {**manifest["program"], "metadata": meta.to_dict()},
         "inputs": manifest["inputs"], "output_format": fmt,
     }
     write_text(out / SUMMARY, json.dumps(summary, indent=1))

@@ -46,7 +46,7 @@ def register_best(uri: str, records: list[RunRecord], name: str, by: str, alias:
     picks it, found through the run's ``run_dir`` param) and register it as a version of ``name``, tagged with the
     study and the choice; returns the version."""
     from sigmanens_dist.checkpoint import resolve_checkpoint
-    from sigmanens_dist.evaluation.program import export_program
+    from sigmanens_dist.export.program import export_program
 
     best, value, candidates = _best(records, by)
     run_dir = mlflow_client(uri).get_run(best.run_id).data.params.get("run_dir")

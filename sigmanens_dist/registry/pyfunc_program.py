@@ -3,7 +3,9 @@ run by ``mlflow.pyfunc.load_model("models:/NAME@ALIAS")`` and ``mlflow models se
 
 It imports neither sigmanens_dist nor timm, so a service needs only MLflow and the program's runtime: a ``.pt2`` is
 vetted by ``program_check.py`` (logged beside this file as the model's code, the check ``sigmanens predict`` runs)
-before torch loads it; an ``.onnx`` runs in onnxruntime, with no torch at all. ``predict`` takes float32 images
+before torch loads it; an ``.onnx`` runs in onnxruntime, with no torch at all. The metadata is read and checked by
+``format.py`` (sigmanens_dist/export/format.py, logged beside this file too: the one definition ``predict`` reads
+with), so a program of a later format version is refused here as there. ``predict`` takes float32 images
 ``(B, C, H, W)`` in [0, 1] and returns the program's outputs, a dict of arrays named as its metadata's ``outputs``.
 A request of another shape or dtype is refused by MLflow's check of the model's signature, one with a value that is
 not finite or outside [0, 1] here: both are INVALID_PARAMETER_VALUE, which ``mlflow models serve`` answers with HTTP
@@ -12,7 +14,6 @@ not finite or outside [0, 1] here: both are INVALID_PARAMETER_VALUE, which ``mlf
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,26 +24,28 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 PROGRAM = "program"  # the artifact holding the .pt2 or .onnx
-METADATA_FILE = "sigmanens.json"  # the program's metadata: the .pt2's extra file, the .onnx's metadata_props key
 
 Runner = Callable[[np.ndarray], dict[str, np.ndarray]]
 
 
-def _meta(path: Path, text: str | None) -> dict[str, Any]:
-    """The program's metadata, refused unless it names the input shape and the outputs (what serving needs)."""
+def _format() -> Any:
+    """``format.py``, the metadata's one definition, logged beside this file (the model's code_paths); imported when
+    the model loads, not when MLflow reads this file to log it (the code paths are not importable then)."""
+    import format as program_format
+
+    return program_format
+
+
+def _meta(path: Path, text: str | None) -> Any:
+    """The program's metadata (a ``format.ProgramMeta``), refused unless it is of a format version this code reads
+    and names the input shape and the outputs (what serving needs)."""
     try:
-        meta = json.loads(text or "")
-        shape = [int(v) for v in meta["input"]["shape"][1:]]
-        names = [str(name) for name in meta["outputs"]]
-    except (ValueError, KeyError, TypeError):
-        shape, names = [], []
-    if len(shape) != 3 or min(shape) < 1 or not names:
-        raise MlflowException(f"{path}: not a sigmanens program: its {METADATA_FILE} lacks the input shape or the "
-                              "outputs", INVALID_PARAMETER_VALUE)
-    return meta
+        return _format().ProgramMeta.from_json(text)
+    except _format().ProgramMetaError as err:
+        raise MlflowException(f"{path}: {err}", INVALID_PARAMETER_VALUE) from None
 
 
-def _torch(path: Path) -> tuple[Runner, dict[str, Any]]:
+def _torch(path: Path) -> tuple[Runner, Any]:
     """A ``.pt2``, vetted first: ``torch.export.load`` can run code from the file (program_check.py says how)."""
     import program_check  # logged beside this file (the model's code_paths)
     import torch
@@ -51,26 +54,26 @@ def _torch(path: Path) -> tuple[Runner, dict[str, Any]]:
         program_check.check_program(path)
     except program_check.ProgramError as err:
         raise MlflowException(str(err), INVALID_PARAMETER_VALUE) from None
-    extra = {METADATA_FILE: ""}
+    extra = {_format().METADATA_FILE: ""}
     module = torch.export.load(path, extra_files=extra).module()
 
     def run(images: np.ndarray) -> dict[str, np.ndarray]:
         with torch.no_grad():
             return {name: value.numpy() for name, value in module(torch.from_numpy(images)).items()}
 
-    return run, _meta(path, extra[METADATA_FILE])
+    return run, _meta(path, extra[_format().METADATA_FILE])
 
 
-def _onnx(path: Path) -> tuple[Runner, dict[str, Any]]:
+def _onnx(path: Path) -> tuple[Runner, Any]:
     """An ``.onnx`` in onnxruntime on the CPU (ONNX holds no code to run)."""
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    meta = _meta(path, session.get_modelmeta().custom_metadata_map.get(METADATA_FILE))
+    meta = _meta(path, session.get_modelmeta().custom_metadata_map.get(_format().METADATA_FILE))
     outputs = [o.name for o in session.get_outputs()]
 
     def run(images: np.ndarray) -> dict[str, np.ndarray]:
-        return dict(zip(outputs, session.run(outputs, {meta["input"]["name"]: images}), strict=True))
+        return dict(zip(outputs, session.run(outputs, {meta.input.name: images}), strict=True))
 
     return run, meta
 
@@ -85,7 +88,7 @@ class SigmanensProgram(mlflow.pyfunc.PythonModel):
     def load_context(self, context: Any) -> None:
         path = Path(context.artifacts[PROGRAM])
         self.run, self.meta = _onnx(path) if path.suffix == ".onnx" else _torch(path)
-        self.low, self.high = self.meta["input"].get("range", [0.0, 1.0])
+        self.low, self.high = self.meta.input.range
 
     # model_input has no annotation: MLflow reads predict's type hints as a signature, and this model has its own
     def predict(self, context: Any, model_input, params: dict[str, Any] | None = None) -> dict[str, np.ndarray]:

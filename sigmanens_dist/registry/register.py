@@ -1,10 +1,11 @@
 """A program (``sigmanens export RUN --program OUT``) as an MLflow Model in MLflow's Model Registry, and back.
 
 :func:`register_program` logs the program into the MLflow run that trained it as a pyfunc model (the code file
-``pyfunc_program.py`` with ``program_check.py`` beside it, the ``.pt2`` or ``.onnx`` as its artifact, a signature
-and an input example, the program's metadata), registers a version of it under a name with the metadata as the
-version's tags and description, and points an alias at it. :func:`fetch_program` downloads the program a
-``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` URI names, for ``sigmanens predict``.
+``pyfunc_program.py`` with ``program_check.py`` and the metadata's ``format.py`` beside it, the ``.pt2`` or
+``.onnx`` as its artifact, a signature and an input example, the program's metadata), registers a version of it
+under a name with the metadata as the version's tags and description, and points an alias at it.
+:func:`fetch_program` downloads the program a ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` URI names, for
+``sigmanens predict``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import torch
 from sigmanens_dist import program_check
 from sigmanens_dist.atomic import file_sha256
 from sigmanens_dist.errors import UsageError
+from sigmanens_dist.export import format as program_format
+from sigmanens_dist.export.format import ProgramMeta
 from sigmanens_dist.predict.backends import load_program
 from sigmanens_dist.training.tracking import RUN_ID_FILE
 
@@ -107,15 +110,15 @@ def _tags(meta: dict[str, Any]) -> dict[str, str]:
     return tags
 
 
-def _description(meta: dict[str, Any], run_id: str) -> str:
+def _description(meta: ProgramMeta, run_id: str) -> str:
     """One line a person reads in the registry: what the program is and where it comes from."""
-    members = f"{len(meta['members'])} of {meta['trained_members']} members"
-    tau = f", τ={meta['tau']:g}" if meta.get("tau") is not None else ""
-    sets = meta.get("conformal")
-    conformal = f", {sets['score']} sets at α={sets['alpha']:g}" if sets else ""
-    return (f"sigmanens program ({meta['program_format']}): {meta['method']} ({members}{tau}) on {meta['dataset']}, "
-            f"T={meta['temperature']:.4g}{conformal}; run {run_id} step {meta['step']}, sigmanens-dist "
-            f"{meta['package_version']}")
+    members = f"{len(meta.members)} of {meta.trained_members} members"
+    tau = f", τ={meta.tau:g}" if meta.tau is not None else ""
+    sets = meta.conformal
+    conformal = f", {sets.score} sets at α={sets.alpha:g}" if sets else ""
+    return (f"sigmanens program ({meta.program_format}): {meta.method} ({members}{tau}) on {meta.dataset}, "
+            f"T={meta.temperature:.4g}{conformal}; run {run_id} step {meta.step}, sigmanens-dist "
+            f"{meta.package_version}")
 
 
 def register_program(program: Path, name: str, *, uri: str, run_id: str | None, alias: str | None = None,
@@ -139,21 +142,21 @@ def register_program(program: Path, name: str, *, uri: str, run_id: str | None, 
             raise
         raise UsageError(f"--register: the program's MLflow run {run_id} is not in {uri}; give the store it was "
                          "tracked in (--tracking-uri)") from None
-    example = np.full((2, *(int(v) for v in meta["input"]["shape"][1:])), 0.5, dtype=np.float32)
+    example = np.full((2, *meta.input.chw), 0.5, dtype=np.float32)
     runtime = "onnxruntime" if program.suffix == ".onnx" else "torch"
     requirements = [f"{dist}=={importlib.metadata.version(dist)}" for dist in ("mlflow", "numpy", runtime)]
     mlflow.set_experiment(experiment_id=run.info.experiment_id)
     info = mlflow.models.Model.log(
         None, name=name, flavor=mlflow.pyfunc, run_id=run_id, python_model=str(PYFUNC_FILE),
-        artifacts={PROGRAM_ARTIFACT: str(program)}, code_paths=[program_check.__file__],
-        signature=_signature(loaded, example), input_example=example, metadata={"sigmanens": meta},
+        artifacts={PROGRAM_ARTIFACT: str(program)}, code_paths=[program_check.__file__, program_format.__file__],
+        signature=_signature(loaded, example), input_example=example, metadata={"sigmanens": meta.to_dict()},
         pip_requirements=requirements)
     try:
         client.create_registered_model(name)
     except MlflowException as err:
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    version_tags = {**_tags(meta), f"{TAG_PREFIX}program_sha256": file_sha256(program), **(tags or {})}
+    version_tags = {**_tags(meta.to_dict()), f"{TAG_PREFIX}program_sha256": file_sha256(program), **(tags or {})}
     version = client.create_model_version(name, info.model_uri, run_id=run_id, tags=version_tags,
                                           description=_description(meta, run_id), model_id=info.model_id)
     if alias is not None:

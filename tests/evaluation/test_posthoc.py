@@ -159,7 +159,7 @@ def test_eval_fits_on_val_only_and_reports_before_and_after(setup: tuple, monkey
     cfg, model, tmp = setup
     options = EvalConfig(calibration="temperature", conformal=[0.2, 0.5], imagenet_c=tmp / "imagenet-c",
                          severities=[1, 2], sub_ensembles=False)
-    real_build, real_fit = loaders.build_data, run.fit_posthoc
+    real_build, real_fit = loaders.build_data, run.fit_posthoc_on
     fitting: list[bool] = []
     noise = torch.Generator().manual_seed(3)
 
@@ -184,7 +184,7 @@ def test_eval_fits_on_val_only_and_reports_before_and_after(setup: tuple, monkey
 
     build.garbage = False  # type: ignore[attr-defined]
     monkeypatch.setattr(loaders, "build_data", build)
-    monkeypatch.setattr(run, "fit_posthoc", fit)
+    monkeypatch.setattr(run, "fit_posthoc_on", fit)
     raw = run.run_eval(cfg, model, options=options, out_dir=tmp / "a")["weights"]["raw"]
     build.garbage = True  # type: ignore[attr-defined]
     other = run.run_eval(cfg, model, options=options, out_dir=tmp / "b")["weights"]["raw"]
@@ -256,7 +256,7 @@ def test_a_calibration_split_is_what_the_fit_reads_and_frees_the_validation_spli
 
     bundle = build_datasets(calib_cfg.data, calib_cfg.data_root())
     logits, target = collect_logits(model, DataLoader(bundle.calib, batch_size=4), torch.device("cpu"), "by hand")
-    real_build, real_fit = loaders.build_data, run.fit_posthoc
+    real_build, real_fit = loaders.build_data, run.fit_posthoc_on
     fitting: list[bool] = []
 
     def build(*args: object, **kwargs: object) -> loaders.Data:
@@ -279,7 +279,7 @@ def test_a_calibration_split_is_what_the_fit_reads_and_frees_the_validation_spli
             fitting.clear()
 
     monkeypatch.setattr(loaders, "build_data", build)
-    monkeypatch.setattr(run, "fit_posthoc", fit)
+    monkeypatch.setattr(run, "fit_posthoc_on", fit)
     raw = run.run_eval(calib_cfg, model, options=options, out_dir=tmp / "calib")["weights"]["raw"]
     cal, (conf,) = raw["calibration"], raw["conformal"]
     assert cal["fitted_on"] == "calib" == conf["calibrated_on"] and cal["num_fit"] == 10 == conf["num_calibration"]

@@ -27,8 +27,8 @@ import torch
 from PIL import Image
 
 from sigmanens_dist.cli import main
-from sigmanens_dist.evaluation.program import export_program
-from tests.helpers import FIXTURE, REPO, env, torchrun
+from sigmanens_dist.export.program import export_program
+from tests.helpers import FIXTURE, REPO, env, import_blocking, torchrun
 
 CKPT = Path("checkpoints") / "step_00000002.pt"
 
@@ -318,6 +318,40 @@ def test_a_hostile_program_is_refused_before_it_runs(program: Path, tmp_path: Pa
     err = _refusal(hostile, [folder], tmp_path / "out", capsys)
     assert "refused: it holds" in err and "could run any code" in err
     assert not marker.exists()
+
+
+def test_a_program_of_a_later_format_is_refused_in_one_line(program: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A program whose metadata says ``sigmanens-program/99`` (a later sigmanens's layout) is not read as if it were
+    this one's: one line naming both versions, exit 2, before any input is read."""
+    reader = torch._C.PyTorchFileReader(str(program))
+    name = next(n for n in reader.get_all_records() if n.endswith("extra/sigmanens.json"))
+    meta = json.loads(reader.get_record(name)) | {"format": "sigmanens-program/99"}
+    later = _rewrite(program, tmp_path / "later.pt2", {name: json.dumps(meta).encode()})
+    folder = tmp_path / "photos"
+    _images(folder, ["a.png"])
+    err = _refusal(later, [folder], tmp_path / "out", capsys)
+    assert f"PROGRAM {later}: its sigmanens.json says format sigmanens-program/99" in err
+    assert "this one reads sigmanens-program/1 to sigmanens-program/1" in err
+
+
+# predict in a fresh interpreter where the evaluation code cannot be imported: deploying needs none of it
+PREDICT_WITHOUT_EVALUATION = import_blocking("sigmanens_dist.evaluation") + """
+from sigmanens_dist.cli import main
+code = main(["predict", sys.argv[1], sys.argv[2], "--out", sys.argv[3], "--format", "jsonl"])
+assert "sigmanens_dist.export.program" not in sys.modules, "predict imported the exporter"
+sys.exit(code)
+"""
+
+
+def test_predict_runs_without_the_evaluation_code(program: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "photos"
+    _images(folder, ["a.png", "b.png"])
+    proc = subprocess.run([sys.executable, "-c", PREDICT_WITHOUT_EVALUATION, str(program), str(folder),
+                           str(tmp_path / "out")], cwd=tmp_path, env=env(), capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(_parts(tmp_path / "out")) == [f"{folder.as_posix()}/{n}" for n in ("a.png", "b.png")]
 
 
 HUGE = "Pow(Integer(10), Integer(100000000))"  # sympy computes it: 10**100000000 never comes back

@@ -31,10 +31,9 @@ from sigmanens_dist.data.loaders import CLASSES_FILE, build_data
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.evaluation import load_for_eval, sub_ensemble
 from sigmanens_dist.evaluation.conformal import class_scores
-from sigmanens_dist.evaluation.posthoc import fit_posthoc
-from sigmanens_dist.evaluation.program import (
-    METADATA_FILE,
-    OUTPUTS,
+from sigmanens_dist.evaluation.posthoc import fit_posthoc_on
+from sigmanens_dist.export.format import METADATA_FILE, OUTPUTS
+from sigmanens_dist.export.program import (
     QUIET_EXPORT_WARNINGS,
     SATURATION_BAND,
     ProgramHead,
@@ -44,7 +43,7 @@ from sigmanens_dist.evaluation.program import (
     program_threshold,
     save_torch_program,
 )
-from sigmanens_dist.evaluation.program_onnx import TRANSLATIONS
+from sigmanens_dist.export.program_onnx import TRANSLATIONS
 from sigmanens_dist.models import build_model
 from tests.helpers import FIXTURE, import_blocking
 
@@ -277,8 +276,8 @@ def test_conformal_set_is_evals_at_evals_threshold(run: Path, conformal: dict[st
     loaded = load_for_eval(_checkpoint(run))
     data = build_data(loaded.cfg.data, 16, loaded.cfg.seed, DistEnv(0, 1, 0, torch.device("cpu")))
     with torch.no_grad():
-        fitted = fit_posthoc(loaded.model, data.val, EvalConfig(calibration="temperature", conformal=[0.2]),
-                             torch.device("cpu"), "test")
+        fitted = fit_posthoc_on(loaded.model, data.val, EvalConfig(calibration="temperature", conformal=[0.2]),
+                                torch.device("cpu"), "test")
     qhat = fitted.thresholds[0]["aps"]
     x = _images(7)
     expected = _eager_probs(run, x, temperature=fitted.temperature)
@@ -339,17 +338,18 @@ def test_both_formats_give_the_same_sets_at_a_qhat_one_ulp_below_1(run: Path, tm
     """Issue 44, finding 10: at q̂ = 0.99999994 (one float32 step below 1) the .pt2 and the .onnx program gave
     different aps sets on 79 of 256 inputs: the tail classes' scores pile up at 1 ± float32 summation error, which
     the two runtimes round differently. The program compares with q̂ moved above the pile: the same sets."""
-    from sigmanens_dist.evaluation import posthoc
+    from sigmanens_dist.evaluation.posthoc import PostHoc
+    from sigmanens_dist.export import program
 
     below_one = float(np.nextafter(np.float32(1), np.float32(0)))
-    fit = posthoc.fit_posthoc
+    fit = program.fit_posthoc
 
-    def fit_at_the_edge(*args: object, **kwargs: object) -> posthoc.PostHoc:
+    def fit_at_the_edge(*args: object, **kwargs: object) -> PostHoc:
         fitted = fit(*args, **kwargs)
         fitted.thresholds = [dict.fromkeys(qhats, below_one) for qhats in fitted.thresholds]
         return fitted
 
-    monkeypatch.setattr(posthoc, "fit_posthoc", fit_at_the_edge)
+    monkeypatch.setattr(program, "fit_posthoc", fit_at_the_edge)
     paths = {fmt: tmp_path / f"edge.{fmt}" for fmt in ("pt2", "onnx")}
     for path in paths.values():
         export_program(_checkpoint(run), path, calibration="temperature", fmt=program_format(None, path),

@@ -1,11 +1,13 @@
 """``sigmanens export RUN --program OUT``: a trained ensemble as one program file that a process loads and calls
 without sigmanens_dist or timm (docs/deploy.md): a ``torch.export`` program (``.pt2``, run with torch alone) or an
-ONNX model (``.onnx``, run with onnxruntime alone; written by :mod:`program_onnx`).
+ONNX model (``.onnx``, run with onnxruntime alone; written by :mod:`.program_onnx`).
 
 The program maps a batch of raw images, float32 ``(B, C, H, W)`` in [0, 1] (what the recipe's loader has before it
 normalises), to the ensemble's prediction; the recipe's mean/std, the chosen members (a real sub-ensemble, not a
 mask), the temperature and the conformal threshold fitted on the validation split are inside it, and its metadata
-(JSON) is in the file. On the evaluation floor because it reuses eval's sub-ensembles, validation pass and fits.
+(:class:`~sigmanens_dist.export.format.ProgramMeta`, as JSON) is in the file. Above the evaluation floor: it reuses
+eval's checkpoint rebuild, sub-ensembles, validation pass, metrics and post-hoc fits, so a program predicts what eval
+scores.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -26,14 +28,21 @@ from sigmanens_dist.config import Config
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation.conformal import METHODS, RAPS_LAMBDA, class_scores
 from sigmanens_dist.evaluation.metrics import ensemble_log_probs, entropy, mutual_information
+from sigmanens_dist.evaluation.posthoc import fit_posthoc
+from sigmanens_dist.export.format import (
+    CONFORMAL_OUTPUT,
+    METADATA_FILE,
+    OUTPUTS,
+    ConformalFit,
+    Normalisation,
+    NormStats,
+    ProgramInput,
+    ProgramMeta,
+)
 
-__all__ = ["CONFORMAL_OUTPUT", "FORMATS", "METADATA_FILE", "OUTPUTS", "QUIET_EXPORT_WARNINGS", "SATURATION_BAND",
-           "ProgramHead", "class_names", "export_program", "parse_members", "parse_score", "program_format",
-           "program_threshold", "save_torch_program"]
+__all__ = ["FORMATS", "QUIET_EXPORT_WARNINGS", "SATURATION_BAND", "ProgramHead", "class_names", "export_program",
+           "parse_members", "parse_score", "program_format", "program_threshold", "save_torch_program"]
 
-METADATA_FILE = "sigmanens.json"  # the metadata's name: the .pt2's extra_files key, the .onnx's metadata_props key
-OUTPUTS = ("probabilities", "prediction", "confidence", "entropy", "mutual_information", "disagreement")
-CONFORMAL_OUTPUT = "conformal_set"  # with --conformal, after OUTPUTS
 FORMATS = {"torch": ".pt2", "onnx": ".onnx"}  # --format -> the suffix that implies it
 # aps/raps: a q̂ this close to a point where the cumulative scores saturate is moved just above it (program_threshold)
 SATURATION_BAND = 1e-4
@@ -172,51 +181,57 @@ def class_names(cfg: Config, num_classes: int) -> list[str] | None:
     return [str(name) for name in names] if len(names) == num_classes else None
 
 
+class _Fit(NamedTuple):
+    """What the validation split gave the program: its temperature, the fit's record (the metadata's ``fitted_on``
+    … ``val_nll_after``; none without calibration) and its conformal set (none without ``--conformal``)."""
+
+    temperature: float
+    record: dict[str, Any]
+    conformal: ConformalFit | None
+
+
 def _fit(cfg: Config, model: nn.Module, num_classes: int, calibrate: bool, alpha: float | None,
-         score: str) -> dict[str, Any]:
-    """T and q̂ fitted on the validation split by eval's own fit (:func:`fit_posthoc`: never the test set) from one
-    pass of it, and the validation scores they were fitted on."""
+         score: str) -> _Fit:
+    """T and q̂ fitted on the validation split's logits, collected in one pass, by eval's own fit
+    (:func:`fit_posthoc`, a function of the logits and labels: never the test set), and the validation scores of
+    the program's set on the same logits."""
     from sigmanens_dist.config import EvalConfig
     from sigmanens_dist.data.loaders import build_data
     from sigmanens_dist.distributed.env import DistEnv
     from sigmanens_dist.evaluation.conformal import ConformalSets
-    from sigmanens_dist.evaluation.posthoc import fit_posthoc
     from sigmanens_dist.evaluation.scoring import collect_logits
 
     device = torch.device("cpu")
     data = build_data(cfg.data, cfg.eval.batch_size or cfg.train.batch_size, cfg.seed, DistEnv(0, 1, 0, device))
     options = EvalConfig(calibration="temperature" if calibrate else "none", conformal=[] if alpha is None else [alpha])
-    with torch.no_grad():
-        logits, target = collect_logits(model, data.val(), device, "program: val")
-        # fit_posthoc reads the logits collected once (the identity over them), so the coverage needs no second pass
-        fitted = fit_posthoc(nn.Identity(), lambda: [(logits, target)], options, device, "program")
-    fit: dict[str, Any] = {"temperature": fitted.temperature}
-    if calibrate:
-        fit |= {k: v for k, v in fitted.parts["calibration"].items() if k not in ("method", "shift")}
-    if alpha is not None:
-        fitted_qhat = fitted.thresholds[0][score]
-        qhat = program_threshold(score, fitted_qhat)  # what the program compares with, and the coverage is of
-        sets = ConformalSets({score: qhat}, num_classes, fitted.temperature)
-        sets.update(logits, target)
-        val = sets.compute()[score]
-        fit["conformal"] = {"alpha": alpha, "score": score, "qhat": qhat if math.isfinite(qhat) else None,
-                            "qhat_fitted": fitted_qhat if math.isfinite(fitted_qhat) else None,
-                            "fitted_on": "val", "num_calibration": len(target), "val_coverage": val["coverage"],
-                            "val_set_size": val["set_size"]}
-    return fit
+    logits, target = collect_logits(model, data.val(), device, "program: val")
+    fitted = fit_posthoc(logits, target, options)
+    record = ({k: v for k, v in fitted.parts["calibration"].items() if k not in ("method", "shift", "temperature")}
+              if calibrate else {})
+    if alpha is None:
+        return _Fit(fitted.temperature, record, None)
+    fitted_qhat = fitted.thresholds[0][score]
+    qhat = program_threshold(score, fitted_qhat)  # what the program compares with, and the coverage is of
+    sets = ConformalSets({score: qhat}, num_classes, fitted.temperature)
+    sets.update(logits, target)
+    val = sets.compute()[score]
+    return _Fit(fitted.temperature, record, ConformalFit(
+        alpha=alpha, score=score, qhat=qhat if math.isfinite(qhat) else None,
+        qhat_fitted=fitted_qhat if math.isfinite(fitted_qhat) else None, fitted_on="val",
+        num_calibration=len(target), val_coverage=val["coverage"], val_set_size=val["set_size"]))
 
 
 def export_program(checkpoint: Path, out: Path, members: str | None = None,
                    calibration: Literal["temperature", "none"] = "none", fmt: Literal["torch", "onnx"] = "torch",
                    conformal: float | None = None, score: str = "thr",
                    weights: Literal["raw", "ema"] = "raw", norm_stats: Literal["train", "batch"] = "train",
-                   norm_stats_prior: float = 0.0) -> dict[str, Any]:
+                   norm_stats_prior: float = 0.0) -> ProgramMeta:
     """Write ``checkpoint``'s ensemble (or the sub-ensemble ``members``; its raw or EMA ``weights``) as a ``fmt``
     program at ``out``, with the conformal set at miscoverage ``conformal`` if given, its BatchNorms normalising with
     the training statistics or each batch's (``norm_stats``, mixed by ``norm_stats_prior``:
-    :mod:`.norm_stats`); returns its metadata. Bad ``members``, EMA weights the run did not keep, batch statistics
-    for a model without BatchNorm and a fit that would read the test set are refused before anything is
-    computed."""
+    :mod:`sigmanens_dist.evaluation.norm_stats`); returns its metadata. Bad ``members``, EMA weights the run did
+    not keep, batch statistics for a model without BatchNorm and a fit that would read the test set are refused
+    before anything is computed."""
     import sigmanens_dist
     from sigmanens_dist.evaluation.load import load_for_eval, method_of
     from sigmanens_dist.evaluation.norm_stats import describe, norm_stats_problem, with_norm_stats
@@ -243,32 +258,29 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
     in_chans = int(cfg.model.in_chans or loaded.model_args["in_chans"])  # what build_model gave the backbone
     num_classes = int(loaded.model_args["num_classes"])
     mean, std = _normalisation(cfg, in_chans)
-    fit = _fit(cfg, model, num_classes, calibration == "temperature", conformal, score) if asked else {
-        "temperature": 1.0}
-    qhat = fit["conformal"]["qhat"] if conformal is not None else None
-    head = ProgramHead(model, mean, std, fit["temperature"],
-                       None if conformal is None else (score, math.inf if qhat is None else qhat)).eval()
+    fit = (_fit(cfg, model, num_classes, calibration == "temperature", conformal, score) if asked
+           else _Fit(1.0, {}, None))
+    sets = None if fit.conformal is None else (score, math.inf if fit.conformal.qhat is None else fit.conformal.qhat)
+    head = ProgramHead(model, mean, std, fit.temperature, sets).eval()
     size = cfg.data.img_size or _default_size(cfg)
-    meta = {"format": "sigmanens-program/1", "program_format": fmt, "num_classes": num_classes,
-            "class_names": class_names(cfg, num_classes),
-            "input": {"name": "images", "shape": ["B", in_chans, size, size], "channels": in_chans, "size": size,
-                      "dtype": "float32", "range": [0.0, 1.0]},
-            "normalisation": {"mean": mean, "std": std}, "members": chosen, "trained_members": full.num_members,
-            "weights": weights, "norm_stats": describe(norm_stats, norm_stats_prior),
-            "method": method_of(cfg), "tau": cfg.reg.tau, "run_id": loaded.run_id, "step": loaded.step,
-            "dataset": cfg.data.dataset, "package_version": sigmanens_dist.__version__, "calibration": calibration,
-            **fit, "outputs": list(head.outputs)}
-    text = json.dumps(meta, allow_nan=False)
+    meta = ProgramMeta(
+        program_format=fmt, num_classes=num_classes, class_names=class_names(cfg, num_classes),
+        input=ProgramInput(shape=["B", in_chans, size, size], channels=in_chans, size=size),
+        normalisation=Normalisation(mean, std), members=chosen, trained_members=full.num_members, weights=weights,
+        norm_stats=NormStats(**describe(norm_stats, norm_stats_prior)), method=method_of(cfg), tau=cfg.reg.tau,
+        run_id=loaded.run_id, step=loaded.step, dataset=cfg.data.dataset,
+        package_version=sigmanens_dist.__version__, calibration=calibration, temperature=fit.temperature,
+        **fit.record, conformal=fit.conformal, outputs=list(head.outputs))
     example = torch.rand(2, in_chans, size, size)
     if fmt == "onnx":
-        from sigmanens_dist.evaluation.program_onnx import write_onnx
+        from sigmanens_dist.export.program_onnx import write_onnx
 
-        write_onnx(head, example, (METADATA_FILE, text), out)
+        write_onnx(head, example, (METADATA_FILE, meta.to_json()), out)
         return meta
     batch = torch.export.Dim("batch", min=1)
     with torch.no_grad():
         program = torch.export.export(head, (example,), dynamic_shapes={"x": {0: batch}})
-    save_torch_program(program, out, (METADATA_FILE, text))
+    save_torch_program(program, out, (METADATA_FILE, meta.to_json()))
     return meta
 
 
