@@ -8,7 +8,9 @@ Transforms (the ffcv-imagenet train recipe): random-resized crop to ``--img``, h
 FFCV's "workers" are numba threads, the others' are DataLoader processes. FFCV is measured with every image stored
 as JPEG (the same decode work as the others) and as ffcv-imagenet writes ImageNet (50% JPEG for its ResNet-50
 recipe, 10% for ResNet-18, the rest raw pixels, which need no decoding), each with
-FFCV's own decoder and with ``ffcv_decode.SeededCropDecoder`` (the trainer's: reproducible crop and flip draws).
+FFCV's own decoder and with ``ffcv_decode.SeededCropDecoder`` (the trainer's: reproducible crop and flip draws),
+and all-JPEG with ``train.randaugment`` as ImageNet's recipe sets it (timm's RandAugment of each crop in ``--workers``
+processes, ``ffcv_augment``), next to ImageFolder with the same RandAugment.
 An epoch is timed from the loader's first request to its last batch, so worker start-up counts; one untimed epoch
 first pays one-off costs (FFCV's JIT compilation, the OS page cache). The last line is a ceiling for any loader that
 decodes every JPEG whole: the rate of JPEG decoding alone, times the number of workers.
@@ -35,12 +37,14 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision import datasets
 
+from sigmanens_dist.data.raw import timm_train_transform
 from sigmanens_dist.data.synthetic_tree import make_image_folder
 from sigmanens_dist.data.webdataset_io import WebDatasetLoader, image_transform
 from sigmanens_dist.data.webdataset_write import write_shards
 from sigmanens_dist.storage.remote import RemotePath
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+RANDAUGMENT = "rand-m9-mstd0.5-inc1"  # configs/imagenet_vit.yaml's
 
 
 def _rates(candidates: dict[str, Callable[[int], Iterable]], epochs: int) -> dict[str, float]:
@@ -114,8 +118,16 @@ def main() -> None:
 
     wds = WebDatasetLoader(manifest, args.batch, 0, 1, args.workers, seed=0,
                            transform=image_transform(True, args.img, MEAN, STD))
+    def folder_randaugment_epoch(epoch: int) -> Iterable:
+        g = torch.Generator().manual_seed(epoch)
+        return DataLoader(folder_rand, batch_size=args.batch, shuffle=True, drop_last=True,
+                          num_workers=args.workers, generator=g)
+
+    folder_rand = datasets.ImageFolder(str(tree / "train"),
+                                       transform=timm_train_transform(args.img, RANDAUGMENT, MEAN, STD))
     candidates: dict[str, Callable[[int], Iterable]] = {"ImageFolder + DataLoader (PIL)": folder_epoch,
-                                                        "webdataset shards": wds.iter_epoch}
+                                                        "webdataset shards": wds.iter_epoch,
+                                                        "ImageFolder + RandAugment": folder_randaugment_epoch}
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -142,6 +154,10 @@ def main() -> None:
                 loader = FFCVLoader(beton, args.batch, 0, 1, args.workers, seed=0, train=True, img_size=args.img,
                                     mean=MEAN, std=STD, stock_decoder=stock)
                 candidates[f"FFCV {storage}, {decoder}"] = loader.iter_epoch
+            if jpeg_share == 1.0:
+                augmented = FFCVLoader(beton, args.batch, 0, 1, args.workers, seed=0, train=True, img_size=args.img,
+                                       mean=MEAN, std=STD, randaugment=RANDAUGMENT)
+                candidates["FFCV all JPEG, seeded crop decoder + RandAugment"] = augmented.iter_epoch
 
     files = [path for path, _ in folder.samples]
     candidates["ceiling: JPEG decode alone × workers"] = _decode_epoch(files, args.workers)

@@ -9,7 +9,8 @@ FFCV without changing which samples meet in a batch. We give FFCV that order our
 ``train=False`` follows ``EvalShardSampler``: contiguous, unpadded per-rank slices, every sample scored once.
 
 Images decode through ``ffcv_decode.SeededCropDecoder``: each sample's crop and flip are a function of
-``(seed, epoch, sample index)``, so a resumed epoch replays the augmentation exactly too.
+``(seed, epoch, sample index)``, so a resumed epoch replays the augmentation exactly too. ``randaugment`` adds timm's
+auto-augmentation of each crop in worker processes (``ffcv_augment``), seeded per sample as the other readers do.
 
 Grayscale sources are stored as 3-channel RGB (the channel repeated): FFCV's ``RGBImageField`` holds only RGB.
 """
@@ -357,22 +358,32 @@ class FFCVLoader(_BetonStream):
     uint8 decode+crop and flip on CPU, ``ToDevice`` early, channels-last ``ToTorchImage``, and the normalisation
     on the GPU in torch (FFCV's GPU ``NormalizeImage`` would need cupy).
 
+    ``randaugment`` (``train.randaugment``, training only): the uint8 crops go through timm's auto-augmentation
+    (``ffcv_augment.AugmentPool``, ``num_workers`` processes), each under the seed its place in the epoch gives it
+    (``sampler.sample_seed``, as the map-style reader's), then are normalised in torch (on the GPU for cuda). One
+    batch is augmented while the loop trains on the one before.
+
     Batches live in FFCV's ring of reused buffers: use (or copy) each before drawing ``batches_ahead`` more.
     """
 
     def __init__(self, path: Path | str, batch_size: int, rank: int, world_size: int, num_workers: int, seed: int,
                  train: bool, img_size: int, mean: Sequence[float], std: Sequence[float],
                  device: torch.device | str = "cpu", crop_ratio: float = 0.875, batches_ahead: int = 3,
-                 stock_decoder: bool = False) -> None:
+                 stock_decoder: bool = False, randaugment: str | None = None) -> None:
         super().__init__(path, "image", batch_size, rank, world_size, num_workers, seed, train)
         from ffcv.fields.basics import IntDecoder
         from ffcv.fields.rgb_image import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
         from ffcv.transforms import NormalizeImage, RandomHorizontalFlip, Squeeze, ToDevice, ToTensor, ToTorchImage
 
+        from sigmanens_dist.data.ffcv_augment import auto_augmentation
         from sigmanens_dist.data.ffcv_decode import SeededCropDecoder
 
         self.device = torch.device(device)
         on_gpu = self.device.type == "cuda"
+        # built here too so that a string timm refuses fails now, as with the raw reader, not in a worker
+        self._augment = (randaugment, img_size, mean) if train and randaugment else None
+        if self._augment is not None:
+            auto_augmentation(*self._augment)
         self._decoder = None if stock_decoder else SeededCropDecoder((img_size, img_size), train, seed,
                                                                       crop_ratio=crop_ratio)
         if self._decoder is not None:
@@ -382,11 +393,15 @@ class FFCVLoader(_BetonStream):
         else:
             image = [CenterCropRGBImageDecoder((img_size, img_size), ratio=crop_ratio)]
         label = [IntDecoder(), ToTensor(), Squeeze()]
-        if on_gpu:
-            image += [ToTensor(), ToDevice(self.device, non_blocking=True), ToTorchImage(channels_last=True)]
-            label += [ToDevice(self.device, non_blocking=True)]
+        if on_gpu or self._augment is not None:  # normalised in torch, after any augmentation of the uint8 crops
             self._mean = torch.tensor(mean, device=self.device).view(1, -1, 1, 1) * 255
             self._std = torch.tensor(std, device=self.device).view(1, -1, 1, 1) * 255
+        if self._augment is not None:
+            image += [ToTensor()]
+            label += [ToDevice(self.device, non_blocking=True)] if on_gpu else []
+        elif on_gpu:
+            image += [ToTensor(), ToDevice(self.device, non_blocking=True), ToTorchImage(channels_last=True)]
+            label += [ToDevice(self.device, non_blocking=True)]
         else:
             image += [NormalizeImage(np.array(mean) * 255, np.array(std) * 255, np.float32), ToTensor(),
                       ToTorchImage(channels_last=False)]
@@ -396,12 +411,42 @@ class FFCVLoader(_BetonStream):
         """Batches ``start_batch .. len() - 1`` of ``epoch``, the same samples in the same order as a full pass."""
         if self._decoder is not None:
             self._decoder.set_epoch(epoch)
+        if self._augment is not None:
+            yield from self._augmented(self._augment, epoch, start_batch)
+            return
         for images, labels in self._batches(self._loader, epoch, start_batch):
             if self._decoder is not None:
                 self._decoder.check(self.path)
             if self.device.type == "cuda":
                 images = images.float().sub_(self._mean).div_(self._std)
             yield images, labels.long().view(-1)
+
+    def _augmented(self, augment: tuple[str, int, Sequence[float]], epoch: int,
+                   start_batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`iter_epoch` with ``randaugment``: batch k+1 is decoded and sent to the pool before batch k is
+        yielded (its labels stay valid: FFCV reuses a buffer only ``batches_ahead`` batches later)."""
+        from sigmanens_dist.data.ffcv_augment import AugmentPool
+
+        pool = AugmentPool.shared(*augment, workers=self.num_workers)
+        sampler = ShardedBatchSampler(self.num_samples, self.batch_size, self.rank, self.world_size, self.seed)
+        sampler.set_position(epoch, start_batch)
+        pending: tuple[Any, torch.Tensor] | None = None
+        for (images, labels), keys in zip(self._batches(self._loader, epoch, start_batch), sampler, strict=True):
+            if self._decoder is not None:
+                self._decoder.check(self.path)
+            job = pool.submit(images.numpy(), [seed for _, seed in keys])
+            if pending is not None:
+                yield self._normalised(*pending)
+            pending = job, labels
+        if pending is not None:
+            yield self._normalised(*pending)
+
+    def _normalised(self, job: Any, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from sigmanens_dist.data.ffcv_augment import AugmentPool
+
+        images = torch.from_numpy(AugmentPool.gather(job)).to(self.device, non_blocking=True)
+        images = images.permute(0, 3, 1, 2).float().sub_(self._mean).div_(self._std)  # channels-last, as on GPU
+        return (images if self.device.type == "cuda" else images.contiguous()), labels.long().view(-1)
 
 
 class FFCVTextLoader(_BetonStream):

@@ -184,7 +184,9 @@ def _ffcv(d: DataConfig, batch: int, seed: int, env: DistEnv, randaugment: str |
             mean, std = mean * 3, std * 3
         loader, in_chans, vocab = FFCVLoader, 3, None
         common.update(img_size=d.img_size or spec.size, mean=mean, std=std, device=env.device)
-    train = loader(c.root / "train.beton", train=True, **common)
+    # train.randaugment where the raw reader and webdataset apply it (ImageFolder data); the eval passes have none
+    augment = {"randaugment": randaugment} if d.dataset in IMAGE_FOLDERS else {}
+    train = loader(c.root / "train.beton", train=True, **common, **augment)
     val_loader = loader(c.root / f"{c.val_name}.beton", train=False, **common)
     test_loader = val_loader if c.val_name == "test" else loader(c.root / "test.beton", train=False, **common)
     return Data(train, lambda: val_loader.iter_epoch(0), lambda: test_loader.iter_epoch(0), c.num_classes, in_chans,

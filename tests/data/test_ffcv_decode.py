@@ -59,10 +59,11 @@ def betons(tmp_path_factory: pytest.TempPathFactory, source: _Shapes) -> dict[st
 
 
 def _epoch(path: Path, train: bool, epoch: int = 0, workers: int = 1, batch: int = 4, stock: bool = False,
-           start: int = 0, world: int = 1, rank: int = 0) -> tuple[torch.Tensor, np.ndarray]:
+           start: int = 0, world: int = 1, rank: int = 0, randaugment: str | None = None
+           ) -> tuple[torch.Tensor, np.ndarray]:
     """(images as 0..255 floats, sample indices in the order read)."""
     loader = FFCVLoader(path, batch, rank, world, workers, seed=SEED, train=train, img_size=OUT, mean=(0.0,) * 3,
-                        std=(1 / 255,) * 3, stock_decoder=stock, crop_ratio=0.875)
+                        std=(1 / 255,) * 3, stock_decoder=stock, crop_ratio=0.875, randaugment=randaugment)
     images = torch.cat([x.clone() for x, _ in loader.iter_epoch(epoch, start)])
     return images, loader.rank_order(epoch, start).astype(np.int64)
 
@@ -174,3 +175,26 @@ def test_corrupt_jpeg_payload_names_the_sample(tmp_path: Path, betons: dict[str,
     for train in (True, False):
         with pytest.raises(ValueError, match=r"bad\.beton: sample 13 holds a JPEG that libjpeg-turbo cannot decode"):
             _epoch(path, train=train)
+
+
+@pytest.mark.slow
+def test_randaugment_augments_each_crop_under_its_sample_seed(betons: dict[str, Path]) -> None:
+    """``train.randaugment`` on FFCV: each decoded crop goes through timm's auto-augmentation (the raw reader's
+    step) under the seed of its place in the epoch, as the map-style reader seeds it; so the batches are the plain
+    crops augmented here, whichever of the worker processes augments them, and a resumed epoch replays them."""
+    from PIL import Image
+
+    from sigmanens_dist.data.ffcv_augment import auto_augmentation
+    from sigmanens_dist.data.sampler import sample_seed, seeded
+
+    rand, epoch = "rand-m9-mstd0.5-inc1", 1
+    plain, _ = _epoch(betons["raw"], train=True, epoch=epoch)
+    augmented, _ = _epoch(betons["raw"], train=True, epoch=epoch, workers=2, randaugment=rand)
+    step = auto_augmentation(rand, OUT, (0.0,) * 3)
+    for position, (crop, image) in enumerate(zip(plain, augmented, strict=True)):
+        with seeded(sample_seed(SEED, epoch, position)):
+            expected = np.asarray(step(Image.fromarray(crop.permute(1, 2, 0).to(torch.uint8).numpy())))
+        assert torch.equal(image, torch.from_numpy(expected).permute(2, 0, 1).float()), position
+    assert (plain != augmented).flatten(1).any(1).sum() > N // 2
+    resumed, _ = _epoch(betons["raw"], train=True, epoch=epoch, start=2, randaugment=rand)
+    assert torch.equal(resumed, augmented[8:])
