@@ -31,6 +31,8 @@ from sigmanens_dist.training.tracking import RUN_ID_FILE
 __all__ = ["MODEL_URI", "check_alias", "check_name", "fetch_program", "recorded_tracking_uri", "register_program"]
 
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_program.py")  # the model's code (models from code)
+# what the pyfunc imports, logged beside it (code_paths): standalone files, no sigmanens_dist where it is served
+CODE_FILES = (program_check.__file__, program_format.__file__)
 PROGRAM_ARTIFACT = "program"  # pyfunc_program.PROGRAM: the artifact the pyfunc loads
 TAG_PREFIX = "sigmanens."
 MODEL_URI = re.compile(r"models:/(?P<name>[\w.-]+)(?:@(?P<alias>[\w-]+)|/(?P<version>\d+))")
@@ -148,7 +150,7 @@ def register_program(program: Path, name: str, *, uri: str, run_id: str | None, 
     mlflow.set_experiment(experiment_id=run.info.experiment_id)
     info = mlflow.models.Model.log(
         None, name=name, flavor=mlflow.pyfunc, run_id=run_id, python_model=str(PYFUNC_FILE),
-        artifacts={PROGRAM_ARTIFACT: str(program)}, code_paths=[program_check.__file__, program_format.__file__],
+        artifacts={PROGRAM_ARTIFACT: str(program)}, code_paths=list(CODE_FILES),
         signature=_signature(loaded, example), input_example=example, metadata={"sigmanens": meta.to_dict()},
         pip_requirements=requirements)
     try:

@@ -139,6 +139,47 @@ def test_the_pyfunc_vets_a_pt2_as_predict_does(registered: dict[str, tuple[Path,
     assert not marker.exists()
 
 
+def test_the_pyfunc_refuses_a_program_of_a_later_format(registered: dict[str, tuple[Path, str]], store: str,
+                                                         tmp_path: Path) -> None:
+    """The pyfunc reads the metadata with the format.py logged beside it, as predict does: a registered .onnx whose
+    metadata says sigmanens-program/99 is refused at load in one line naming both versions."""
+    import onnx
+
+    from sigmanens_dist.registry import fetch_program
+
+    program = fetch_program("models:/tiny-onnx@champion", store, tmp_path)
+    model = onnx.load(program)
+    prop = next(p for p in model.metadata_props if p.key == "sigmanens.json")
+    prop.value = json.dumps(json.loads(prop.value) | {"format": "sigmanens-program/99"})
+    onnx.save(model, program)
+    with pytest.raises(mlflow.exceptions.MlflowException,
+                       match=r"says format sigmanens-program/99, .* reads sigmanens-program/1 to sigmanens-program/1"):
+        mlflow.pyfunc.load_model(str(program.parent.parent))
+
+
+# the code files a registered model carries, imported by name from their folder as MLflow's code path gives them
+IMPORT_CODE_FILES = import_blocking("sigmanens_dist", "timm") + """
+sys.path.insert(0, sys.argv[1])
+import format
+assert "torch" not in sys.modules and "numpy" not in sys.modules, "format.py imported more than the standard library"
+import program_check
+print(format.FORMAT_VERSION, program_check.ZIP_MAGIC)
+"""
+
+
+def test_the_files_logged_beside_the_pyfunc_import_alone(tmp_path: Path) -> None:
+    """program_check.py and the metadata's format.py import where sigmanens_dist and timm cannot (format.py with
+    the standard library alone), as a served model imports them."""
+    from sigmanens_dist.registry.register import CODE_FILES
+
+    for path in CODE_FILES:
+        shutil.copy(path, tmp_path)
+    proc = subprocess.run([sys.executable, "-c", IMPORT_CODE_FILES, str(tmp_path)], cwd=tmp_path, env=env(),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[0] == "1"
+
+
 @pytest.mark.slow
 def test_mlflow_models_serve_answers_a_batch_and_refuses_bad_requests(registered: dict[str, tuple[Path, str]],
                                                                       store: str, tmp_path: Path) -> None:
