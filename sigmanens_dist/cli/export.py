@@ -47,7 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      "ending in .onnx, else torch")
     ap.add_argument("--members", metavar="LIST", help="with --program: only these members, e.g. 0,1 (a sub-ensemble)")
     ap.add_argument("--calibration", choices=("none", "temperature"), default="none",
-                    help="with --program: divide member logits by a temperature fitted on the validation split (one "
+                    help="with --program: divide member logits by a temperature fitted where eval fits it (the "
+                         "calibration split of a run trained with data.calib_split, else the validation split; one "
                          "T: eval's member-temperature is a comparison, not exported)")
     ap.add_argument("--norm-stats", choices=choices(EvalConfig, "norm_stats"), default="train",
                     help="with --program: BatchNorm statistics the program normalises with: train (the running ones, "
@@ -55,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--norm-stats-prior", metavar="N",
                     help="with --norm-stats batch: (N·train + n·batch)/(N + n) for a batch of n (default 0)")
     ap.add_argument("--conformal", metavar="ALPHA", help="with --program: also output the conformal set at "
-                                                         "miscoverage ALPHA in (0, 1), fitted on the validation split")
+                                                         "miscoverage ALPHA in (0, 1), fitted where --calibration is")
     ap.add_argument("--conformal-score", metavar="SCORE", help="with --conformal: thr (default), aps or raps")
     ap.add_argument("--weights", choices=("raw", "ema"), default="raw",
                     help="with --program: the trained weights (default) or their EMA (train.ema_decay), as eval "

@@ -192,9 +192,9 @@ class _Fit(NamedTuple):
 
 def _fit(cfg: Config, model: nn.Module, num_classes: int, calibrate: bool, alpha: float | None,
          score: str) -> _Fit:
-    """T and q̂ fitted on the validation split's logits, collected in one pass, by eval's own fit
-    (:func:`fit_posthoc`, a function of the logits and labels: never the test set), and the validation scores of
-    the program's set on the same logits."""
+    """T and q̂ fitted on the logits of the split eval fits on (the calibration split, else the validation split:
+    ``Data.posthoc_split``), collected in one pass, by eval's own fit (:func:`fit_posthoc`, a function of the logits
+    and labels: never the test set), and the scores of the program's set on the same logits."""
     from sigmanens_dist.config import EvalConfig
     from sigmanens_dist.data.loaders import build_data
     from sigmanens_dist.distributed.env import DistEnv
@@ -204,8 +204,9 @@ def _fit(cfg: Config, model: nn.Module, num_classes: int, calibrate: bool, alpha
     device = torch.device("cpu")
     data = build_data(cfg.data, cfg.eval.batch_size or cfg.train.batch_size, cfg.seed, DistEnv(0, 1, 0, device))
     options = EvalConfig(calibration="temperature" if calibrate else "none", conformal=[] if alpha is None else [alpha])
-    logits, target = collect_logits(model, data.val(), device, "program: val")
-    fitted = fit_posthoc(logits, target, options)
+    split, batches = data.posthoc_split()
+    logits, target = collect_logits(model, batches(), device, f"program: {split}")
+    fitted = fit_posthoc(logits, target, options, split)
     record = ({k: v for k, v in fitted.parts["calibration"].items() if k not in ("method", "shift", "temperature")}
               if calibrate else {})
     if alpha is None:
@@ -217,7 +218,7 @@ def _fit(cfg: Config, model: nn.Module, num_classes: int, calibrate: bool, alpha
     val = sets.compute()[score]
     return _Fit(fitted.temperature, record, ConformalFit(
         alpha=alpha, score=score, qhat=qhat if math.isfinite(qhat) else None,
-        qhat_fitted=fitted_qhat if math.isfinite(fitted_qhat) else None, fitted_on="val",
+        qhat_fitted=fitted_qhat if math.isfinite(fitted_qhat) else None, fitted_on=split,
         num_calibration=len(target), val_coverage=val["coverage"], val_set_size=val["set_size"]))
 
 
@@ -244,7 +245,7 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
                          "its raw weights")
     asked = [flag for flag, on in (("--calibration temperature", calibration == "temperature"),
                                    (f"--conformal {conformal}", conformal is not None)) if on]
-    if asked and cfg.data.val_from_test:
+    if asked and cfg.data.val_from_test and not cfg.data.calib_split:  # a calibration split is not the test set
         raise UsageError(f"{' and '.join(asked)}: this run validates on the test set (data.val_from_test); give it "
                          "a validation split (data.val_split)")
     chosen = parse_members(members, full.num_members)

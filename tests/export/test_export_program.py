@@ -23,15 +23,19 @@ import onnxruntime as ort
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 from sigmanens_dist.catalog.datasets import DATASETS
 from sigmanens_dist.cli import main
 from sigmanens_dist.config import EvalConfig, load_config
 from sigmanens_dist.data.loaders import CLASSES_FILE, build_data
+from sigmanens_dist.data.raw import build_datasets
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.evaluation import load_for_eval, sub_ensemble
+from sigmanens_dist.evaluation.calibration import fit_temperature
 from sigmanens_dist.evaluation.conformal import class_scores
 from sigmanens_dist.evaluation.posthoc import fit_posthoc_on
+from sigmanens_dist.evaluation.scoring import collect_logits
 from sigmanens_dist.export.format import METADATA_FILE, OUTPUTS
 from sigmanens_dist.export.program import (
     QUIET_EXPORT_WARNINGS,
@@ -292,6 +296,19 @@ def test_conformal_set_is_evals_at_evals_threshold(run: Path, conformal: dict[st
         torch.testing.assert_close(out["probabilities"], expected, rtol=0, atol=1e-5)
         assert out["conformal_set"].dtype == torch.bool
         assert torch.equal(out["conformal_set"], class_scores(expected, "aps") <= qhat), path.name
+
+
+def test_a_calibration_split_is_what_the_program_is_fitted_on(tmp_path: Path) -> None:
+    """A run trained with data.calib_split: the program's T and q̂ are fitted on the calibration split, as eval's
+    are, not on the validation split best.pt was chosen on; T is fit_temperature on that split's logits."""
+    run = _random_run(tmp_path / "run", "data.train_subset=96", "data.calib_split=24")
+    meta = _metadata(_export(run, "calib.pt2", "--calibration", "temperature", "--conformal", "0.2"))
+    loaded = load_for_eval(_checkpoint(run))
+    calib = build_datasets(loaded.cfg.data, loaded.cfg.data_root()).calib
+    logits, target = collect_logits(loaded.model, DataLoader(calib, batch_size=16), torch.device("cpu"), "by hand")
+    assert meta["fitted_on"] == "calib" == meta["conformal"]["fitted_on"]
+    assert meta["num_fit"] == 24 == meta["conformal"]["num_calibration"]
+    assert meta["temperature"] == pytest.approx(fit_temperature(logits, target), rel=1e-6)
 
 
 def test_onnx_program_runs_with_onnxruntime_alone(run: Path, conformal: dict[str, Path], tmp_path: Path) -> None:
