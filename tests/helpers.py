@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pytest
 import torch
 
@@ -244,3 +245,51 @@ def run_record(method: str, m: int, tau: float | None, seed: int, acc: float, bu
     return RunRecord(f"{method}{m}{tau}{seed}x{budget}", f"{method}-{m}-{tau}-x{budget}-{seed}", "FINISHED", method, m,
                      tau, None if tau is None else 0.001, seed, budget,
                      values={"acc": acc, "train_compute": m * budget})
+
+
+# The official CIFAR python-pickle layout, written small by write_cifar_batches (tests/data: the raw reader, the
+# converter). name → (torchvision class name, folder, train files, test file, meta file, label key, label-names key,
+# classes)
+CIFAR_LAYOUT = {
+    "cifar10": ("CIFAR10", "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], "test_batch",
+                "batches.meta", "labels", "label_names", 10),
+    "cifar100": ("CIFAR100", "cifar-100-python", ["train"], "test", "meta", "fine_labels", "fine_label_names", 100),
+}
+CIFAR_PER_FILE, CIFAR_TEST = 6, 8
+
+
+def write_cifar_batches(root: Path, name: str, monkeypatch: pytest.MonkeyPatch
+                        ) -> dict[str, tuple[np.ndarray, list[int]]]:
+    """Writes the batches, points torchvision's md5 table at them; returns {split: (HWC uint8 images, labels)}.
+    torchvision checks each official file against its md5, which generated files cannot match."""
+    import hashlib
+    import pickle
+
+    from torchvision import datasets
+
+    def md5(path: Path) -> str:
+        return hashlib.md5(path.read_bytes()).hexdigest()
+
+    cls_name, folder, train_files, test_file, meta_file, label_key, names_key, classes = CIFAR_LAYOUT[name]
+    cls = getattr(datasets, cls_name)
+    base = root / folder
+    base.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    written: dict[str, list] = {"train": [[], []], "test": [[], []]}
+    table: dict[str, list[list[str]]] = {"train": [], "test": []}
+    for split, files, n in (("train", train_files, CIFAR_PER_FILE), ("test", [test_file], CIFAR_TEST)):
+        for file in files:
+            images = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+            labels = rng.integers(0, classes, n).tolist()
+            # The official layout: each row is 1024 red, then 1024 green, then 1024 blue values, row-major.
+            batch = {"data": images.transpose(0, 3, 1, 2).reshape(n, 3072), label_key: labels,
+                     "batch_label": file}
+            (base / file).write_bytes(pickle.dumps(batch))
+            table[split].append([file, md5(base / file)])
+            written[split][0].append(images)
+            written[split][1].extend(labels)
+    (base / meta_file).write_bytes(pickle.dumps({names_key: [f"class_{c}" for c in range(classes)]}))
+    monkeypatch.setattr(cls, "train_list", table["train"])
+    monkeypatch.setattr(cls, "test_list", table["test"])
+    monkeypatch.setattr(cls, "meta", {"filename": meta_file, "key": names_key, "md5": md5(base / meta_file)})
+    return {split: (np.concatenate(images), labels) for split, (images, labels) in written.items()}

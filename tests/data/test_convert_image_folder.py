@@ -17,6 +17,7 @@ from sigmanens_dist.data.raw import build_datasets
 from sigmanens_dist.data.sampler import seeded
 from sigmanens_dist.data.webdataset_io import MANIFEST, iter_eval
 from sigmanens_dist.distributed.env import DistEnv
+from tests.helpers import write_cifar_batches
 
 CPU = DistEnv(0, 1, 0, torch.device("cpu"))
 SPLIT = ["data.val_split=4", "data.split_seed=1"]  # carved from the 24 training images, as at conversion
@@ -107,9 +108,7 @@ def test_ffcv_evaluates_the_raw_readers_crop_of_each_image(tree: Path, tmp_path:
 def test_cifar_test_split_is_stored_as_its_pixels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same defect's other case: CIFAR's test set is converted from its stored pixels, not its float tensors."""
     pytest.importorskip("webdataset")
-    from tests.data.test_data_cifar import _write
-
-    truth = _write(tmp_path / "cifar", "cifar10", monkeypatch)
+    truth = write_cifar_batches(tmp_path / "cifar", "cifar10", monkeypatch)
     out = tmp_path / "wds"
     assert main(["data", "convert", "--dataset", "cifar10", "--root", str(tmp_path / "cifar"), "--format",
                  "webdataset", "--out", str(out), "--val-split", "0", "--jpeg-quality", "100"]) == 0
