@@ -187,9 +187,8 @@ class DataConfig(_Section):
     # The split is drawn from this seed, not from `seed`: runs of different seeds (and a Deep Ensemble's members,
     # which read seed+k's data order) then validate on the same samples, as paired comparisons need.
     split_seed: Int = Field(0, ge=0)
-    # The calibration split: this many more samples of the training pool (after the validation split, by the same
-    # permutation), read by nothing in training. What `sigmanens eval --calibration/--conformal` and `export
-    # --program` fit on instead of the validation split, which picked best.pt; 0: none (they fit on val). Raw data.
+    # The calibration split: this many more pool samples (after val, same permutation), never trained on: what eval's
+    # and export's --calibration/--conformal fit on instead of val, which picked best.pt; 0: none. Raw data only.
     calib_split: Int = Field(0, ge=0)
     max_length: Int = Field(64, ge=8)  # text: tokens per sample, padded or truncated to it
     # text: a local Hugging Face tokenizer folder (a pretrained backbone's own); None: <root>/tokenizer/, which a raw
@@ -276,8 +275,7 @@ class DataConfig(_Section):
 
     @model_validator(mode="after")
     def _calibration_split_is_carved_when_read(self) -> DataConfig:
-        """Converted folders hold the train/val/test splits they were converted with; a calibration split carved
-        from their ``train`` would be samples the run trains on."""
+        """Converted folders hold their converted splits: a calibration split of their ``train`` would be trained on."""
         if self.format != "raw" and self.calib_split:
             raise _cross_field("calib_split", f"applies to data.format=raw only: data.format={self.format} reads the "
                                               "train/val/test splits `sigmanens data convert` wrote; set it to 0",
