@@ -24,6 +24,7 @@ from sigmanens_dist.config import load_config
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation import load_for_eval
 from sigmanens_dist.evaluation.norm_stats import batch_norm_layers, norm_stats_problem, with_norm_stats
+from sigmanens_dist.export.format import OUTPUTS, ProgramMeta
 from sigmanens_dist.models import build_model
 from sigmanens_dist.predict.norm_stats import check_norm_stats
 from tests.helpers import FIXTURE, REPO, env, torchrun
@@ -219,11 +220,20 @@ def test_batch_stats_program_is_eager_eval_and_predict_checks_it(tmp_path: Path,
     assert main(["predict", str(program), str(images), "--out", str(tmp_path / "q"), "--norm-stats", "batch"]) == 0
 
 
+def _meta(**norm_stats: object) -> ProgramMeta:
+    """A program's metadata with these BatchNorm statistics (none: a program from before ``--norm-stats``)."""
+    raw = {"format": "sigmanens-program/1", "num_classes": 2, "input": {"shape": ["B", 3, 16, 16]},
+           "normalisation": {"mean": [0.0] * 3, "std": [1.0] * 3}, "members": [0], "trained_members": 1,
+           "method": "single", "tau": None, "run_id": None, "step": 0, "dataset": "synthetic",
+           "package_version": "0", "calibration": "none", "temperature": 1.0, "outputs": list(OUTPUTS)}
+    return ProgramMeta.from_dict(raw | ({"norm_stats": norm_stats} if norm_stats else {}))
+
+
 def test_predict_refuses_batches_of_one_for_batch_statistics_alone() -> None:
-    batch_alone, mixed = {"norm_stats": {"mode": "batch", "prior": 0.0}}, {"norm_stats": {"mode": "batch", "prior": 4}}
+    batch_alone, mixed = _meta(mode="batch", prior=0.0), _meta(mode="batch", prior=4)
     with pytest.raises(UsageError, match=r"--batch-size 1: PROGRAM p.pt2 normalises each batch with that batch's "
                                          r"own BatchNorm statistics"):
         check_norm_stats(Path("p.pt2"), batch_alone, None, 1)
     check_norm_stats(Path("p.pt2"), batch_alone, "batch", 2)
     check_norm_stats(Path("p.pt2"), mixed, None, 1)  # the training statistics count too: one image is enough
-    check_norm_stats(Path("p.pt2"), {}, "train", 1)  # a program from before --norm-stats: the training statistics
+    check_norm_stats(Path("p.pt2"), _meta(), "train", 1)  # a program from before --norm-stats: the training statistics
