@@ -3,7 +3,8 @@
 # measured on, and the choice of the levers on the validation shift. Trains, per seed, the single model and σN-Ens M=4
 # at three temperatures (τ = 0.25, 0.5 — the recipe — and 1) with no end-of-training evaluation; then every run is
 # scored on the validation split under the validation corruptions (never a test corruption, never the test split),
-# with each member's training BatchNorm statistics and with the prediction batch's (`--norm-stats batch`). The test
+# with each member's training BatchNorm statistics and with the prediction batch's (`--norm-stats batch`), temperature
+# scaled on the calibration split at the long budget (no temperature at the small one). The test
 # set is read once, later, for the choices made here. A finished study's runs are kept in
 # results/shift_<budget>/records/<study>.jsonl (a recorded study is not trained again), each validation evaluation in
 # results/shift_<budget>/val/<run>/eval.json; the checkpoints stay in OUT.
@@ -22,9 +23,12 @@ phase="${1:-}"
 [[ $phase == train || $phase == choose ]] || { echo "long_shift: give a phase, train or choose (got '$phase')" >&2; exit 2; }
 shift
 budget="${SHIFT_BUDGET:-long}"
+# At the long budget a calibration split of 2,000 images is carved beside the validation split (the pool grows by as
+# much, so the model still trains on 10,000): the temperature is fitted on data nothing was selected on.
 case "$budget" in
-  long) BUDGET_ARGS=("${LONG_BUDGET[@]}" eval.at_end=false) ;;
-  small) BUDGET_ARGS=(eval.at_end=false) ;;
+  long) BUDGET_ARGS=("${LONG_BUDGET[@]}" eval.at_end=false data.train_subset=14000 data.calib_split=2000)
+        CALIBRATION=(--calibration temperature) ;;
+  small) BUDGET_ARGS=(eval.at_end=false) CALIBRATION=() ;;
   *) echo "long_shift: SHIFT_BUDGET=$budget: long or small" >&2; exit 2 ;;
 esac
 out_arg="${1:-runs/shift_$budget}"
@@ -66,7 +70,7 @@ for runs in "$OUT"/*_s*/*/final_metrics.json; do
     if [ -s "$dest/eval.json" ]; then echo "[$(date +%T)] $name: evaluated before, skipped"; continue; fi
     rm -rf "$OUT/val/$name"
     if nice -n 19 sigmanens eval --checkpoint "$run" --split val --shift-split val --corruptions all --severities 3,5 \
-        --norm-stats "$norm" --no-sub-ensembles --no-mlflow --out "$OUT/val/$name" >"$OUT/val_$name.log" 2>&1; then
+        --norm-stats "$norm" "${CALIBRATION[@]}" --no-sub-ensembles --no-mlflow --out "$OUT/val/$name" >"$OUT/val_$name.log" 2>&1; then
       mkdir -p "$dest.tmp"
       cp "$OUT/val/$name/eval.json" "$OUT/val/$name/eval.md" "$dest.tmp/"
       rm -rf "$dest" && mv "$dest.tmp" "$dest"
