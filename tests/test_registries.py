@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from sigmanens_dist.catalog.datasets import DATASETS
+from sigmanens_dist.catalog.datasets import DATASETS, take_randaugment
 from sigmanens_dist.config import DataConfig, EvalConfig, ModelConfig, StrategyConfig, choices
 from sigmanens_dist.data.loaders import FORMATS
-from sigmanens_dist.data.raw import READERS
+from sigmanens_dist.data.raw import IMAGE_FOLDERS, READERS
 from sigmanens_dist.distributed.strategies import CHECKPOINT_FORMATS, STRATEGIES, strategy_class
 
 PACKAGE = Path(__file__).resolve().parent.parent / "sigmanens_dist"
@@ -40,6 +40,12 @@ def test_every_data_format_has_a_reader() -> None:
 def test_every_dataset_has_a_reader_of_its_native_files() -> None:
     assert set(READERS) == set(DATASETS)
     assert choices(DataConfig, "dataset") == tuple(DATASETS)
+
+
+def test_the_datasets_marked_for_randaugment_are_those_whose_readers_apply_it() -> None:
+    """The dataset table's ``randaugment`` is what the config refuses by; the raw, webdataset and FFCV readers pass
+    ``train.randaugment`` on for ImageFolder data (raw.IMAGE_FOLDERS) alone."""
+    assert take_randaugment() == list(IMAGE_FOLDERS)
 
 
 def test_command_line_choices_come_from_the_config(capsys: pytest.CaptureFixture[str]) -> None:

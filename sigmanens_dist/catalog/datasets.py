@@ -1,9 +1,10 @@
 """Every dataset the project knows, named once: what it is, how it is normalised, where it lives by default, how
-to get it, and whether ``sigmanens data convert`` can write it as FFCV / webdataset.
+to get it, whether ``sigmanens data convert`` can write it as FFCV / webdataset, and whether its readers apply
+``train.randaugment``.
 
 The config validates ``data.dataset`` against :data:`DATASETS`, the readers and decoders normalise with its
-statistics, the converter offers what it marks convertible. No torch import here: the config reads it before any
-heavy module loads.
+statistics, the converter offers what it marks convertible, the config refuses ``train.randaugment`` for a dataset
+that does not take it. No torch import here: the config reads it before any heavy module loads.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from sigmanens_dist.errors import MissingPathError
 from sigmanens_dist.storage.remote import RemotePath
 
 __all__ = ["CLASSES_FILE", "DATASETS", "FASHION_MNIST_ROOT", "DatasetName", "DatasetSpec", "converted_classes_file",
-           "convertible", "resolve_root"]
+           "convertible", "resolve_root", "take_randaugment"]
 
 CLASSES_FILE = "classes.json"  # what `sigmanens data convert` writes last: a converted folder is one that has it
 
@@ -49,6 +50,8 @@ class DatasetSpec:
     size: int = 0  # images: native side length
     default_root: Path | None = None
     classes: tuple[str, ...] = ()  # class names by label index where fixed by the dataset; folders: read from disk
+    # whether every reader of it (raw, webdataset, FFCV) applies train.randaugment; the config refuses it elsewhere
+    randaugment: bool = False
 
     @property
     def convertible(self) -> bool:
@@ -67,9 +70,10 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
                 " and extract it into data.root (giving data.root/cifar-100-python/)",
                 (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), 32, classes=_CIFAR100_CLASSES),
     DatasetSpec("imagenet", "image", "point data.root at the ILSVRC-2012 folder with train/ and val/ class folders "
-                "(format: raw) or at the FFCV .beton files (format: ffcv)", _IMAGENET_MEAN, _IMAGENET_STD, 224),
+                "(format: raw) or at the FFCV .beton files (format: ffcv)", _IMAGENET_MEAN, _IMAGENET_STD, 224,
+                randaugment=True),
     DatasetSpec("imagefolder", "image", "point data.root at a folder with train/ and val/ sub-folders, one folder per "
-                "class", _IMAGENET_MEAN, _IMAGENET_STD, 224),
+                "class", _IMAGENET_MEAN, _IMAGENET_STD, 224, randaugment=True),
     DatasetSpec("synthetic", "synthetic", "generated in memory; needs no data.root"),
     DatasetSpec("sst2", "text", "point data.root at the GLUE SST-2 folder (train.tsv, dev.tsv; format: raw) or at "
                 "what `sigmanens data convert --dataset sst2` wrote (format: ffcv or webdataset)"),
@@ -80,6 +84,11 @@ DatasetName = Literal[tuple(DATASETS)]  # the config's type for data.dataset
 
 def convertible() -> list[str]:
     return [name for name, spec in DATASETS.items() if spec.convertible]
+
+
+def take_randaugment() -> list[str]:
+    """The datasets whose readers apply ``train.randaugment``: what the config's refusal names as allowed."""
+    return [name for name, spec in DATASETS.items() if spec.randaugment]
 
 
 def resolve_root(dataset: str, root: Path | None) -> Path | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,22 @@ def config_from_dict(raw: dict[str, Any], overrides: Sequence[str] = (), *, sour
                      check_data: bool = True) -> Config:
     """A config saved as a dict (a checkpoint's), through the same validation as :func:`load_config`; ``source``
     names where it came from in the error."""
-    return _validated(copy.deepcopy(raw), overrides, source, [], check_data)
+    return _validated(_as_it_ran(copy.deepcopy(raw), source), overrides, source, [], check_data)
+
+
+def _as_it_ran(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """A run saved before ``train.randaugment`` was refused for datasets whose readers never applied it trained
+    without it: read as null, saying so in one warning, so its checkpoint still evaluates and exports (neither command
+    takes a ``train.`` override)."""
+    train, data = raw.get("train"), raw.get("data", {})
+    if isinstance(train, dict) and train.get("randaugment") and isinstance(data, dict):
+        dataset = data.get("dataset", DataConfig.model_fields["dataset"].default)
+        if dataset in DATASETS and not DATASETS[dataset].randaugment:
+            warnings.warn(f"{source}: train.randaugment={train['randaugment']!r} was never applied to "
+                          f"data.dataset={dataset!r} (its readers ignored it); read as null, as the run trained",
+                          UserWarning, stacklevel=3)
+            train["randaugment"] = None
+    return raw
 
 
 def _validated(raw: dict[str, Any], overrides: Sequence[str], source: str, problems: list[str],

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from sigmanens_dist.catalog.corruption_table import CORRUPTIONS, shift_split_problem, unknown
-from sigmanens_dist.catalog.datasets import DatasetName, resolve_root
+from sigmanens_dist.catalog.datasets import DATASETS, DatasetName, resolve_root, take_randaugment
 from sigmanens_dist.config.model_section import Float, Int, ModelConfig, _cross_field, _number, _Section
 from sigmanens_dist.storage.remote import RemotePath, RemoteSettings
 
@@ -468,6 +468,15 @@ class Config(_Section):
             if text and getattr(self.train, key):
                 raise _cross_field(f"train.{key}", "an image augmentation; set it to 0/null for text data",
                                    getattr(self.train, key))
+        return self
+
+    @model_validator(mode="after")
+    def _randaugment_is_applied(self) -> Config:
+        """Only the datasets catalog.datasets marks apply RandAugment: elsewhere it would be dropped without a word."""
+        if self.train.randaugment and not DATASETS[self.data.dataset].randaugment:
+            raise _cross_field("train.randaugment", f"data.dataset={self.data.dataset!r} does not apply it (its "
+                               "readers keep their own augmentation); it applies to data.dataset "
+                               f"{', '.join(take_randaugment())} only; set it to null", self.train.randaugment)
         return self
 
     def without_source_weights(self) -> Config:

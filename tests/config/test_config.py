@@ -14,6 +14,7 @@ from sigmanens_dist.config import (
     ConfigError,
     TrainConfig,
     check_paths,
+    config_from_dict,
     flatten,
     load_config,
     recipe_path,
@@ -231,6 +232,40 @@ def test_epochs_and_max_steps_together_is_an_error(tmp_path: Path) -> None:
     assert "set only one of train.epochs (here 3) and train.max_steps" in str(info.value)
     with pytest.raises(ConfigError, match=r"train\.epochs: set one of train\.epochs and train\.max_steps"):
         load_config(None, ["train.epochs=null"], check_data=False)
+
+
+@pytest.mark.parametrize(("dataset", "fmt"), [("fashion_mnist", "raw"), ("cifar10", "raw"), ("cifar100", "ffcv"),
+                                              ("cifar10", "webdataset"), ("synthetic", "raw")])
+def test_randaugment_is_refused_where_no_reader_applies_it(dataset: str, fmt: str) -> None:
+    """Their readers, raw and converted, keep their own augmentation: the value would be dropped without a word."""
+    rand = "rand-m9-mstd0.5-inc1"
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [f"data.dataset={dataset}", f"data.format={fmt}", f"train.randaugment={rand}"],
+                    check_data=False)
+    assert info.value.problems == [f"  - train.randaugment: data.dataset={dataset!r} does not apply it (its readers "
+                                   "keep their own augmentation); it applies to data.dataset imagenet, imagefolder "
+                                   f"only; set it to null (got {rand!r})"]
+
+
+@pytest.mark.parametrize("fmt", ["raw", "ffcv", "webdataset"])
+def test_randaugment_is_taken_by_the_datasets_the_refusal_names(fmt: str) -> None:
+    for dataset in ("imagenet", "imagefolder"):
+        cfg = load_config(None, [f"data.dataset={dataset}", f"data.format={fmt}", "train.randaugment=rand-m9"],
+                          check_data=False)
+        assert cfg.train.randaugment == "rand-m9"
+
+
+def test_a_stored_run_that_ignored_randaugment_loads_as_it_trained() -> None:
+    """A checkpoint saved before the refusal trained without it: eval and export (no train.* overrides) still load
+    it, with null, in one warning; a value its readers applied is kept."""
+    stored = load_config(None, ["data.dataset=cifar10"], check_data=False).model_dump(mode="json")
+    stored["train"]["randaugment"] = "rand-m9"
+    with pytest.warns(UserWarning, match=r"^ckpt: train.randaugment='rand-m9' was never applied to "
+                                         r"data.dataset='cifar10' \(its readers ignored it\); read as null"):
+        assert config_from_dict(stored, source="ckpt", check_data=False).train.randaugment is None
+    assert stored["train"]["randaugment"] == "rand-m9"  # the caller's dict is not changed
+    stored["data"]["dataset"] = "imagefolder"
+    assert config_from_dict(stored, source="ckpt", check_data=False).train.randaugment == "rand-m9"
 
 
 def test_yaml_details(tmp_path: Path) -> None:
