@@ -335,8 +335,9 @@ def test_a_program_of_a_later_format_is_refused_in_one_line(program: Path, tmp_p
     assert "this one reads sigmanens-program/1 to sigmanens-program/1" in err
 
 
-# predict in a fresh interpreter where the evaluation code cannot be imported: deploying needs none of it
-PREDICT_WITHOUT_EVALUATION = import_blocking("sigmanens_dist.evaluation") + """
+# predict in a fresh interpreter where the evaluation code cannot be imported, nor pydantic (the config's) and timm:
+# deploying needs none of them (the GPU image that runs programs has no pydantic)
+PREDICT_WITHOUT_EVALUATION = import_blocking("sigmanens_dist.evaluation", "pydantic", "timm") + """
 from sigmanens_dist.cli import main
 code = main(["predict", sys.argv[1], sys.argv[2], "--out", sys.argv[3], "--format", "jsonl"])
 assert "sigmanens_dist.export.program" not in sys.modules, "predict imported the exporter"
