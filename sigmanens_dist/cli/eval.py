@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sigmanens_dist.catalog.corruption_table import CORRUPTIONS, SEVERITIES, SHIFT_SPLITS, shift_split_problem, unknown
+from sigmanens_dist.cli.options import add_norm_stats_options
 from sigmanens_dist.config import EvalConfig, choices
 from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, UnavailableError, UsageError
 
@@ -98,12 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "data.calib_split), else the validation split, report every metric before and after (the "
                          "scored split and shift); member-temperature: also one temperature per member (each on "
                          "its own NLL there, applied before averaging), reported beside the one")
-    ap.add_argument("--norm-stats", choices=choices(EvalConfig, "norm_stats"), default="train",
-                    help="BatchNorm statistics at prediction: train (the running ones, default) or batch (each "
-                         "member's re-estimated from each evaluation batch; the stored ones are not changed)")
-    ap.add_argument("--norm-stats-prior", metavar="N",
-                    help="with --norm-stats batch: use (N·train + n·batch)/(N + n) for a batch of n (default 0: the "
-                         "batch statistics alone)")
+    add_norm_stats_options(ap)
     ap.add_argument("--conformal", metavar="ALPHA",
                     help="split conformal sets (thr, aps, raps) calibrated where --calibration fits, at miscoverage "
                          "ALPHA in (0, 1), e.g. 0.1, or several (0.1,0.05): coverage and mean set size, clean, under "

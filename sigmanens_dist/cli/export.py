@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sigmanens_dist.config import EvalConfig, choices
+from sigmanens_dist.cli.options import add_norm_stats_options
 from sigmanens_dist.errors import EXIT_USAGE, UsageError
 
 __all__ = ["main"]
@@ -50,11 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="with --program: divide member logits by a temperature fitted where eval fits it (the "
                          "calibration split of a run trained with data.calib_split, else the validation split; one "
                          "T: eval's member-temperature is a comparison, not exported)")
-    ap.add_argument("--norm-stats", choices=choices(EvalConfig, "norm_stats"), default="train",
-                    help="with --program: BatchNorm statistics the program normalises with: train (the running ones, "
-                         "default) or batch (each input batch's own: predictions then depend on the batch)")
-    ap.add_argument("--norm-stats-prior", metavar="N",
-                    help="with --norm-stats batch: (N·train + n·batch)/(N + n) for a batch of n (default 0)")
+    add_norm_stats_options(ap, "with --program: ")
     ap.add_argument("--conformal", metavar="ALPHA", help="with --program: also output the conformal set at "
                                                          "miscoverage ALPHA in (0, 1), fitted where --calibration is")
     ap.add_argument("--conformal-score", metavar="SCORE", help="with --conformal: thr (default), aps or raps")

@@ -83,13 +83,13 @@ def parse_prior(text: str | None, mode: str) -> float:
     """``--norm-stats-prior N``: a number ≥ 0 (default 0), and only with ``--norm-stats batch``."""
     if text is None:
         return 0.0
-    if mode != "batch":
-        raise UsageError(f"--norm-stats-prior {text} goes with --norm-stats batch (the prior weights the training "
-                         "statistics against the batch's)")
     try:
         prior = float(text)
     except ValueError:
         prior = math.nan
+    if mode != "batch":
+        raise UsageError(f"--norm-stats-prior {text} goes with --norm-stats batch (the prior weights the training "
+                         "statistics against the batch's)")
     if not (math.isfinite(prior) and prior >= 0):
         raise UsageError(f"--norm-stats-prior {text!r}: give the prior strength N as a number ≥ 0 (0: the batch "
                          "statistics alone; e.g. 16: the training statistics count as 16 samples)")
