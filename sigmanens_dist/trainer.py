@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from sigmanens_dist.atomic import write_text
 from sigmanens_dist.checkpoint import BatchLayout, CheckpointManager, Position, TrainerState, resolve_checkpoint
 from sigmanens_dist.config import Config, flatten, save_config
 from sigmanens_dist.data.loaders import Data, TrainStream, build_data
@@ -345,7 +346,7 @@ class Trainer:
         if env.is_main:
             metrics["params"] = float(_num_params(self.model))
             metrics["train_img_per_s"] = window.total_rate()
-            (self.run_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2))
+            write_text(self.run_dir / "final_metrics.json", json.dumps(metrics, indent=2))
             self.tracker.log_final(metrics, pos.step)
             self.tracker.log_artifact(self.run_dir / "reliability.png")
             _print_summary(metrics, self.model.num_members)

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from sigmanens_dist.atomic import write_text
 from sigmanens_dist.config import Config
 from sigmanens_dist.evaluation.ood import OOD_SCORES
 from sigmanens_dist.methods.base import EnsembleMethod
@@ -64,8 +65,8 @@ def _write(out_dir: Path, report: dict[str, Any]) -> list[Path]:
     json_path, md_path = out_dir / "eval.json", out_dir / "eval.md"
     for part in report["weights"].values():
         part.get("ood", {}).pop("_scores", None)
-    json_path.write_text(json.dumps(report, indent=2))
-    md_path.write_text(markdown(report))
+    write_text(json_path, json.dumps(report, indent=2))
+    write_text(md_path, markdown(report))
     return [json_path, md_path]
 
 

@@ -155,7 +155,7 @@ class Tracker:
         self.run_id = self._guard("start run", _start) or run_id
         if self.run_id is not None:  # for whoever must close the run when this process cannot (a batch script)
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / RUN_ID_FILE).write_text(f"{self.uri}\n{self.run_id}\n")
+            write_text(self.run_dir / RUN_ID_FILE, f"{self.uri}\n{self.run_id}\n")
         return self.run_id
 
     def keep_records_to(self, step: int) -> None:

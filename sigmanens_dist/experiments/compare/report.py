@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sigmanens_dist.atomic import write_text
 from sigmanens_dist.experiments.compare.plots import (
     _plot_cost,
     _plot_members,
@@ -179,7 +180,7 @@ def _markdown(report: Report, notes: list[str], path: Path) -> Path:
              "passes: backbone passes per predicted image.\n")
     if notes:
         text += "\nIncomplete:\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
-    path.write_text(text)
+    write_text(path, text)
     return path
 
 
