@@ -24,7 +24,9 @@ phase="${1:-}"
 shift
 budget="${SHIFT_BUDGET:-long}"
 # At the long budget a calibration split of 2,000 images is carved beside the validation split (the pool grows by as
-# much, so the model still trains on 10,000): the temperature is fitted on data nothing was selected on.
+# much, so the model still trains on 10,000): the temperature is fitted on data nothing was selected on. The split is
+# drawn from the pool's size, so these runs' validation and training images are not those of the 12,000-image pool of
+# the other long runs: compare these runs with each other, not with results/posthoc_long.
 case "$budget" in
   long) BUDGET_ARGS=("${LONG_BUDGET[@]}" eval.at_end=false data.train_subset=14000 data.calib_split=2000)
         CALIBRATION=(--calibration temperature) ;;

@@ -47,7 +47,7 @@ def main() -> None:
     root = data.root or FASHION_MNIST_ROOT
     pool = IdxImageDataset(root, "train", subset=data.train_subset).images.flatten(1).numpy().astype(np.float32)
     test = IdxImageDataset(root, "test").images.flatten(1).numpy().astype(np.float32)
-    train_idx, val_idx = split_indices(len(pool), data.val_split, data.split_seed)
+    train_idx, val_idx, _ = split_indices(len(pool), data.val_split, data.split_seed)
     control_idx = np.random.default_rng(args.seed).choice(train_idx, size=len(val_idx), replace=False)
     val, control = pool[val_idx], pool[control_idx]
     models = {"logistic regression": make_pipeline(StandardScaler(), LogisticRegression(C=0.01, max_iter=2000)),

@@ -5,7 +5,8 @@ validation corruptions, before the test set is read.
     python research/shift_tables.py choose [--evals results/shift_long/val]
 
 Per run family (single, σN-Ens at each τ) and normalization statistics (each member's training statistics, or the
-prediction batch's): clean accuracy, NLL and ECE, then under shift (the mean over the validation corruptions at the
+prediction batch's): clean accuracy, NLL and ECE (temperature scaled where the evaluation fitted a temperature: at the
+long budget, on the calibration split), then under shift (the mean over the validation corruptions at the
 evaluated severities) accuracy, NLL, ECE, member disagreement, mutual information and the AUROC of telling corrupted
 from clean inputs by mutual information; mean ± std over seeds. Then the paired differences with 95 % t intervals:
 batch − training statistics for each family, and σN-Ens − single model at each kind of statistics.
@@ -38,12 +39,15 @@ Runs = dict[tuple[str, str], dict[int, Scores]]  # (family, norm) → seed → s
 
 
 def scores(report: dict[str, Any]) -> Scores:
-    """Clean scores and the shift means (over the evaluated severities) of one eval.json's raw weights."""
+    """Clean scores and the shift means (over the evaluated severities) of one eval.json's raw weights: accuracy, NLL
+    and ECE temperature scaled where the evaluation fitted a temperature, the member diagnosis as the members give
+    it."""
     part = report["weights"]["raw"]
-    out: Scores = {k: float(part["metrics"][k]) for k in CLEAN}
-    means = [v for s, v in part["shift"]["mean"].items()]
+    scaled = part.get("calibration", part)
+    out: Scores = {k: float(scaled["metrics"][k]) for k in CLEAN}
     for key in SHIFT:
-        values = [m.get(key) for m in means]
+        source = scaled if key in CLEAN else part
+        values = [m.get(key) for m in source["shift"]["mean"].values()]
         out[f"shift/{key}"] = None if any(v is None for v in values) else float(np.mean(values))
     return out
 
