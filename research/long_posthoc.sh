@@ -9,7 +9,9 @@
 #   bash research/long_posthoc.sh eval [OUT]              # each run's best checkpoint (chosen on validation), once
 # Two train lanes may run at once on one OUT (they share its MLflow server), e.g. `train OUT sigma single` and
 # `train OUT deep packed3`. The eval phase fits the temperature and the conformal thresholds (α = 0.1, 0.05) on the
-# validation split and scores the test set clean, under all 16 corruptions (severities 3, 5) and against the OOD set;
+# validation split and scores the test set clean, under every test corruption (`--corruptions all`, severities 3, 5)
+# and against the OOD set; the kept results used the 16 corruptions of the time, and re-running now scores the 14 test
+# corruptions (docs/eval.md, "The validation shift"), so its shift means are not comparable to the kept ones to the digit;
 # each run's eval.json and eval.md go to results/posthoc_long/evals/<study>/. Then:
 #   python research/posthoc_tables.py   # the tables of docs/results.md
 set -euo pipefail

@@ -7,11 +7,14 @@
 The long budget scores shift on two corruptions (Gaussian noise and contrast, the recipe's ``eval.corruptions``), and
 contrast alone fails every model (accuracy ~0.2 at severity 3 on Fashion-MNIST), so "ECE under shift" there is
 mostly one corruption's ECE and varies by ±0.05 across seeds. This re-scores each finished run's best checkpoint with
-``sigmanens eval`` on all 16 corruptions at severities 3 and 5 (the first ``--test-subset`` test images; the run's
+``sigmanens eval --corruptions all`` at severities 3 and 5 (the first ``--test-subset`` test images; the run's
 MLflow record is left alone: ``--no-mlflow``, output in ``<run>/eval_shift_all/``; runs already scored are skipped,
-so the script resumes) and writes a table of ECE / NLL / accuracy under shift (mean over the 16 corruptions and both
+so the script resumes) and writes a table of ECE / NLL / accuracy under shift (mean over the corruptions and both
 severities) per grid point, with the paired difference against the single model (same seed) and its 95 % t
-interval — the same statistics as ``sigmanens compare``.
+interval — the same statistics as ``sigmanens compare``. The kept results (results/repro_long/shift_all) used the
+16 corruptions ``all`` meant at the time; ``--corruptions all`` now means the 14 test corruptions (the validation ones,
+``SHIFT_SPLITS["val"]``, are never scored on the test split), so a re-run's means are over 14 and not comparable to
+the digit.
 """
 
 from __future__ import annotations
