@@ -353,13 +353,15 @@ class EvalConfig(_Section):
     sub_ensembles: bool = True  # also score k = 1..K-1 (one more pass of the eval set each; the M-scaling table)
     imagenet_c: Path | None = None  # a pre-generated ImageNet-C folder: <dir>/<corruption>/<severity>/<class>/<img>
     batch_size: Int | None = Field(None, ge=1)  # None: train.batch_size
-    # temperature: one T fitted on the val split, scored before/after; member-temperature: also one T per member
+    # temperature: one T fitted on the calibration split (data.calib_split) when the run has one, else on the val
+    # split, scored before/after; member-temperature: also one T per member
     calibration: Literal["none", "temperature", "member-temperature"] = "none"
     # which corruptions corrupt which split (catalog.corruption_table.SHIFT_SPLITS): test, the test corruptions on the
     # test split (read once, at the end); val, the validation corruptions on the validation split (where choices are
     # made). None: eval.split's; given, it must be eval.split, so a shift pass never reads the other split
     shift_split: Literal["test", "val"] | None = None
-    conformal: list[Alpha] = Field(default_factory=list)  # miscoverages α of split conformal sets fitted on val
+    # miscoverages α of split conformal sets, fitted on the split calibration fits on (calib, else val)
+    conformal: list[Alpha] = Field(default_factory=list)
     # the BatchNorm statistics at prediction: the training ones, or each batch's own mixed with them by the prior N
     # (evaluation/norm_stats.py; N = 0: the batch's alone)
     norm_stats: Literal["train", "batch"] = "train"

@@ -87,7 +87,9 @@ class NormStats:
 @dataclass(frozen=True)
 class ConformalFit:
     """The conformal set inside the program: score ``score`` ≤ ``qhat`` (None: +inf, every class), fitted at
-    miscoverage ``alpha`` on the validation split (``qhat_fitted``: the quantile before the program's rounding)."""
+    miscoverage ``alpha`` on ``fitted_on``: the calibration split when the run has one (``data.calib_split``), else
+    the validation split (``qhat_fitted``: the quantile before the program's rounding; ``val_coverage`` and
+    ``val_set_size`` are on that split)."""
 
     alpha: float
     score: str

@@ -4,7 +4,8 @@ ONNX model (``.onnx``, run with onnxruntime alone; written by :mod:`.program_onn
 
 The program maps a batch of raw images, float32 ``(B, C, H, W)`` in [0, 1] (what the recipe's loader has before it
 normalises), to the ensemble's prediction; the recipe's mean/std, the chosen members (a real sub-ensemble, not a
-mask), the temperature and the conformal threshold fitted on the validation split are inside it, and its metadata
+mask), the temperature and the conformal threshold fitted on the calibration split (``data.calib_split``) when
+the run has one, else on the validation split, are inside it, and its metadata
 (:class:`~sigmanens_dist.export.format.ProgramMeta`, as JSON) is in the file. Above the evaluation floor: it reuses
 eval's checkpoint rebuild, sub-ensembles, validation pass, metrics and post-hoc fits, so a program predicts what eval
 scores.
@@ -182,8 +183,9 @@ def class_names(cfg: Config, num_classes: int) -> list[str] | None:
 
 
 class _Fit(NamedTuple):
-    """What the validation split gave the program: its temperature, the fit's record (the metadata's ``fitted_on``
-    … ``val_nll_after``; none without calibration) and its conformal set (none without ``--conformal``)."""
+    """What the post-hoc split (the calibration split, else the validation split) gave the program: its
+    temperature, the fit's record (the metadata's ``fitted_on`` … ``val_nll_after``; none without calibration) and
+    its conformal set (none without ``--conformal``)."""
 
     temperature: float
     record: dict[str, Any]
