@@ -106,6 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except UsageError as err:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_USAGE
+        except UnavailableError as err:  # the server stopped answering since the runs were read: exit 1
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_UNAVAILABLE
         print(f"registered it as models:/{args.register_best}/{version.version}"
               f"{f' (models:/{args.register_best}@{args.alias})' if args.alias else ''} in {args.uri}")
     return 0

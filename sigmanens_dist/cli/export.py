@@ -29,8 +29,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from sigmanens_dist.atomic import check_writable_folder
 from sigmanens_dist.cli.options import add_norm_stats_options
-from sigmanens_dist.errors import EXIT_USAGE, UsageError
+from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, UnavailableError, UsageError
 
 __all__ = ["main"]
 
@@ -103,6 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError(f"--register: {args.checkpoint} has no mlflow_run.txt (a run trained with tracking "
                                  "on has one); give the store with --tracking-uri")
         _check_out(out, checkpoint, args.force)
+        if args.register is not None:  # the registration's refusals before the program is written, not after
+            from sigmanens_dist.checkpoint.state import TrainerState
+            from sigmanens_dist.registry import check_registration
+
+            check_registration(uri, TrainerState.read(checkpoint).run_id, args.register, args.alias)
         lock = own_run_containing(out, "export")
         print(f"exporting {which}")
         if args.program is not None:
@@ -134,6 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch_save(weights, args.out)
     except UsageError as err:
         return _usage(str(err))
+    except UnavailableError as err:  # a tracking server that does not answer: one line, exit 1 (errors.py)
+        print(f"sigmanens export: error: {err}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     finally:
         if lock is not None:
             lock.release()
@@ -150,18 +159,16 @@ def _usage(message: str) -> int:
 def _check_out(out: Path, checkpoint: Path, force: bool) -> None:
     """Refuse, before anything is loaded, an ``out`` whose writing would lose something: the checkpoint being
     exported (a file, or anything inside a checkpoint folder; ``--force`` cannot ask for that), a folder, a file
-    already there without ``--force``; and one whose folder is missing (a typo, not a folder to create) or is a
-    file."""
+    already there without ``--force``; and one whose folder is missing (a typo, not a folder to create), is (or is
+    under) a file or cannot be written."""
     if checkpoint.is_dir() and out.resolve().is_relative_to(checkpoint.resolve()):
         raise UsageError(f"OUT {out} is inside the checkpoint folder being exported ({checkpoint}); write it elsewhere")
     if out.exists() and os.path.samefile(out, checkpoint):
         raise UsageError(f"OUT {out} is the checkpoint being exported; write it elsewhere")
     if out.is_dir():
         raise UsageError(f"OUT {out} is a folder; give the file to write, e.g. {out / 'model.pt'}")
+    check_writable_folder(out.parent, f"OUT {out}: its folder ")
     if not out.parent.is_dir():
-        blocker = next((folder for folder in out.parents if folder.exists()), None)  # the part of the path there
-        if blocker is not None and not blocker.is_dir():
-            raise UsageError(f"OUT {out}: {blocker} is a file, not a folder; give a path in a folder")
         raise UsageError(f"OUT {out}: its folder {out.parent} does not exist")
     if out.exists() and not force:
         raise UsageError(f"OUT {out} already exists; pass --force to replace it")

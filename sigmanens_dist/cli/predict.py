@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from sigmanens_dist.errors import EXIT_USAGE, UsageError
+from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, UnavailableError, UsageError
 
 __all__ = ["main"]
 
@@ -56,11 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             program = _program(args.program, args.tracking_uri, Path(tmp))
             summary = predict(program, args.inputs, args.out, batch_size=args.batch_size, fmt=args.format,
                               device=args.device, force=args.force, chunk_size=args.chunk_size,
-                              norm_stats=args.norm_stats)
-    except UsageError as err:
+                              norm_stats=args.norm_stats, source=args.program)  # the URI, not the temporary copy
+    except (UsageError, UnavailableError) as err:  # a registry that does not answer: one line too, but exit 1
         if main_rank:
             print(f"sigmanens predict: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_USAGE if isinstance(err, UsageError) else EXIT_UNAVAILABLE
     if summary is not None:
         print(f"predicted {summary['predicted']} inputs ({summary['skipped']} skipped) into {args.out}: "
               f"{summary['units']['total']} part files in {args.out / 'parts'}, summary in "

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sigmanens_dist.atomic import write_text
 from sigmanens_dist.config import check_run_paths, load_config
 from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, USAGE_MARKER, UnavailableError, UsageError
 from sigmanens_dist.training.preemption import StartupGuard
@@ -83,7 +84,7 @@ def _usage_error(err: UsageError, cfg: Config | None) -> int:
     _say(err)
     ours = cfg is not None and Path(cfg.run_dir).is_dir() and not isinstance(err, RunLockedError)  # held: the holder's
     if ours and int(os.environ.get("RANK", "0")) == 0:
-        (Path(cfg.run_dir) / USAGE_MARKER).write_text(f"{err}\n")
+        write_text(Path(cfg.run_dir) / USAGE_MARKER, f"{err}\n")
     return EXIT_USAGE
 
 

@@ -57,9 +57,11 @@ def _device(requested: str | None, local_rank: int, world: int) -> torch.device:
 
 def predict(program_path: Path, inputs: Sequence[Path], out: Path, *, batch_size: int = 64, fmt: str = "parquet",
             device: str | None = None, force: bool = False, chunk_size: int = 1024,
-            norm_stats: str | None = None) -> dict[str, Any] | None:
+            norm_stats: str | None = None, source: str | None = None) -> dict[str, Any] | None:
     """Predict every input once into ``out``; the summary on rank 0, None on the other ranks. ``norm_stats``, when
-    given, must be the BatchNorm statistics the program was exported with."""
+    given, must be the BatchNorm statistics the program was exported with. ``source``: what the manifest and
+    summary name as the program when ``program_path`` is a temporary copy (the ``models:/`` URI it was downloaded
+    from); default the path itself."""
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size}: give a batch size ≥ 1")
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
@@ -69,7 +71,7 @@ def predict(program_path: Path, inputs: Sequence[Path], out: Path, *, batch_size
     check_norm_stats(program_path, program.meta, norm_stats, batch_size)
     channels, height, width = program.meta.input.chw
     check_shapes(units, channels, (height, width))
-    manifest = {"format": FORMAT, "program": {"path": str(program_path), "sha256": file_sha256(program_path)},
+    manifest = {"format": FORMAT, "program": {"path": source or str(program_path), "sha256": file_sha256(program_path)},
                 "inputs": [str(p) for p in inputs], "inputs_sha256": inputs_digest(units),
                 "chunk_size": chunk_size, "output_format": fmt, "units": [u.describe() for u in units]}
     env = None

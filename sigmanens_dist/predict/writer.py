@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from sigmanens_dist.atomic import atomic_write, write_text
+from sigmanens_dist.atomic import atomic_write, check_writable_folder, write_text
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.export.format import ProgramMeta
 
@@ -44,15 +44,11 @@ def part_path(out: Path, unit_id: str, fmt: str) -> Path:
 
 
 def check_out(out: Path, inputs: Sequence[Path]) -> None:
-    """Refuse, before any work, an ``out`` that cannot be a folder (a file, or a path under one) or that overlaps an
-    input: equal to it, inside an input folder (its parts would be read as inputs, or an input deleted by
-    ``--force``) or holding an input (inputs are never read from the output folder)."""
-    for folder in (out, *out.parents):  # the nearest part of the path that exists must be a folder
-        if folder.exists():
-            if not folder.is_dir():
-                where = "a file" if folder == out else f"under {folder}, which is a file"
-                raise UsageError(f"--out {out}: {where}, not a folder; give a new or empty folder")
-            break
+    """Refuse, before any work, an ``out`` that cannot be a folder predict writes into (a file, a path under one, a
+    folder that cannot be written) or that overlaps an input: equal to it, inside an input folder (its parts would
+    be read as inputs, or an input deleted by ``--force``) or holding an input (inputs are never read from the
+    output folder)."""
+    check_writable_folder(out, "--out ")
     target = out.resolve()
     for path in inputs:
         source = path.resolve()

@@ -11,9 +11,11 @@ from sigmanens_dist.registry.register import (
     MODEL_URI,
     check_alias,
     check_name,
+    check_registration,
     fetch_program,
     recorded_tracking_uri,
     register_program,
 )
 
-__all__ = ["MODEL_URI", "check_alias", "check_name", "fetch_program", "recorded_tracking_uri", "register_program"]
+__all__ = ["MODEL_URI", "check_alias", "check_name", "check_registration", "fetch_program", "recorded_tracking_uri",
+           "register_program"]

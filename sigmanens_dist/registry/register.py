@@ -26,9 +26,10 @@ from sigmanens_dist.errors import UsageError
 from sigmanens_dist.export import format as program_format
 from sigmanens_dist.export.format import ProgramMeta
 from sigmanens_dist.predict.backends import load_program
-from sigmanens_dist.training.tracking import RUN_ID_FILE
+from sigmanens_dist.training.tracking import RUN_ID_FILE, check_server
 
-__all__ = ["MODEL_URI", "check_alias", "check_name", "fetch_program", "recorded_tracking_uri", "register_program"]
+__all__ = ["MODEL_URI", "check_alias", "check_name", "check_registration", "fetch_program", "recorded_tracking_uri",
+           "register_program"]
 
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_program.py")  # the model's code (models from code)
 # what the pyfunc imports, logged beside it (code_paths): standalone files, no sigmanens_dist where it is served
@@ -70,10 +71,12 @@ def recorded_tracking_uri(checkpoint: Path) -> str | None:
 
 def _client(uri: str) -> Any:
     """MLflow pointed at ``uri`` for this process (the fluent calls that log a model read the global URI), failing
-    fast on a server that does not answer."""
+    fast on a server that does not answer: one :class:`~sigmanens_dist.errors.UnavailableError` line, not a
+    traceback of MLflow's retry loop."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    check_server(uri)
     import mlflow
 
     mlflow.set_tracking_uri(uri)
@@ -123,27 +126,41 @@ def _description(meta: ProgramMeta, run_id: str) -> str:
             f"{meta.package_version}")
 
 
+def check_registration(uri: str, run_id: str | None, name: str, alias: str | None) -> Any:
+    """Refuse a registration that cannot happen, before the program is exported for it (``export --register``
+    would otherwise leave OUT written and the registration undone): a bad name or alias, a run trained without
+    MLflow (no run to log the model into) or one the store ``uri`` does not hold (a :class:`UsageError`), a
+    server that does not answer (an :class:`~sigmanens_dist.errors.UnavailableError`). Returns the MLflow run."""
+    from mlflow.exceptions import MlflowException
+
+    check_name(name, "--register")
+    check_alias(alias)
+    if run_id is None:
+        raise UsageError("--register: the run was trained without MLflow tracking (its checkpoint names no MLflow "
+                         "run), so there is no run to log the model into")
+    client = _client(uri)
+    try:
+        return client.get_run(run_id)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise UsageError(f"--register: the run's MLflow run {run_id} is not in {uri}; give the store it was tracked "
+                         "in (--tracking-uri)") from None
+
+
 def register_program(program: Path, name: str, *, uri: str, run_id: str | None, alias: str | None = None,
                      tags: dict[str, str] | None = None) -> Any:
     """Log ``program`` into MLflow run ``run_id`` of store ``uri`` as a pyfunc model, register it as a new version
     of ``name`` (created if missing) tagged with its metadata and ``tags``, point ``alias`` at it; returns the
-    version. The program is loaded (and a ``.pt2`` vetted) as ``sigmanens predict`` loads it first."""
+    version. :func:`check_registration` first, then the program is loaded (and a ``.pt2`` vetted) as ``sigmanens
+    predict`` loads it."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
+    run = check_registration(uri, run_id, name, alias)
+    client = mlflow.MlflowClient(uri)  # check_registration pointed MLflow at uri and asked the server
     loaded = load_program(program, torch.device("cpu"))
     meta = loaded.meta
-    if run_id is None:
-        raise UsageError(f"--register: {program}'s run was trained without MLflow tracking (its checkpoint names no "
-                         "MLflow run), so there is no run to log the model into")
-    client = _client(uri)
-    try:
-        run = client.get_run(run_id)
-    except MlflowException as err:
-        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
-            raise
-        raise UsageError(f"--register: the program's MLflow run {run_id} is not in {uri}; give the store it was "
-                         "tracked in (--tracking-uri)") from None
     example = np.full((2, *meta.input.chw), 0.5, dtype=np.float32)
     runtime = "onnxruntime" if program.suffix == ".onnx" else "torch"
     requirements = [f"{dist}=={importlib.metadata.version(dist)}" for dist in ("mlflow", "numpy", runtime)]

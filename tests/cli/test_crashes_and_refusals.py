@@ -72,7 +72,7 @@ def test_eval_refusals_are_one_line_without_a_doubled_prefix(run: Path, tmp_path
     assert err == ["sigmanens eval: error: --ood 'svhn': for data.dataset='synthetic' the OOD sets are none yet (all: "
                    "digits, svhn)"]
     assert main(_eval(run, tmp_path / "ev", "--members", "0")) == 2
-    assert capsys.readouterr().err.splitlines() == ["sigmanens eval: error: --members 0: must be ≥ 1"]
+    assert capsys.readouterr().err.splitlines() == ["sigmanens eval: error: --members 0: must be >= 1"]
     assert (tmp_path / "afile").read_text() == "mine" and not (tmp_path / "ev").exists()
 
 
@@ -183,6 +183,33 @@ def test_a_server_that_does_not_answer_is_one_line_and_exit_1(tmp_path: Path, ca
     assert main(["compare", "--experiment", "x", "--uri", dead, "--out", str(tmp_path / "cmp")]) == 1
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: the tracking server {dead} does not answer ("), err
+
+
+def test_a_registry_that_does_not_answer_is_one_line_and_exit_1(run: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Review item 3: `export --register` (to the store of a run that has an MLflow run) and `predict models:/…`
+    against a tracking server that does not answer were a traceback of MLflow's retry loop; now one line, exit 1,
+    and export writes no program first."""
+    import torch
+
+    from sigmanens_dist.cli import main
+    from sigmanens_dist.safe_load import load_file
+
+    ckpt = run / "checkpoints" / "step_00000002.pt"
+    torch.save({**load_file(ckpt, "checkpoint"), "mlflow_run_id": "0" * 32}, ckpt)
+    dead = f"http://127.0.0.1:{free_port()}"
+    out = tmp_path / "p.pt2"
+    assert main(["export", str(run), "--program", str(out), "--register", "tiny", "--tracking-uri", dead]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"sigmanens export: error: the tracking server {dead} does not answer ({err[0].split(' (', 1)[1]}"]
+    assert not out.exists()
+    (tmp_path / "photos").mkdir()
+    assert main(["predict", "models:/tiny@champion", str(tmp_path / "photos"), "--out", str(tmp_path / "preds"),
+                 "--tracking-uri", dead]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"sigmanens predict: error: the tracking server {dead} does not "
+                                               "answer ("), err
+    assert not (tmp_path / "preds").exists()
 
 
 def test_data_convert_out_under_a_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

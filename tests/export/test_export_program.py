@@ -484,9 +484,23 @@ def test_program_under_a_file_says_the_file(run: Path, tmp_path: Path, capsys: p
     afile.write_text("a file")
     for out in (afile / "p.pt2", afile / "sub" / "p.pt2"):
         assert main(["export", str(run), "--program", str(out)]) == 2
-        assert capsys.readouterr().err == (f"sigmanens export: error: OUT {out}: {afile} is a file, not a folder; "
-                                           "give a path in a folder\n")
+        where = f"{afile} is a file" if out.parent == afile else f"{out.parent}: a part of this path is a file"
+        assert capsys.readouterr().err == (f"sigmanens export: error: OUT {out}: its folder {where}, not a folder"
+                                           f"{'' if out.parent == afile else f' ({afile})'}\n")
     assert afile.read_text() == "a file"
+
+
+def test_register_without_an_mlflow_run_is_refused_before_the_program_is_written(
+        run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review item 2: `--register` for a run trained without MLflow was refused only after OUT was written (and a
+    rerun without --force then refused OUT); now before anything is exported, and the store is never opened."""
+    out, db = tmp_path / "p.pt2", tmp_path / "mlflow.db"
+    assert main(["export", str(run), "--program", str(out), "--register", "tiny", "--tracking-uri",
+                 f"sqlite:///{db}"]) == 2
+    assert capsys.readouterr().err == ("sigmanens export: error: --register: the run was trained without MLflow "
+                                       "tracking (its checkpoint names no MLflow run), so there is no run to log "
+                                       "the model into\n")
+    assert not out.exists() and not db.exists()
 
 
 def test_program_flags_without_program_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

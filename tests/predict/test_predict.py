@@ -270,10 +270,10 @@ def test_out_under_a_file_is_one_line(program: Path, tmp_path: Path, capsys: pyt
     _images(photos, ["a.png"])
     afile = tmp_path / "afile"
     afile.write_text("a file")
-    for out, says in ((afile / "p" / "q", f"under {afile}, which is a file"), (afile, "a file")):
+    for out, says in ((afile / "p" / "q", f": a part of this path is a file, not a folder ({afile})"),
+                      (afile, " is a file, not a folder")):
         assert main(["predict", str(program), str(photos), "--out", str(out)]) == 2
-        assert capsys.readouterr().err == (f"sigmanens predict: error: --out {out}: {says}, not a folder; give a "
-                                           "new or empty folder\n")
+        assert capsys.readouterr().err == f"sigmanens predict: error: --out {out}{says}\n"
     assert afile.read_text() == "a file"
 
 

@@ -251,6 +251,20 @@ def test_register_best_picks_the_lower_validation_nll(store: str, tmp_path: Path
     assert float(version.tags["sigmanens.chosen_value"]) == 0.4
 
 
+def test_register_of_a_run_not_in_the_store_is_refused_before_the_program_is_written(
+        store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review item 2: a checkpoint whose MLflow run the store does not hold is refused in one line, exit 2, before
+    the program is exported (OUT not written, so a rerun needs no --force)."""
+    run = shutil.copytree(FIXTURE, tmp_path / "run")
+    state = load_file(run / CKPT, "checkpoint")
+    torch.save({**state, "mlflow_run_id": "0" * 32}, run / CKPT)
+    out = tmp_path / "model.pt2"
+    assert main(["export", str(run), "--program", str(out), "--register", "tiny", "--tracking-uri", store]) == 2
+    assert capsys.readouterr().err == (f"sigmanens export: error: --register: the run's MLflow run {'0' * 32} is "
+                                       f"not in {store}; give the store it was tracked in (--tracking-uri)\n")
+    assert not out.exists()
+
+
 def _png(seed: int) -> bytes:
     pixels = np.random.default_rng(seed).integers(0, 256, (16, 16, 3)).astype(np.uint8)
     buf = io.BytesIO()
@@ -262,7 +276,8 @@ def test_predict_a_registered_program_equals_predict_of_its_file(registered: dic
                                                                   store: str, tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """``sigmanens predict models:/tiny-pt2@champion`` (and ``models:/tiny-pt2/1``) writes what ``sigmanens predict
-    model.pt2`` writes for the same images; a name the registry lacks is one line, exit 2, nothing written."""
+    model.pt2`` writes for the same images, its manifest and summary naming the URI (not the temporary download,
+    deleted after); a name the registry lacks is one line, exit 2, nothing written."""
     import pyarrow.parquet as pq
 
     photos = tmp_path / "photos"
@@ -277,6 +292,9 @@ def test_predict_a_registered_program_equals_predict_of_its_file(registered: dic
         rows[label] = [row for part in sorted((tmp_path / label / "parts").glob("*.parquet"))
                        for row in pq.read_table(part).to_pylist()]
     assert len(rows["file"]) == 7 and rows["alias"] == rows["file"] == rows["version"]
+    for label, named in (("alias", "models:/tiny-pt2@champion"), ("version", "models:/tiny-pt2/1")):
+        for record in ("manifest.json", "summary.json"):  # the URI given, not the deleted temporary download
+            assert json.loads((tmp_path / label / record).read_text())["program"]["path"] == named
     capsys.readouterr()
     assert main(["predict", "models:/nope@champion", str(photos), "--out", str(tmp_path / "nope"),
                  "--tracking-uri", store]) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -192,11 +193,11 @@ def _write_csv(path: Path, rows: Iterable[Sequence[Any]]) -> Path:
     """Every CSV compare writes: a text cell that begins like a formula (a run, method or variant name is whatever
     was logged) gets a leading ``'``, OWASP's advice against CSV injection, so opening the file runs nothing;
     numbers are written as they are."""
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        for row in rows:
-            w.writerow([f"'{v}" if isinstance(v, str) and v.startswith(_FORMULA_START) else v for v in row])
-    return path
+    text = io.StringIO(newline="")
+    w = csv.writer(text)
+    for row in rows:
+        w.writerow([f"'{v}" if isinstance(v, str) and v.startswith(_FORMULA_START) else v for v in row])
+    return write_text(path, text.getvalue())  # atomic: a reader never sees half a table
 
 
 def _csv(report: Report, path: Path) -> Path:
