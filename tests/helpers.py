@@ -75,7 +75,7 @@ def mlflow_server(db: Path) -> Iterator[str]:
 
 def import_blocking(*modules: str) -> str:
     """The head of a script for a fresh interpreter in which importing ``modules`` (packages, or a package's part
-such as ``sigmanens_dist.evaluation``), and anything under them, fails (checked at once)."""
+    such as ``sigmanens_dist.evaluation``), and anything under them, fails (checked at once)."""
     return f"""
 import importlib.abc, json, sys
 BLOCKED = {modules!r}
