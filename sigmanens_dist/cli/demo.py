@@ -19,6 +19,7 @@ from pathlib import Path
 from sigmanens_dist.cli.compare import main as compare_main
 from sigmanens_dist.cli.study import main as study_main
 from sigmanens_dist.config import load_config
+from sigmanens_dist.errors import EXIT_USAGE, UsageError
 from sigmanens_dist.experiments.study import DEFINITION, load_definition
 
 RECIPE = "fmnist_small"
@@ -37,10 +38,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from sigmanens_dist.evaluation.plots import reliability_diagrams
 
-    batch = load_config(args.config, args.overrides, check_data=False).train.batch_size
+    try:
+        batch = load_config(args.config, args.overrides, check_data=False).train.batch_size
+    except UsageError as err:  # a bad recipe or override: every problem in one message, before anything runs
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
     if args.nproc < 1 or batch % args.nproc:
         print(f"error: --nproc {args.nproc} must be ≥ 1 and divide the recipe's batch of {batch}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     per_rank = [f"train.batch_size={batch // args.nproc}"] if args.nproc > 1 else []
     status = study_main(["methods", "--methods", "single,sigma", "--members", "4", "--seeds", args.seeds,
                          "--nproc", str(args.nproc), "--config", str(args.config), "--out", str(args.out),

@@ -40,6 +40,13 @@ def test_demo_refuses_a_process_count_that_does_not_split_the_batch(tmp_path, ca
     assert not (tmp_path / "demo").exists()  # refused before the study wrote anything
 
 
+def test_demo_refuses_a_bad_override_in_one_line(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--out", str(tmp_path / "demo"), "model.num_members=0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "model.num_members" in err and "Traceback" not in err
+    assert not (tmp_path / "demo").exists()
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--dataset", "cifar10", "--root", "/nonexistent"], "data.root: /nonexistent does not exist"),
     (["--dataset", "fashion_mnist", "--train-subset", "100", "--val-split", "100"],
