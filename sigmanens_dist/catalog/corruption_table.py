@@ -62,5 +62,5 @@ def shift_split_problem(names: list[str], shift_split: str) -> str | None:
     if not wrong:
         return None
     kind = "validation" if other == "val" else "test"
-    return (f"{', '.join(wrong)}: {kind} corruption(s), not scored on shift split {shift_split}; choose from all, "
-            f"{', '.join(SHIFT_SPLITS[shift_split])} (or shift split {other})")
+    return (f"{', '.join(wrong)}: {kind} corruption(s), not scored on eval.shift_split={shift_split}; choose from "
+            f"all, {', '.join(SHIFT_SPLITS[shift_split])} (or eval.shift_split={other})")

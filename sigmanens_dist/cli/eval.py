@@ -24,12 +24,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sigmanens_dist.catalog.corruption_table import CORRUPTIONS, SEVERITIES, SHIFT_SPLITS, shift_split_problem, unknown
+from sigmanens_dist.catalog.corruption_table import CORRUPTIONS, SEVERITIES, SHIFT_SPLITS, unknown
 from sigmanens_dist.cli.options import add_norm_stats_options
-from sigmanens_dist.config import EvalConfig, choices
+from sigmanens_dist.config import Config, EvalConfig, choices, from_options
 from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, UnavailableError, UsageError
 
-__all__ = ["main", "parse_corruptions", "parse_severities", "resolve_splits"]
+__all__ = ["main", "parse_corruptions", "parse_severities"]
 
 
 def parse_severities(text: str) -> list[int]:
@@ -56,20 +56,6 @@ def parse_corruptions(text: str | None) -> list[str]:
     if bad or not names:
         raise UsageError(f"--corruptions {text!r}: {unknown(bad)}")
     return ["all"] if "all" in names else names
-
-
-def resolve_splits(split: str | None, shift_split: str | None, corruptions: list[str]) -> tuple[str, str]:
-    """``(split, shift_split)`` from ``--split`` and ``--shift-split``, each defaulting to the other (both to test):
-    the clean and corrupted passes read one split, and the corruptions must be the shift split's."""
-    split = split or shift_split or "test"
-    shift_split = shift_split or split
-    if shift_split != split:
-        raise UsageError(f"--shift-split {shift_split} corrupts the {shift_split} split, which --split {split} does "
-                         "not score: give one of them (or both alike)")
-    problem = shift_split_problem(corruptions, shift_split)
-    if problem is not None:
-        raise UsageError(f"--corruptions {problem.replace('shift split', '--shift-split')}")
-    return split, shift_split
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -119,19 +105,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE if isinstance(err, UsageError) else EXIT_UNAVAILABLE
 
 
-#: the --data keys that choose which pool samples the calibration split holds (data/raw.py: split_indices)
-_CALIB_SPLIT_KEYS = ("data.train_subset", "data.val_split", "data.split_seed", "data.calib_split")
+#: the data keys that choose which pool samples the calibration split holds (data/raw.py: split_indices)
+_CALIB_SPLIT_KEYS = ("train_subset", "val_split", "split_seed", "calib_split")
 
 
-def _check_split_overrides(given: list[str], overrides: list[str], calib_split: int) -> None:
+def _check_split_overrides(given: list[str], trained: Config, cfg: Config) -> None:
     """The calibration split is carved when the run trains: set at eval, or moved by changing the keys that carve
-    it, it would hold samples the model was trained on, and the post-hoc fit would read them."""
-    for text, kv in zip(given, overrides, strict=True):
-        key = kv.split("=", 1)[0].strip()
-        if key == "data.calib_split" or (calib_split and key in _CALIB_SPLIT_KEYS):
-            raise UsageError(f"--data {text}: the calibration split is carved from the training pool when the run "
-                             f"trains (this run: data.calib_split={calib_split}); {key} cannot change at eval, or "
-                             "the fit would read training samples: train with data.calib_split=N to fit on one")
+    it, it would hold samples the model was trained on, and the post-hoc fit would read them. ``given``: the --data
+    texts; ``trained``, ``cfg``: the run's config without and with them. A key given its trained value moves
+    nothing."""
+    last = {text.split("=", 1)[0].strip().removeprefix("data."): text for text in given}  # the one that counts
+    calib_split = trained.data.calib_split
+    for key in _CALIB_SPLIT_KEYS:
+        before = getattr(trained.data, key)
+        if key in last and getattr(cfg.data, key) != before and (key == "calib_split" or calib_split):
+            this_run = f"data.calib_split={calib_split}" + ("" if key == "calib_split" else f", data.{key}={before}")
+            raise UsageError(f"--data {last[key]}: the calibration split is carved from the training pool when the "
+                             f"run trains (this run: {this_run}); data.{key} cannot change at eval, or the fit would "
+                             "read training samples: train with data.calib_split=N to fit on one")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -147,28 +138,25 @@ def _run(args: argparse.Namespace) -> int:
 
     # Everything that can be checked without the checkpoint first, then the checkpoint, then the rest: all before
     # the first forward pass.
-    corruptions = parse_corruptions(args.corruptions)
-    split, shift_split = resolve_splits(args.split, args.shift_split, corruptions)
-    severities = parse_severities(args.severities)
-    alphas = parse_alphas(args.conformal)  # before anything is read
-    prior = parse_prior(args.norm_stats_prior, args.norm_stats)
-    if args.members is not None and args.members < 1:
-        raise UsageError(f"--members {args.members}: must be ≥ 1")
+    # the options are checked by EvalConfig's own validators, as a config's eval section is; --split defaults to
+    # --shift-split's, and --shift-split to --split's (EvalConfig.shift)
+    options = from_options(
+        EvalConfig, split=args.split or args.shift_split or "test", shift_split=args.shift_split,
+        corruptions=parse_corruptions(args.corruptions), severities=parse_severities(args.severities),
+        ood=args.ood, ood_root=args.ood_root, members=args.members, sub_ensembles=not args.no_sub_ensembles,
+        batch_size=args.batch_size, imagenet_c=args.imagenet_c, calibration=args.calibration,
+        conformal=parse_alphas(args.conformal), norm_stats=args.norm_stats,
+        norm_stats_prior=parse_prior(args.norm_stats_prior, args.norm_stats))
     overrides = [kv if kv.startswith("data.") else f"data.{kv}" for kv in args.data]
     checkpoint, which = resolve_checkpoint(args.checkpoint, "--checkpoint")
     out = args.out or checkpoint.parent / f"eval_{checkpoint.stem}"
     check_writable_folder(out, "--out ")  # before the model is built
     logging.getLogger("sigmanens").info("evaluating %s", which)
-    loaded = load_for_eval(checkpoint, overrides)
+    loaded = load_for_eval(checkpoint, overrides,
+                           check_overrides=lambda trained, cfg: _check_split_overrides(args.data, trained, cfg))
     cfg = loaded.cfg
-    _check_split_overrides(args.data, overrides, cfg.data.calib_split)
     if args.no_mlflow:
         cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"enabled": False})})
-    options = EvalConfig(split=split, corruptions=corruptions, severities=severities, ood=args.ood,
-                         ood_root=args.ood_root, members=args.members, sub_ensembles=not args.no_sub_ensembles,
-                         shift_split=shift_split,
-                         batch_size=args.batch_size, imagenet_c=args.imagenet_c, calibration=args.calibration,
-                         conformal=alphas, norm_stats=args.norm_stats, norm_stats_prior=prior)
     check_options(cfg, loaded.model, options)
     env = None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched by torchrun: shard every pass over the ranks

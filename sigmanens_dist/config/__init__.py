@@ -18,6 +18,7 @@ from sigmanens_dist.config.loading import (
     check_run_paths,
     config_from_dict,
     flatten,
+    from_options,
     load_config,
     recipe_path,
     recipes,
@@ -41,5 +42,5 @@ from sigmanens_dist.config.schema import (
 
 __all__ = ["RECIPES", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "ModelConfig",
            "OptimConfig", "RegConfig", "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig",
-           "check_paths", "check_run_paths", "choices", "config_from_dict", "flatten", "load_config", "recipe_path",
-           "recipes", "save_config"]
+           "check_paths", "check_run_paths", "choices", "config_from_dict", "flatten", "from_options", "load_config",
+           "recipe_path", "recipes", "save_config"]

@@ -7,21 +7,32 @@ import copy
 import json
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from sigmanens_dist.atomic import check_writable_folder, write_text
 from sigmanens_dist.catalog.datasets import DATASETS, converted_classes_file, convertible, resolve_root
-from sigmanens_dist.config.messages import ConfigError, _did_you_mean, _from_pydantic, _keys_of, _line, _model_at
+from sigmanens_dist.config.messages import (
+    ConfigError,
+    _did_you_mean,
+    _from_pydantic,
+    _keys_of,
+    _line,
+    _model_at,
+    _problem,
+)
 from sigmanens_dist.config.schema import Config, DataConfig
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.storage.remote import RemotePath
 
-__all__ = ["RECIPES", "check_paths", "check_run_paths", "config_from_dict", "flatten", "load_config", "recipe_path",
-           "recipes", "save_config"]
+__all__ = ["RECIPES", "check_paths", "check_run_paths", "config_from_dict", "flatten", "from_options", "load_config",
+           "recipe_path", "recipes", "save_config"]
+
+_S = TypeVar("_S", bound=BaseModel)
 
 
 _REPLACES = {"train.max_steps": "train.epochs", "train.epochs": "train.max_steps"}
@@ -117,6 +128,31 @@ def config_from_dict(raw: dict[str, Any], overrides: Sequence[str] = (), *, sour
     """A config saved as a dict (a checkpoint's), through the same validation as :func:`load_config`; ``source``
     names where it came from in the error."""
     return _validated(_as_it_ran(copy.deepcopy(raw), source), overrides, source, [], check_data)
+
+
+def from_options(section: type[_S], typed: Mapping[str, str] | None = None, **values: Any) -> _S:
+    """``section(**values)``: a command's options checked by the config section's own validators, so that each rule
+    is written once for the config file and the command line. A refusal is one :class:`UsageError` line in the
+    command's words: a field is its option ``--field-name``, shown with its value as ``typed`` holds it (else as
+    given), and every ``eval.field`` a message names becomes ``--field-name`` (``eval.field=v``: ``--field-name v``).
+    A section-level message starts with the value it refuses, so it follows the option directly."""
+    try:
+        return section(**values)
+    except ValidationError as err:
+        key = next(name for name, field in Config.model_fields.items() if field.annotation is section)
+
+        def option(match: re.Match[str]) -> str:
+            return f"--{match[1].replace('_', '-')}{' ' if match[2] else ''}"
+
+        lines = []
+        for problem in err.errors(include_url=False):
+            loc = list(problem["loc"])
+            _, what, got = _problem(problem, loc, section)  # a section-level problem's loc gains its field
+            field = str(loc[0])
+            what = re.sub(rf"\b{key}\.(\w+)(=?)", option, what)
+            shown = "" if problem["type"] == "config_field" else f" {(typed or {}).get(field, got)}:"
+            lines.append(f"--{field.replace('_', '-')}{shown} {what}")
+        raise UsageError("; ".join(lines)) from None
 
 
 def _as_it_ran(raw: dict[str, Any], source: str) -> dict[str, Any]:

@@ -363,7 +363,7 @@ class EvalConfig(_Section):
     # miscoverages α of split conformal sets, fitted on the split calibration fits on (calib, else val)
     conformal: list[Alpha] = Field(default_factory=list)
     # the BatchNorm statistics at prediction: the training ones, or each batch's own mixed with them by the prior N
-    # (evaluation/norm_stats.py; N = 0: the batch's alone)
+    # (evaluation/norm_stats.py; N = 0: the batch's alone); export/format.py's NORM_STATS, for predict (a test)
     norm_stats: Literal["train", "batch"] = "train"
     norm_stats_prior: Float = Field(0.0, ge=0, allow_inf_nan=False)
 
@@ -376,8 +376,8 @@ class EvalConfig(_Section):
     @model_validator(mode="after")
     def _prior_needs_batch_stats(self) -> EvalConfig:
         if self.norm_stats_prior and self.norm_stats != "batch":
-            raise _cross_field("norm_stats_prior", "goes with eval.norm_stats: batch (it weights the training "
-                               "statistics against the batch's)", self.norm_stats_prior)
+            raise _cross_field("norm_stats_prior", f"{self.norm_stats_prior:g} goes with eval.norm_stats=batch (it "
+                               "weights the training statistics against the batch's)", self.norm_stats_prior)
         return self
 
     @property

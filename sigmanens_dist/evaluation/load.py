@@ -5,7 +5,7 @@ every export (a state dict of one member, a program) start from it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -36,24 +36,32 @@ def method_of(cfg: Config) -> str:
 
 
 def load_for_eval(path: Path | str, overrides: Sequence[str] = (), *, what: str = "--checkpoint",
-                  with_ema: bool = True, check_data: bool = True) -> EvalCheckpoint:
+                  with_ema: bool = True, check_data: bool = True,
+                  check_overrides: Callable[[Config, Config], None] | None = None) -> EvalCheckpoint:
     """Rebuild the model a checkpoint was trained as, from the config stored in it (``overrides``, dotted
     ``key=value`` strings such as ``data.root=/elsewhere``, are applied to that config first), and load the raw and,
     ``with_ema``, the EMA weights. ``check_data``: refuse a config whose data is not here (what needs no data, a
-    state dict, passes False). Errors name the file (as ``what``): missing, not a checkpoint, weights of another
-    method than its config says."""
+    state dict, passes False). ``check_overrides(trained, cfg)``: called with the config as the run trained and as
+    overridden before any model is built, so that refusing an override costs no model. Errors name the file (as
+    ``what``): missing, not a checkpoint, weights of another method than its config says."""
     path = Path(path)
     if not path.exists():
         raise MissingPathError(f"{what} {path}: no such file or checkpoint folder")
     ckpt = read_checkpoint(path, what, with_ema=with_ema)
-    try:
-        cfg = config_from_dict(ckpt.config, overrides, source=f"the config stored in {path}", check_data=check_data)
-    except ValueError as err:
-        raise UsageError(f"the config stored in {path} does not load here (with overrides {list(overrides)}):\n"
-                         f"{err}") from err
+    cfg = _config(ckpt.config, overrides, path, check_data)
+    if check_overrides is not None:
+        check_overrides(_config(ckpt.config, (), path, False) if overrides else cfg, cfg)
     model = _build(cfg, ckpt.model_args, ckpt.weights, path, "model")
     ema = None if ckpt.ema is None else _build(cfg, ckpt.model_args, ckpt.ema, path, "ema")
     return EvalCheckpoint(cfg, model, ema, ckpt.run_id, ckpt.step, ckpt.model_args)
+
+
+def _config(stored: dict[str, Any], overrides: Sequence[str], path: Path, check_data: bool) -> Config:
+    try:
+        return config_from_dict(stored, overrides, source=f"the config stored in {path}", check_data=check_data)
+    except ValueError as err:
+        raise UsageError(f"the config stored in {path} does not load here (with overrides {list(overrides)}):\n"
+                         f"{err}") from err
 
 
 def _build(cfg: Config, model_args: dict[str, Any], weights: dict[str, Any], path: Path, key: str) -> nn.Module:

@@ -20,14 +20,13 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from sigmanens_dist.config import EvalConfig, from_options
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.sigma.layers import SigmaBatchNorm
 from sigmanens_dist.sigma.layers.prediction_stats import prediction_moments
 
-__all__ = ["NORM_STATS", "PredictionBatchNorm", "batch_norm_layers", "describe", "norm_stats_problem",
-           "parse_prior", "with_norm_stats"]
-
-NORM_STATS = ("train", "batch")
+__all__ = ["PredictionBatchNorm", "batch_norm_layers", "describe", "norm_stats_problem", "parse_prior",
+           "with_norm_stats"]
 
 
 class PredictionBatchNorm(nn.Module):
@@ -80,19 +79,18 @@ def norm_stats_problem(model: nn.Module, mode: str, what: str) -> str | None:
 
 
 def parse_prior(text: str | None, mode: str) -> float:
-    """``--norm-stats-prior N``: a number ≥ 0 (default 0), and only with ``--norm-stats batch``."""
+    """``--norm-stats-prior N``: a number ≥ 0 (default 0), and only with ``--norm-stats batch`` (the config's rule,
+    ``eval.norm_stats_prior``, checked by :class:`~sigmanens_dist.config.EvalConfig` itself)."""
     if text is None:
         return 0.0
     try:
         prior = float(text)
     except ValueError:
         prior = math.nan
-    if mode != "batch":
-        raise UsageError(f"--norm-stats-prior {text} goes with --norm-stats batch (the prior weights the training "
-                         "statistics against the batch's)")
     if not (math.isfinite(prior) and prior >= 0):
         raise UsageError(f"--norm-stats-prior {text!r}: give the prior strength N as a number ≥ 0 (0: the batch "
                          "statistics alone; e.g. 16: the training statistics count as 16 samples)")
+    from_options(EvalConfig, {"norm_stats_prior": text}, norm_stats=mode, norm_stats_prior=prior)
     return prior
 
 
@@ -104,8 +102,6 @@ def describe(mode: str, prior: float) -> dict[str, object]:
 def with_norm_stats(model: nn.Module, mode: str, prior: float = 0.0) -> nn.Module:
     """``model`` itself for ``train``; for ``batch`` a copy whose BatchNorm layers normalise, in eval, with the
     prediction batch's statistics mixed with their running ones by ``prior`` (the running ones stay untouched)."""
-    if mode not in NORM_STATS:
-        raise UsageError(f"--norm-stats {mode!r}: choose {' or '.join(NORM_STATS)}")
     if mode == "train":
         return model
     adapted = copy.deepcopy(model)

@@ -22,8 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CONFORMAL_OUTPUT", "FORMAT_NAME", "FORMAT_VERSION", "METADATA_FILE", "OUTPUTS", "ConformalFit",
-           "LaterFormatError", "NormStats", "Normalisation", "ProgramInput", "ProgramMeta", "ProgramMetaError"]
+__all__ = ["CONFORMAL_OUTPUT", "FORMAT_NAME", "FORMAT_VERSION", "METADATA_FILE", "NORM_STATS", "OUTPUTS",
+           "ConformalFit", "LaterFormatError", "NormStats", "Normalisation", "ProgramInput", "ProgramMeta",
+           "ProgramMetaError"]
 
 FORMAT_NAME = "sigmanens-program"  # the metadata's "format" is FORMAT_NAME/<version>
 #: The metadata layout this code writes; a program of a higher one is refused.
@@ -70,6 +71,11 @@ class Normalisation:
 
     mean: list[float]
     std: list[float]
+
+
+#: the BatchNorm statistics a program can normalise with (``--norm-stats``): here, torch- and pydantic-free, for
+#: ``sigmanens predict``; the config's ``eval.norm_stats`` allows the same (a test holds them equal)
+NORM_STATS = ("train", "batch")
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def test_shift_splits_are_disjoint_and_cover_every_corruption() -> None:
     assert len(TEST_CORRUPTIONS) == 14 and "frost" not in TEST_CORRUPTIONS  # the benchmark's 15 but frost
     assert SHIFT_SPLITS == {"test": TEST_CORRUPTIONS, "val": VAL_CORRUPTIONS}
     assert shift_split_problem(["all"], "val") is None and shift_split_problem(["fog", "snow"], "test") is None
-    assert shift_split_problem(["fog"], "val").startswith("fog: test corruption(s), not scored on shift split val")
+    assert shift_split_problem(["fog"], "val").startswith("fog: test corruption(s), not scored on eval.shift_split=val")
     assert shift_split_problem(["contrast", "spatter"], "test").startswith("spatter: validation corruption(s)")
 
 

@@ -244,7 +244,8 @@ def test_shift_split_refusals_before_the_checkpoint_is_read(tmp_path: Path,
                         (["--corruptions", "contrast,spatter"],
                          r"--corruptions spatter: validation corruption\(s\), not scored on --shift-split test"),
                         (["--split", "test", "--shift-split", "val"],
-                         r"--shift-split val corrupts the val split, which --split test does not score"),
+                         r"--shift-split val corrupts the val split, but --split is test: the clean and corrupted "
+                         r"passes read one split"),
                         (["--split", "val", "--corruptions", "fog"], r"--corruptions fog: test corruption")):
         assert eval_main(["--checkpoint", ckpt, *args]) == 2
         err = capsys.readouterr().err
@@ -367,8 +368,8 @@ def test_missing_or_mismatched_checkpoint(trained: Path, tmp_path: Path, capsys:
     (["eval.members=5"], r"eval.members: the model has only model.num_members=4 members \(got 5\)"),
     (["eval.corruptions=[smoke]"], r"eval.corruptions: unknown corruption\(s\) 'smoke'; allowed: all, gaussian_noise"),
     (["eval.severities=[0, 6]"], r"eval.severities: severities must be a non-empty list of 1..5"),
-    (["eval.corruptions=[spatter]"], r"eval.corruptions: spatter: validation corruption\(s\), not scored on shift "
-                                     r"split test"),
+    (["eval.corruptions=[spatter]"], r"eval.corruptions: spatter: validation corruption\(s\), not scored on "
+                                     r"eval.shift_split=test"),
     (["eval.split=val", "eval.corruptions=[fog]"], r"eval.corruptions: fog: test corruption\(s\)"),
     (["eval.shift_split=val"], r"eval.shift_split: val corrupts the val split, but eval.split is test"),
 ])

@@ -296,18 +296,34 @@ def test_a_calibration_split_is_what_the_fit_reads_and_frees_the_validation_spli
     assert plain["calibration"]["fitted_on"] == "val" and plain["calibration"]["num_fit"] == 16
 
 
-def test_the_calibration_split_cannot_be_set_or_moved_at_eval(tmp_path: Path,
+def test_the_calibration_split_cannot_be_set_or_moved_at_eval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import sigmanens_dist.evaluation.load as load
+
     run_dir = shutil.copytree(FIXTURE, tmp_path / "run")  # trained with data.calib_split absent, so 0
+    monkeypatch.setattr(load, "_build", lambda *a, **k: pytest.fail("the model was built"))
     assert eval_main(["--checkpoint", str(run_dir), "--data", "calib_split=5", "--calibration", "temperature",
                       "--out", str(tmp_path / "e")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sigmanens eval: error: --data calib_split=5: the calibration split "
                                                "is carved from the training pool when the run trains")
     assert not (tmp_path / "e" / "eval.json").exists()
-    _check_split_overrides(["val_split=8"], ["data.val_split=8"], 0)  # no calibration split: nothing moves
-    with pytest.raises(UsageError, match=r"--data data.split_seed=3: .* data.split_seed cannot change at eval"):
-        _check_split_overrides(["data.split_seed=3"], ["data.split_seed=3"], 10)
+
+    def check(given: list[str], trained: list[str]) -> None:
+        """``given`` (--data texts) on a run trained with ``trained``."""
+        before = load_config(None, trained, check_data=False)
+        after = load_config(None, [*trained, *(kv if kv.startswith("data.") else f"data.{kv}" for kv in given)],
+                            check_data=False)
+        _check_split_overrides(given, before, after)
+
+    check(["val_split=8"], [])  # no calibration split: nothing moves
+    check(["calib_split=0"], [])  # the run's own value: nothing changes
+    check(["calib_split=10", "data.split_seed=0", "train_subset=null"], ["data.calib_split=10"])
+    with pytest.raises(UsageError, match=r"--data data.split_seed=3: .*\(this run: data.calib_split=10, "
+                                         r"data.split_seed=0\); data.split_seed cannot change at eval"):
+        check(["data.split_seed=3"], ["data.calib_split=10"])
+    with pytest.raises(UsageError, match=r"--data calib_split=0: .* data.calib_split cannot change at eval"):
+        check(["calib_split=0"], ["data.calib_split=10"])
 
 
 @pytest.mark.parametrize("alpha", ["0", "1", "-0.1", "1.5", "abc", "nan", "0.1,", "0.1,2"])
