@@ -15,6 +15,7 @@ from sigmanens_dist.config import DataConfig, EvalConfig, ModelConfig, StrategyC
 from sigmanens_dist.data.loaders import FORMATS
 from sigmanens_dist.data.raw import IMAGE_FOLDERS, READERS
 from sigmanens_dist.distributed.strategies import CHECKPOINT_FORMATS, STRATEGIES, strategy_class
+from sigmanens_dist.export.format import NORM_STATS
 
 PACKAGE = Path(__file__).resolve().parent.parent / "sigmanens_dist"
 CONFIG_NAMES = {"cfg", "config", "d", "data_cfg", "section"}  # how the package names a config (section) parameter
@@ -31,6 +32,12 @@ def test_every_strategy_name_has_a_class_and_a_checkpoint_format() -> None:
     for name in STRATEGIES:  # each class is imported here (DeepSpeed: the extra CI installs)
         cls = strategy_class(name)
         assert cls.name == name and cls.checkpoint_format == CHECKPOINT_FORMATS[name]
+
+
+def test_predict_reads_the_norm_stats_modes_of_the_config() -> None:
+    """``sigmanens predict`` imports no pydantic: its --norm-stats choices are export/format.py's, held equal to
+    ``eval.norm_stats`` here."""
+    assert choices(EvalConfig, "norm_stats") == NORM_STATS
 
 
 def test_every_data_format_has_a_reader() -> None:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from sigmanens_dist.atomic import check_writable_folder
 from sigmanens_dist.cli.options import add_norm_stats_options
+from sigmanens_dist.config import EvalConfig, choices
 from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, UnavailableError, UsageError
 
 __all__ = ["main"]
@@ -47,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--format", help="with --program: torch (a torch.export .pt2) or onnx; default: onnx for an OUT "
                                      "ending in .onnx, else torch")
     ap.add_argument("--members", metavar="LIST", help="with --program: only these members, e.g. 0,1 (a sub-ensemble)")
-    ap.add_argument("--calibration", choices=("none", "temperature"), default="none",
+    ap.add_argument("--calibration", default="none",
+                    choices=[c for c in choices(EvalConfig, "calibration") if c != "member-temperature"],
                     help="with --program: divide member logits by a temperature fitted where eval fits it (the "
                          "calibration split of a run trained with data.calib_split, else the validation split; one "
                          "T: eval's member-temperature is a comparison, not exported)")

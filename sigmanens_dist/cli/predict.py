@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, UnavailableError, UsageError
+from sigmanens_dist.export.format import NORM_STATS
 
 __all__ = ["main"]
 
@@ -39,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--format", choices=("parquet", "jsonl"), default="parquet", help="part files (default parquet)")
     ap.add_argument("--device", help="default: cuda if available, else cpu (under torchrun: cuda:LOCAL_RANK)")
     ap.add_argument("--force", action="store_true", help="start over in a --out that holds other predictions")
-    ap.add_argument("--norm-stats", choices=("train", "batch"),
+    ap.add_argument("--norm-stats", choices=NORM_STATS,
                     help="check that PROGRAM normalises with these BatchNorm statistics (fixed when exported: "
                          "sigmanens export RUN --program OUT --norm-stats batch); refused otherwise")
     ap.add_argument("--chunk-size", type=int, default=1024,
