@@ -12,8 +12,9 @@ import pytest
 
 from sigmanens_dist.catalog.datasets import DATASETS, take_randaugment
 from sigmanens_dist.config import DataConfig, EvalConfig, ModelConfig, StrategyConfig, choices
+from sigmanens_dist.data import raw
 from sigmanens_dist.data.loaders import FORMATS
-from sigmanens_dist.data.raw import IMAGE_FOLDERS, READERS
+from sigmanens_dist.data.raw import READERS
 from sigmanens_dist.distributed.strategies import CHECKPOINT_FORMATS, STRATEGIES, strategy_class
 from sigmanens_dist.export.format import NORM_STATS
 
@@ -50,9 +51,9 @@ def test_every_dataset_has_a_reader_of_its_native_files() -> None:
 
 
 def test_the_datasets_marked_for_randaugment_are_those_whose_readers_apply_it() -> None:
-    """The dataset table's ``randaugment`` is what the config refuses by; the raw, webdataset and FFCV readers pass
-    ``train.randaugment`` on for ImageFolder data (raw.IMAGE_FOLDERS) alone."""
-    assert take_randaugment() == list(IMAGE_FOLDERS)
+    """The dataset table's ``randaugment`` is what the config refuses by and what raw.IMAGE_FOLDERS (the datasets
+    webdataset reads through the ImageFolder transforms) is; the raw reader applies it to ImageFolder trees alone."""
+    assert {name for name, read in READERS.items() if read is raw._image_folder} == set(take_randaugment())
 
 
 def test_command_line_choices_come_from_the_config(capsys: pytest.CaptureFixture[str]) -> None:

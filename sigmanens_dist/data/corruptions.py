@@ -29,29 +29,17 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from sigmanens_dist.catalog.corruption_table import (
-    CORRUPTIONS,
-    PARAMETERS,
-    SEVERITIES,
-    TEST_CORRUPTIONS,
-    UNAVAILABLE,
-    VAL_CORRUPTIONS,
-    unknown,
-)
+from sigmanens_dist.catalog.corruption_table import CORRUPTIONS, PARAMETERS, SEVERITIES, unknown
 from sigmanens_dist.errors import UsageError
 
-__all__ = ["CORRUPTIONS", "SEVERITIES", "TEST_CORRUPTIONS", "UNAVAILABLE", "VAL_CORRUPTIONS", "corrupt",
-           "unknown"]
+__all__ = ["CORRUPTIONS", "SEVERITIES", "corrupt"]
 
 
 def corrupt(x: torch.Tensor, name: str, severity: int, seed: int = 0) -> torch.Tensor:
     """``x`` (float, values in [0, 1], ``(C, H, W)`` or ``(B, C, H, W)``) under corruption ``name`` at ``severity``
     1–5; a new tensor of the same shape, dtype and device, in [0, 1]."""
-    if name in UNAVAILABLE:
-        raise UsageError(f"corruption {name!r} is not available: {UNAVAILABLE[name]}; the others: "
-                         f"{', '.join(CORRUPTIONS)}")
     if name not in PARAMETERS:
-        raise UsageError(f"corruption {name!r} is not one of {', '.join(CORRUPTIONS)}")
+        raise UsageError(unknown([name]))
     if isinstance(severity, bool) or severity not in SEVERITIES:
         raise UsageError(f"severity {severity!r} is not one of {', '.join(map(str, SEVERITIES))}")
     # an invariant: eval hands normalised float batches (a bug if hit)

@@ -177,6 +177,7 @@ def _ffcv(d: DataConfig, batch: int, seed: int, env: DistEnv, randaugment: str |
     if d.dataset == "sst2":
         batcher = _text_batcher(d, c.root)
         loader, common, in_chans, vocab = FFCVTextLoader, {**common, "batcher": batcher}, 0, len(batcher.tokenizer)
+        augment: dict[str, Any] = {}  # no text augmentation
     else:
         spec = DATASETS[d.dataset]
         mean, std = spec.mean, spec.std
@@ -184,8 +185,7 @@ def _ffcv(d: DataConfig, batch: int, seed: int, env: DistEnv, randaugment: str |
             mean, std = mean * 3, std * 3
         loader, in_chans, vocab = FFCVLoader, 3, None
         common.update(img_size=d.img_size or spec.size, mean=mean, std=std, device=env.device)
-    # train.randaugment where the raw reader and webdataset apply it (ImageFolder data); the eval passes have none
-    augment = {"randaugment": randaugment} if d.dataset in IMAGE_FOLDERS else {}
+        augment = {"randaugment": randaugment}  # the config allows it only where every reader applies it
     train = loader(c.root / "train.beton", train=True, **common, **augment)
     val_loader = loader(c.root / f"{c.val_name}.beton", train=False, **common)
     test_loader = val_loader if c.val_name == "test" else loader(c.root / "test.beton", train=False, **common)

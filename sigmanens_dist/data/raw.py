@@ -14,13 +14,13 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from sigmanens_dist.catalog.datasets import DATASETS
+from sigmanens_dist.catalog.datasets import DATASETS, take_randaugment
 from sigmanens_dist.config import DataConfig
 from sigmanens_dist.data.idx import IdxImageDataset
 from sigmanens_dist.data.sampler import seeded
 from sigmanens_dist.errors import MissingPathError, UsageError
 
-__all__ = ["IMAGE_FOLDERS", "READERS", "DataBundle", "Evaluated", "Resized", "SeededAugment", "SyntheticImages",
+__all__ = ["IMAGE_FOLDERS", "READERS", "DataBundle", "Evaluated", "SeededAugment", "SyntheticImages",
            "build_datasets", "image_folder_transforms", "split_indices", "timm_train_transform"]
 
 
@@ -197,21 +197,6 @@ def _sst2(data_cfg: DataConfig, root: Path | None, randaugment: str | None) -> _
     return _Parts(train, test, None, None, 2, 0, vocab_size)
 
 
-class Resized(Dataset):
-    """``dataset``'s images resized to ``size`` (the shorter side), labels unchanged: a dataset at the resolution
-    the model expects (a small-image set for a larger model; an OOD set at the eval set's size)."""
-
-    def __init__(self, dataset: Dataset, size: int) -> None:
-        self.dataset, self.resize = dataset, v2.Resize(size, antialias=True)
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> Any:
-        x, y = self.dataset[index]
-        return self.resize(x), y
-
-
 def _cifar(data_cfg: DataConfig, root: Path, randaugment: str | None) -> _Parts:
     name = data_cfg.dataset
     from torchvision import datasets
@@ -229,8 +214,9 @@ def _cifar(data_cfg: DataConfig, root: Path, randaugment: str | None) -> _Parts:
     return _Parts(_subset(train, data_cfg.train_subset), test, aug, to_tensor, len(train.classes), 3)
 
 
-#: the datasets read as ImageFolder trees; webdataset reads their conversions with the same transforms
-IMAGE_FOLDERS = ("imagenet", "imagefolder")
+#: the datasets read as ImageFolder trees, through timm's ImageNet recipe (train.randaugment included): those the
+#: dataset table marks ``randaugment``; webdataset reads their conversions with the same transforms
+IMAGE_FOLDERS = tuple(take_randaugment())
 
 
 def image_folder_transforms(dataset: str, size: int, randaugment: str | None) -> tuple[v2.Compose, v2.Compose]:

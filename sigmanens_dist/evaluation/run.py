@@ -306,13 +306,15 @@ def _imagenet_c_sets(cfg: Config, root: Path, names: list[str], severities: list
 
 
 def _ood_batches(cfg: Config, options: EvalConfig, batch: int) -> Callable[[], Iterable]:
+    from torchvision.transforms import v2
+
     from sigmanens_dist.data.ood import SVHNOOD, DigitsOOD
-    from sigmanens_dist.data.raw import Resized
+    from sigmanens_dist.data.raw import Evaluated
 
     if options.ood == "digits":
         dataset: Dataset = DigitsOOD()
         if cfg.data.img_size and cfg.data.img_size != 28:
-            dataset = Resized(dataset, cfg.data.img_size)
+            dataset = Evaluated(dataset, v2.Resize(cfg.data.img_size, antialias=True))
     else:
         dataset = SVHNOOD(options.ood_root, cfg.data.dataset)
     return lambda: DataLoader(dataset, batch_size=batch, num_workers=cfg.data.num_workers)

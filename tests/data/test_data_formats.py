@@ -419,9 +419,11 @@ def test_corruption_parameters_match_the_reference_formulas(tree: Path) -> None:
 
 def test_bad_corruption_name_or_severity_lists_the_allowed(tree: Path) -> None:
     x = _texture(tree)
-    with pytest.raises(ValueError, match=r"'smoke' is not one of gaussian_noise, shot_noise, .*elastic_transform"):
+    with pytest.raises(ValueError, match=r"unknown corruption\(s\) 'smoke'; allowed: all, gaussian_noise, shot_noise, "
+                                         r".*elastic_transform"):
         corrupt(x, "smoke", 1)
-    with pytest.raises(ValueError, match=r"'frost' is not available: .* photographs .* the others: gaussian_noise"):
+    with pytest.raises(ValueError, match=r"'frost' \(frost: it blends in the frost photographs .*\); allowed: all, "
+                                         r"gaussian_noise"):
         corrupt(x, "frost", 1)
     for bad in (0, 6, True, 2.5):
         with pytest.raises(ValueError, match="is not one of 1, 2, 3, 4, 5"):
