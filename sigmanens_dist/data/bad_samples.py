@@ -14,9 +14,15 @@ from torch.utils.data import Dataset, default_collate
 
 from sigmanens_dist.errors import UsageError
 
-__all__ = ["BadSamples", "Checked", "collate_present"]
+__all__ = ["BadSampleError", "BadSamples", "Checked", "collate_present"]
 
 log = logging.getLogger(__name__)
+
+
+class BadSampleError(RuntimeError):
+    """A sample that cannot be read mid-run. Not a :class:`UsageError`: its cause may pass (a network file system
+    that failed a read), so the run exits 1 and a Slurm job is retried up to its limit; the message names the sample
+    and ``data.on_bad_sample=skip``."""
 
 
 class BadSamples:
@@ -61,8 +67,8 @@ class Checked(Dataset):
         except Exception as err:  # any failure of a single sample goes through the policy
             what = f"{self.split} sample {index}{_source_of(self.dataset, index)}"
             if not self.bad.skipping:
-                raise UsageError(f"{what}: {type(err).__name__}: {err} (data.on_bad_sample=skip skips and counts "
-                                 "such samples instead)") from err
+                raise BadSampleError(f"{what}: {type(err).__name__}: {err} (data.on_bad_sample=skip skips and counts "
+                                     "such samples instead)") from err
             self.bad.skip(what, err)
             return None
         return x, y

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Dataset
 
 from sigmanens_dist.config import ConfigError, load_config
-from sigmanens_dist.data.bad_samples import BadSamples, Checked, collate_present
+from sigmanens_dist.data.bad_samples import BadSampleError, BadSamples, Checked, collate_present
 from sigmanens_dist.data.synthetic_tree import make_image_folder
 from sigmanens_dist.data.webdataset_io import Shard, ShardError, _checked_decode
 from tests.helpers import run_train
@@ -29,9 +29,9 @@ class _Flaky(Dataset):
 
 def test_error_policy_names_the_sample() -> None:
     ds = Checked(_Flaky(), num_classes=4, bad=BadSamples("error"), split="train")
-    with pytest.raises(ValueError, match=r"train sample 3: OSError: truncated image .*on_bad_sample=skip"):
+    with pytest.raises(BadSampleError, match=r"train sample 3: OSError: truncated image .*on_bad_sample=skip"):
         ds[3]
-    with pytest.raises(ValueError, match=r"train sample 5: ValueError: label 7 outside 0\.\.3"):
+    with pytest.raises(BadSampleError, match=r"train sample 5: ValueError: label 7 outside 0\.\.3"):
         ds[5]
 
 
