@@ -6,7 +6,8 @@
 # with each member's training BatchNorm statistics and with the prediction batch's (`--norm-stats batch`), temperature
 # scaled on the calibration split at the long budget (no temperature at the small one). The test
 # set is read once, later, for the choices made here. A finished study's runs are kept in
-# results/shift_<budget>/records/<study>.jsonl (a recorded study is not trained again), each validation evaluation in
+# results/shift_<budget>/records/<study>.jsonl (a recorded study whose checkpoint is gone and which was not scored yet is
+# trained again: same seed and recipe, another machine's floats may differ), each validation evaluation in
 # results/shift_<budget>/val/<run>/eval.json; the checkpoints stay in OUT.
 #   bash research/long_shift.sh train [OUT] [LANE...]   # lanes: single sigma sigma_t025 sigma_t1 (default: all)
 #   bash research/long_shift.sh choose [OUT]            # the validation-shift evaluations of every trained run
@@ -53,8 +54,12 @@ if [ "$phase" = train ]; then
   RECORDS="$RESULTS/records"
   for seed in "${SEED_LIST[@]}"; do
     for lane in "${LANES[@]}"; do
+      name="${lane}_s$seed"
+      # Recorded but not yet scored, and its checkpoint is not in OUT (a fresh clone): train it again, so that the
+      # choose phase reads the checkpoint its record describes.
+      [ -e "$OUT/$name/.finished" ] || [ -s "$RESULTS/val/${name}_train/eval.json" ] || rm -f "$RECORDS/$name.jsonl"
       # shellcheck disable=SC2086  # LANE_ARGS holds several words
-      study "${lane}_s$seed" methods ${LANE_ARGS[$lane]} --seeds "$seed"
+      study "$name" methods ${LANE_ARGS[$lane]} --seeds "$seed"
     done
   done
   [ ! -e "$OUT/.failed" ]
