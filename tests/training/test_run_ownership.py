@@ -30,8 +30,10 @@ def _steps(run: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_two_trainers_on_one_run_dir(tmp_path: Path) -> None:
-    """Started within 100 ms: exactly one trains, the other exits 2 naming the holder's PID and host and writes
-    nothing into the holder's directory; the survivor's records and checkpoints equal an undisturbed run's."""
+    """Started within 100 ms: exactly one trains, the other exits 2 in one line and writes nothing into the
+    holder's directory; the survivor's records and checkpoints equal an undisturbed run's. The refusal names the
+    holder's PID and host, or, where a loaded machine let the first finish before the second reached the lock, the
+    checkpoints that run left (test_a_held_run_dir_is_refused_naming_the_holder holds the first message for sure)."""
     run, alone = tmp_path / "shared", tmp_path / "alone"
     args = [*BASE, "train.max_steps=6"]
     procs = [subprocess.Popen(train_cmd(run, *args, f"reg.tau={tau}"), cwd=REPO, env=env(), stdout=subprocess.PIPE,
@@ -42,8 +44,10 @@ def test_two_trainers_on_one_run_dir(tmp_path: Path) -> None:
     winner, loser = (0, 1) if procs[0].returncode == 0 else (1, 0)
     err = outs[loser][1].strip()
     assert err.count("\n") == 0, err
-    assert f"PID {procs[winner].pid} on host {socket.gethostname()}" in err and "in use by trainer" in err, err
-    assert not (run / "usage_error.txt").exists()
+    held = f"PID {procs[winner].pid} on host {socket.gethostname()}" in err and "in use by trainer" in err
+    assert held or "already holds checkpoints of an earlier run" in err, err
+    if held:  # a refusal for a held directory leaves the holder's alone (a late one records its refusal there)
+        assert not (run / "usage_error.txt").exists()
     run_train(alone, *args, "reg.tau=0.5")
     assert _steps(run) == [1, 2, 3, 4, 5, 6]
     assert losses(run) == losses(alone)
