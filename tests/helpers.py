@@ -293,3 +293,19 @@ def write_cifar_batches(root: Path, name: str, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(cls, "test_list", table["test"])
     monkeypatch.setattr(cls, "meta", {"filename": meta_file, "key": names_key, "md5": md5(base / meta_file)})
     return {split: (np.concatenate(images), labels) for split, (images, labels) in written.items()}
+
+
+def untrained_run(run: Path, overrides: list[str]) -> Path:
+    """A run directory holding one checkpoint of a freshly built model of ``overrides``, as the trainer writes it."""
+    from sigmanens_dist.config import load_config
+    from sigmanens_dist.models import build_model
+
+    cfg = load_config(None, [*overrides, f"run_dir={run}"])
+    torch.manual_seed(0)
+    model = build_model(cfg, 10, 3)
+    (run / "checkpoints").mkdir(parents=True)
+    torch.save({"model": model.state_dict(), "position": {"step": 0, "epoch": 0, "batch": 0},
+                "config": cfg.model_dump(mode="json"), "model_args": {"num_classes": 10, "in_chans": 3,
+                                                                      "vocab_size": None}},
+               run / "checkpoints" / "step_00000000.pt")
+    return run

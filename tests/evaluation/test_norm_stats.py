@@ -27,7 +27,7 @@ from sigmanens_dist.evaluation.norm_stats import batch_norm_layers, norm_stats_p
 from sigmanens_dist.export.format import OUTPUTS, ProgramMeta
 from sigmanens_dist.models import build_model
 from sigmanens_dist.predict.norm_stats import check_norm_stats
-from tests.helpers import FIXTURE, REPO, env, torchrun
+from tests.helpers import FIXTURE, REPO, env, torchrun, untrained_run
 
 METHODS = ("sigma", "single", "deep", "batch", "packed", "film")  # every method of test_resnet keeps BatchNorms
 TINY = ["model.name=test_resnet", "model.num_members=2", "data.dataset=synthetic", "data.img_size=16",
@@ -124,16 +124,8 @@ def test_bad_prior_is_one_line_before_the_checkpoint_is_read(args: list[str], me
 
 
 def _random_run(run: Path) -> Path:
-    """A run directory holding one checkpoint of a freshly built TINY σN-Ens, as the trainer writes it."""
-    cfg = load_config(None, [*TINY, f"run_dir={run}"])
-    torch.manual_seed(0)
-    model = build_model(cfg, 10, 3)
-    (run / "checkpoints").mkdir(parents=True)
-    torch.save({"model": model.state_dict(), "position": {"step": 0, "epoch": 0, "batch": 0},
-                "config": cfg.model_dump(mode="json"), "model_args": {"num_classes": 10, "in_chans": 3,
-                                                                      "vocab_size": None}},
-               run / "checkpoints" / "step_00000000.pt")
-    return run
+    """A run directory holding one checkpoint of a freshly built TINY σN-Ens."""
+    return untrained_run(run, TINY)
 
 
 def test_eval_with_batch_stats_end_to_end(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -175,12 +176,7 @@ def test_eval_fits_on_val_only_and_reports_before_and_after(setup: tuple, monkey
 
         return dataclasses.replace(data, test=test)
 
-    def fit(*args: object, **kwargs: object) -> object:
-        fitting.append(True)
-        try:
-            return real_fit(*args, **kwargs)
-        finally:
-            fitting.clear()
+    fit = _flagged(real_fit, fitting)
 
     build.garbage = False  # type: ignore[attr-defined]
     monkeypatch.setattr(loaders, "build_data", build)
@@ -271,12 +267,7 @@ def test_a_calibration_split_is_what_the_fit_reads_and_frees_the_validation_spli
 
         return dataclasses.replace(data, val=guarded(data.val, "val"), test=guarded(data.test, "test"))
 
-    def fit(*args: object, **kwargs: object) -> object:
-        fitting.append(True)
-        try:
-            return real_fit(*args, **kwargs)
-        finally:
-            fitting.clear()
+    fit = _flagged(real_fit, fitting)
 
     monkeypatch.setattr(loaders, "build_data", build)
     monkeypatch.setattr(run, "fit_posthoc_on", fit)
@@ -351,3 +342,14 @@ def test_eval_config_checks_alpha_and_calibration() -> None:
 def test_an_alpha_given_twice_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert eval_main(["--checkpoint", str(tmp_path / "none.pt"), "--conformal", "0.1,0.1"]) == 2
     assert capsys.readouterr().err.strip() == "sigmanens eval: error: --conformal '0.1,0.1': an α is given twice"
+
+
+def _flagged(real_fit: Any, fitting: list[bool]) -> Any:
+    """``real_fit`` that marks ``fitting`` while it runs: the guarded splits know when they are read by the fit."""
+    def fit(*args: object, **kwargs: object) -> object:
+        fitting.append(True)
+        try:
+            return real_fit(*args, **kwargs)
+        finally:
+            fitting.clear()
+    return fit

@@ -49,7 +49,7 @@ from sigmanens_dist.export.program import (
 )
 from sigmanens_dist.export.program_onnx import TRANSLATIONS
 from sigmanens_dist.models import build_model
-from tests.helpers import FIXTURE, import_blocking
+from tests.helpers import FIXTURE, import_blocking, untrained_run
 
 METHODS = ("sigma", "single", "deep", "batch", "packed", "film")
 # A tiny ResNet on generated 16x16 images: what the per-method programs are made of (a random one: the program does
@@ -96,16 +96,8 @@ def _export(run: Path, name: str, *args: str) -> Path:
 
 
 def _random_run(run: Path, *overrides: str) -> Path:
-    """A run directory holding one checkpoint of a freshly built TINY model, as the trainer writes it."""
-    cfg = load_config(None, [*TINY, *overrides, f"run_dir={run}"])
-    torch.manual_seed(0)
-    model = build_model(cfg, 10, 3)
-    (run / "checkpoints").mkdir(parents=True)
-    torch.save({"model": model.state_dict(), "position": {"step": 0, "epoch": 0, "batch": 0},
-                "config": cfg.model_dump(mode="json"), "model_args": {"num_classes": 10, "in_chans": 3,
-                                                                      "vocab_size": None}},
-               run / "checkpoints" / "step_00000000.pt")
-    return run
+    """A run directory holding one checkpoint of a freshly built TINY model."""
+    return untrained_run(run, [*TINY, *overrides])
 
 
 def test_ema_weights_export_as_eval_scores_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
