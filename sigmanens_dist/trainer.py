@@ -97,7 +97,8 @@ class Trainer:
         self.cfg = cfg
 
         # -- data ------------------------------------------------------------------------------------------------
-        self.data: Data = build_data(cfg.data, cfg.train.batch_size, cfg.seed, env, cfg.train.randaugment)
+        self.data: Data = build_data(cfg.data, cfg.train.batch_size, cfg.seed, env, cfg.train.randaugment,
+                                     cfg.train.augmix)
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * len(self.data.train) // cfg.train.grad_accum
         if self.total_steps < 1:
             raise UsageError(f"train.epochs={cfg.train.epochs} gives no optimiser step: an epoch has "

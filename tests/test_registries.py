@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sigmanens_dist.catalog.datasets import DATASETS, take_randaugment
+from sigmanens_dist.catalog.datasets import DATASETS, take_augmix, take_randaugment
 from sigmanens_dist.config import DataConfig, EvalConfig, ModelConfig, StrategyConfig, choices
 from sigmanens_dist.data import raw
 from sigmanens_dist.data.loaders import FORMATS
@@ -54,6 +54,15 @@ def test_the_datasets_marked_for_randaugment_are_those_whose_readers_apply_it() 
     """The dataset table's ``randaugment`` is what the config refuses by and what raw.IMAGE_FOLDERS (the datasets
     webdataset reads through the ImageFolder transforms) is; the raw reader applies it to ImageFolder trees alone."""
     assert {name for name, read in READERS.items() if read is raw._image_folder} == set(take_randaugment())
+
+
+def test_the_datasets_marked_for_augmix_are_those_whose_raw_readers_give_normalised_pixels() -> None:
+    """The dataset table's ``augmix`` is what the config refuses by and what ``raw.build_datasets`` augmixes: the
+    image readers whose training samples are pixels normalised by the table's statistics (Fashion-MNIST's IDX
+    reader, CIFAR's), which :class:`raw.PixelAugMix` takes back to uint8; not ImageFolder trees (timm's recipe, with
+    ``train.randaugment`` for auto-augmentation), nor generated or text data."""
+    assert {name for name, read in READERS.items() if read in (raw._fashion_mnist, raw._cifar)} == set(take_augmix())
+    assert not set(take_augmix()) & set(take_randaugment())
 
 
 def test_command_line_choices_come_from_the_config(capsys: pytest.CaptureFixture[str]) -> None:

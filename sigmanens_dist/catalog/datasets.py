@@ -1,10 +1,11 @@
 """Every dataset the project knows, named once: what it is, how it is normalised, where it lives by default, how
 to get it, whether ``sigmanens data convert`` can write it as FFCV / webdataset, and whether its readers apply
-``train.randaugment``.
+``train.randaugment`` and ``train.augmix``.
 
 The config validates ``data.dataset`` against :data:`DATASETS`, the readers and decoders normalise with its
-statistics, the converter offers what it marks convertible, the config refuses ``train.randaugment`` for a dataset
-that does not take it. No torch import here: the config reads it before any heavy module loads.
+statistics, the converter offers what it marks convertible, the config refuses ``train.randaugment`` and
+``train.augmix`` for a dataset that does not take them. No torch import here: the config reads it before any heavy
+module loads.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from sigmanens_dist.errors import MissingPathError
 from sigmanens_dist.storage.remote import RemotePath
 
 __all__ = ["CLASSES_FILE", "DATASETS", "FASHION_MNIST_ROOT", "DatasetName", "DatasetSpec", "converted_classes_file",
-           "convertible", "resolve_root", "take_randaugment"]
+           "convertible", "resolve_root", "take_augmix", "take_randaugment"]
 
 CLASSES_FILE = "classes.json"  # what `sigmanens data convert` writes last: a converted folder is one that has it
 
@@ -52,6 +53,9 @@ class DatasetSpec:
     classes: tuple[str, ...] = ()  # class names by label index where fixed by the dataset; folders: read from disk
     # whether every reader of it (raw, webdataset, FFCV) applies train.randaugment; the config refuses it elsewhere
     randaugment: bool = False
+    # whether its raw reader's training samples (normalised float images with mean and std above) go through
+    # train.augmix; webdataset and FFCV keep their own crop recipe, so the config refuses it with them
+    augmix: bool = False
 
     @property
     def convertible(self) -> bool:
@@ -62,13 +66,13 @@ class DatasetSpec:
 DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
     DatasetSpec("fashion_mnist", "image", "install it with `apt-get install dataset-fashion-mnist`, or set data.root "
                 "to a folder with the four Fashion-MNIST idx files", (0.2860,), (0.3530,), 28, FASHION_MNIST_ROOT,
-                _FASHION_MNIST_CLASSES),
+                _FASHION_MNIST_CLASSES, augmix=True),
     DatasetSpec("cifar10", "image", "download cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html "
                 "and extract it into data.root (giving data.root/cifar-10-batches-py/)",
-                (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 32, classes=_CIFAR10_CLASSES),
+                (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 32, classes=_CIFAR10_CLASSES, augmix=True),
     DatasetSpec("cifar100", "image", "download cifar-100-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html"
                 " and extract it into data.root (giving data.root/cifar-100-python/)",
-                (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), 32, classes=_CIFAR100_CLASSES),
+                (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), 32, classes=_CIFAR100_CLASSES, augmix=True),
     DatasetSpec("imagenet", "image", "point data.root at the ILSVRC-2012 folder with train/ and val/ class folders "
                 "(format: raw) or at the FFCV .beton files (format: ffcv)", _IMAGENET_MEAN, _IMAGENET_STD, 224,
                 randaugment=True),
@@ -89,6 +93,11 @@ def convertible() -> list[str]:
 def take_randaugment() -> list[str]:
     """The datasets whose readers apply ``train.randaugment``: what the config's refusal names as allowed."""
     return [name for name, spec in DATASETS.items() if spec.randaugment]
+
+
+def take_augmix() -> list[str]:
+    """The datasets whose raw reader applies ``train.augmix``: what the config's refusal names as allowed."""
+    return [name for name, spec in DATASETS.items() if spec.augmix]
 
 
 def resolve_root(dataset: str, root: Path | None) -> Path | None:

@@ -31,13 +31,16 @@ class ConfigError(UsageError):
 
 def _model_at(root: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel] | None:
     """The section class at a dotted location below ``root`` (``()`` is ``root`` itself, the whole
-    :class:`~sigmanens_dist.config.schema.Config`); None inside non-section fields."""
+    :class:`~sigmanens_dist.config.schema.Config`), an optional one (``train.augmix``) included; None inside
+    non-section fields."""
     model: type[BaseModel] = root
     for part in loc:
         field = _field(model, part)
-        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+        found = field is not None and next((a for a in (field.annotation, *typing.get_args(field.annotation))
+                                            if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if not found:
             return None
-        model = field.annotation
+        model = found
     return model
 
 

@@ -13,14 +13,14 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from sigmanens_dist.catalog.corruption_table import CORRUPTIONS, shift_split_problem, unknown
-from sigmanens_dist.catalog.datasets import DATASETS, DatasetName, resolve_root, take_randaugment
+from sigmanens_dist.catalog.datasets import DATASETS, DatasetName, resolve_root, take_augmix, take_randaugment
 from sigmanens_dist.config.model_section import Float, Int, ModelConfig, _cross_field, _number, _Section
 from sigmanens_dist.storage.remote import RemotePath, RemoteSettings
 
 Alpha = Annotated[Float, Field(gt=0, lt=1)]  # a miscoverage level of conformal sets
 
-__all__ = ["CheckpointConfig", "Config", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig", "RegConfig",
-           "RemoteConfig", "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig", "choices"]
+__all__ = ["AugMixConfig", "CheckpointConfig", "Config", "DataConfig", "EvalConfig", "ModelConfig", "OptimConfig",
+           "RegConfig", "RemoteConfig", "ScheduleConfig", "StrategyConfig", "TrackingConfig", "TrainConfig", "choices"]
 
 
 def choices(section: type[BaseModel], field: str) -> tuple[Any, ...]:
@@ -95,6 +95,26 @@ class ScheduleConfig(_Section):
     min_lr_ratio: Float = Field(0.0, ge=0, le=1)
 
 
+class AugMixConfig(_Section):
+    """``train.augmix``: torchvision's AugMix (Hendrycks et al. 2020) on each training sample, restricted to the
+    operations disjoint from the test corruptions (``all_ops=False``: autocontrast, equalize, posterize, rotate,
+    solarize, shear, translate; never brightness, contrast, colour or sharpness), so a shift score measures
+    robustness to corruptions the network never trained on."""
+
+    severity: Int = Field(3, ge=1, le=10)  # the operations' strength: magnitudes drawn from the first `severity` of 10
+    mixture_width: Int = Field(3, ge=1)  # augmentation chains mixed per sample
+    chain_depth: Int = Field(-1, ge=-1)  # operations per chain; -1: drawn from 1–3 per chain
+    alpha: Float = Field(1.0, gt=0, allow_inf_nan=False)  # Dirichlet and Beta parameter of the mixing weights
+
+    @field_validator("chain_depth")
+    @classmethod
+    def _depth_given(cls, depth: int) -> int:
+        """torchvision reads 0 as a random depth too: one spelling for it."""
+        if depth == 0:
+            raise ValueError("must be -1 (a depth drawn from 1–3 per chain) or >= 1")
+        return depth
+
+
 class TrainConfig(_Section):
     """The step loop. Exactly one of ``epochs`` / ``max_steps`` gives the budget; ``batch_size`` is per rank."""
 
@@ -113,6 +133,8 @@ class TrainConfig(_Section):
     mixup_alpha: Float = Field(0.0, ge=0, allow_inf_nan=False)
     cutmix_alpha: Float = Field(0.0, ge=0, allow_inf_nan=False)
     randaugment: str | None = None  # a timm auto-augment string, e.g. "rand-m9-mstd0.5-inc1"
+    # AugMix of the training samples (raw Fashion-MNIST and CIFAR); null: off; true or {}: the defaults
+    augmix: AugMixConfig | None = None
     # torch.compile the model (not the DDP/FSDP wrapper); state-dict keys stay the same, so checkpoints are too
     compile: bool = False
     compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"  # aot_eager: tracing without codegen
@@ -127,6 +149,17 @@ class TrainConfig(_Section):
         if isinstance(data, dict) and data.get("max_steps") is not None and "epochs" not in data:
             data = {**data, "epochs": None}
         return data
+
+    @field_validator("augmix", mode="before")
+    @classmethod
+    def _augmix_switch(cls, value: Any) -> Any:
+        """``train.augmix=true`` switches it on with the defaults, as ``{}`` does; false is off, as null is."""
+        if isinstance(value, bool):
+            return {} if value else None
+        if value is not None and not isinstance(value, dict | AugMixConfig):
+            raise ValueError("must be a mapping of severity, mixture_width, chain_depth and alpha, true (the "
+                             "defaults) or null (off)")
+        return value
 
     @model_validator(mode="after")
     def _exactly_one_budget(self) -> TrainConfig:
@@ -479,6 +512,27 @@ class Config(_Section):
             raise _cross_field("train.randaugment", f"data.dataset={self.data.dataset!r} does not apply it (its "
                                "readers keep their own augmentation); it applies to data.dataset "
                                f"{', '.join(take_randaugment())} only; set it to null", self.train.randaugment)
+        return self
+
+    @model_validator(mode="after")
+    def _augmix_is_applied(self) -> Config:
+        """Only the raw readers catalog.datasets marks apply AugMix: elsewhere it would be dropped without a word; and
+        one auto-augmentation at a time."""
+        augmix, data = self.train.augmix, self.data
+        if augmix is None:
+            return self
+        got = augmix.model_dump()
+        if self.train.randaugment:
+            raise _cross_field("train.augmix", f"two auto-augmentations: train.randaugment={self.train.randaugment!r}"
+                                               " is set too; set one of them to null", got)
+        if not DATASETS[data.dataset].augmix:
+            raise _cross_field("train.augmix", f"data.dataset={data.dataset!r} does not apply it (its readers keep "
+                                               "their own augmentation); it applies to data.dataset "
+                                               f"{', '.join(take_augmix())} only; set it to null", got)
+        if data.format != "raw":
+            raise _cross_field("train.augmix", f"data.format={data.format!r} does not apply it (its readers keep "
+                                               "their own crop recipe); it applies to data.format=raw only; set it "
+                                               "to null", got)
         return self
 
     def without_source_weights(self) -> Config:

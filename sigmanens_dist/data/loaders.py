@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from sigmanens_dist.catalog.datasets import CLASSES_FILE, DATASETS, converted_classes_file, convertible, resolve_root
 from sigmanens_dist.config import DataConfig
+from sigmanens_dist.config.schema import AugMixConfig
 from sigmanens_dist.data.bad_samples import BadSamples, Checked, collate_present
 from sigmanens_dist.data.raw import IMAGE_FOLDERS, build_datasets, image_folder_transforms
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler, epoch_seed
@@ -119,19 +120,25 @@ class MapStyleStream:
                 self.loader = None  # abandoned midway: dropping the loader shuts its workers down now
 
 
-def build_data(d: DataConfig, batch_size: int, seed: int, env: DistEnv, randaugment: str | None = None) -> Data:
+def build_data(d: DataConfig, batch_size: int, seed: int, env: DistEnv, randaugment: str | None = None,
+               augmix: AugMixConfig | None = None) -> Data:
     """Train stream and eval pass for the data config ``d``, at ``batch_size`` per rank; ``seed`` fixes the order
-    and augmentation of every epoch. ``d.format`` picks the reader from :data:`FORMATS`."""
+    and augmentation of every epoch. ``d.format`` picks the reader from :data:`FORMATS`; ``augmix`` goes to the raw
+    reader alone (the config refuses it with the other formats)."""
     if d.val_from_test and env.is_main:
         log.warning("data.val_from_test=true: the loop validates and picks best.pt on the TEST set, so test "
                     "numbers of this run are not held out")
+    if augmix is not None:
+        assert d.format == "raw", f"the config refuses train.augmix with data.format={d.format!r}"
+        return _raw(d, batch_size, seed, env, randaugment, augmix)
     return FORMATS[d.format](d, batch_size, seed, env, randaugment)
 
 
-def _raw(d: DataConfig, batch: int, seed: int, env: DistEnv, randaugment: str | None) -> Data:
+def _raw(d: DataConfig, batch: int, seed: int, env: DistEnv, randaugment: str | None,
+         augmix: AugMixConfig | None = None) -> Data:
     """The dataset's native files, read by map-style datasets (data/raw.py)."""
     bad = BadSamples(d.on_bad_sample)
-    bundle = build_datasets(d, resolve_root(d.dataset, d.root), randaugment)
+    bundle = build_datasets(d, resolve_root(d.dataset, d.root), randaugment, augmix)
     train = MapStyleStream(Checked(bundle.train, bundle.num_classes, bad, "train"), batch, env, seed, d.num_workers)
 
     def eval_pass(dataset: Dataset, split: str) -> Callable[[], Iterable[Batch]]:

@@ -16,11 +16,12 @@ from torchvision.transforms import v2
 
 from sigmanens_dist.catalog.datasets import DATASETS, take_randaugment
 from sigmanens_dist.config import DataConfig
+from sigmanens_dist.config.schema import AugMixConfig
 from sigmanens_dist.data.idx import IdxImageDataset
 from sigmanens_dist.data.sampler import seeded
 from sigmanens_dist.errors import MissingPathError, UsageError
 
-__all__ = ["IMAGE_FOLDERS", "READERS", "DataBundle", "Evaluated", "SeededAugment", "SyntheticImages",
+__all__ = ["IMAGE_FOLDERS", "READERS", "DataBundle", "Evaluated", "PixelAugMix", "SeededAugment", "SyntheticImages",
            "build_datasets", "image_folder_transforms", "split_indices", "timm_train_transform"]
 
 
@@ -137,23 +138,50 @@ class _Parts:
     vocab_size: int | None = None
 
 
-def build_datasets(data_cfg: DataConfig, root: Path | None, randaugment: str | None = None) -> DataBundle:
+def build_datasets(data_cfg: DataConfig, root: Path | None, randaugment: str | None = None,
+                   augmix: AugMixConfig | None = None) -> DataBundle:
     """Train, validation and test datasets for ``data.dataset``; nothing downloads.
 
     The training pool is the first ``data.train_subset`` training samples; ``data.val_split`` of them become the
     validation set and ``data.calib_split`` more the calibration set (both drawn from ``data.split_seed``), the rest
     the training set. The test set (``data.test_subset``) is never trained on nor validated on, unless
-    ``data.val_from_test`` makes it the validation set."""
+    ``data.val_from_test`` makes it the validation set.
+
+    With ``augmix`` (``train.augmix``; the config allows it for the datasets the table marks ``augmix``) each training
+    sample goes through :class:`PixelAugMix` after the reader's own augmentation, as in the AugMix paper's recipe
+    (crop and flip, then AugMix, then the network)."""
     parts = _parts(data_cfg, root, randaugment)
     train_idx, val_idx, calib_idx = split_indices(len(parts.train), data_cfg.val_split, data_cfg.split_seed,
                                                   data_cfg.calib_split)
-    train = SeededAugment(_take(parts.train, train_idx), parts.augment)
+    augment = parts.augment
+    if augmix is not None:
+        spec = DATASETS[data_cfg.dataset]
+        augment = v2.Compose([augment, PixelAugMix(augmix, spec.mean, spec.std)])
+    train = SeededAugment(_take(parts.train, train_idx), augment)
     test = _evaluated(_subset(parts.test, data_cfg.test_subset), parts.evaluate)
     val = _evaluated(_subset(_take(parts.train, val_idx), data_cfg.val_subset) if val_idx
                      else _subset(parts.test, data_cfg.val_subset), parts.evaluate)
     calib = _evaluated(_take(parts.train, calib_idx), parts.evaluate) if calib_idx else None
     return DataBundle(train, val, test, parts.num_classes, parts.in_chans, parts.vocab_size, val_idx, calib,
                       calib_idx)
+
+
+class PixelAugMix:
+    """torchvision's AugMix (``v2.AugMix``, ``all_ops=False``) of a normalised float image: AugMix works on uint8
+    pixels, so the image is taken back to them (mean and std undone, rounded, clamped to 0–255), augmixed and
+    normalised again. ``all_ops=False`` keeps to the operations disjoint from the test corruptions (no brightness,
+    contrast, colour, sharpness). Every draw is from torch's CPU generator, which :class:`SeededAugment` seeds per
+    sample: a resumed run replays the same pixels."""
+
+    def __init__(self, cfg: AugMixConfig, mean: Sequence[float], std: Sequence[float]) -> None:
+        self.augmix = v2.AugMix(severity=cfg.severity, mixture_width=cfg.mixture_width, chain_depth=cfg.chain_depth,
+                                alpha=cfg.alpha, all_ops=False)
+        self.mean = torch.tensor(mean).view(-1, 1, 1)
+        self.std = torch.tensor(std).view(-1, 1, 1)
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        pixels = ((image * self.std + self.mean) * 255).round().clamp(0, 255).to(torch.uint8)
+        return (self.augmix(pixels).float() / 255 - self.mean) / self.std
 
 
 def _take(ds: Dataset, indices: list[int]) -> Dataset:
