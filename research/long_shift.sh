@@ -9,9 +9,13 @@
 # results/shift_<budget>/records/<study>.jsonl (a recorded study whose checkpoint is gone and which was not scored yet is
 # trained again: same seed and recipe, another machine's floats may differ), each validation evaluation in
 # results/shift_<budget>/val/<run>/eval.json; the checkpoints stay in OUT.
-#   bash research/long_shift.sh train [OUT] [LANE...]   # lanes: single sigma sigma_t025 sigma_t1 (default: all)
+#   bash research/long_shift.sh train [OUT] [LANE...]   # lanes: single sigma sigma_t025 sigma_t1 wide
+#                                                       #   single_augmix sigma_augmix (default: all)
 #   bash research/long_shift.sh choose [OUT]            # the validation-shift evaluations of every trained run
-#   python research/shift_tables.py choose              # their table
+#   python research/shift_tables.py choose --write      # their table, and the choice (results/shift_<budget>/choice.json)
+#   bash research/long_shift.sh test [OUT] [FAMILY:NORM...]  # the chosen configurations (or those given), every seed,
+#                                                       # scored once on the test set: results/shift_<budget>/test/
+#   python research/shift_tables.py test                # their tables
 #   SEEDS="0 1 2 3 4" bash research/long_shift.sh train runs/shift_long sigma single   # two lanes may share OUT
 # SHIFT_BUDGET=small uses the recipe's own 200 steps (a preview; OUT default runs/shift_small) instead of the long
 # budget (6,250 steps).
@@ -21,7 +25,8 @@ source "$ROOT/launch/setup.sh"
 cd "$ROOT"
 source "$ROOT/launch/studies.sh"
 phase="${1:-}"
-[[ $phase == train || $phase == choose ]] || { echo "long_shift: give a phase, train or choose (got '$phase')" >&2; exit 2; }
+[[ $phase == train || $phase == choose || $phase == test ]] ||
+  { echo "long_shift: give a phase, train, choose or test (got '$phase')" >&2; exit 2; }
 shift
 budget="${SHIFT_BUDGET:-long}"
 # At the long budget a calibration split of 2,000 images is carved beside the validation split (the pool grows by as
@@ -30,8 +35,8 @@ budget="${SHIFT_BUDGET:-long}"
 # the other long runs: compare these runs with each other, not with results/posthoc_long.
 case "$budget" in
   long) BUDGET_ARGS=("${LONG_BUDGET[@]}" eval.at_end=false data.train_subset=14000 data.calib_split=2000)
-        CALIBRATION=(--calibration temperature) ;;
-  small) BUDGET_ARGS=(eval.at_end=false) CALIBRATION=() ;;
+        CALIBRATION=(--calibration temperature) CONFORMAL=(--conformal 0.1,0.05) ;;
+  small) BUDGET_ARGS=(eval.at_end=false) CALIBRATION=() CONFORMAL=() ;;
   *) echo "long_shift: SHIFT_BUDGET=$budget: long or small" >&2; exit 2 ;;
 esac
 out_arg="${1:-runs/shift_$budget}"
@@ -43,10 +48,16 @@ declare -A LANE_ARGS=(
   [sigma]="--methods sigma --members 4"
   [sigma_t025]="--methods sigma --members 4 reg.tau=0.25"
   [sigma_t1]="--methods sigma --members 4 reg.tau=1.0"
+  # One network at σN-Ens M=4's inference compute: test_resnet at twice the width (stem and every stage), 26.5 MFLOPs
+  # an image against 4 × 6.65 (and 1.49M parameters, 3.98× one network's).
+  [wide]="--methods single model.kwargs.channels=[64,96,96,192] model.kwargs.stem_width=32"
+  # AugMix (train.augmix: torchvision's, its operations disjoint from every test and validation corruption), for both
+  [single_augmix]="--methods single train.augmix=true"
+  [sigma_augmix]="--methods sigma --members 4 train.augmix=true"
 )
 
 if [ "$phase" = train ]; then
-  read -r -a LANES <<< "${*:-single sigma sigma_t025 sigma_t1}"
+  read -r -a LANES <<< "${*:-single sigma sigma_t025 sigma_t1 wide single_augmix sigma_augmix}"
   for lane in "${LANES[@]}"; do
     [ -n "${LANE_ARGS[$lane]:-}" ] || { echo "long_shift: unknown lane $lane (${!LANE_ARGS[*]})" >&2; exit 2; }
   done
@@ -69,6 +80,55 @@ fi
 OUT="$(cd "$out_arg" && pwd)"
 export OMP_NUM_THREADS=1
 failed=0
+
+# keep SRC NAME DEST: publish an evaluation's eval.json and eval.md whole or not at all.
+keep() {
+  mkdir -p "$3.tmp"
+  cp "$1/eval.json" "$1/eval.md" "$3.tmp/"
+  rm -rf "$3" && mv "$3.tmp" "$3"
+  echo "[$(date +%T)] $2: kept in $3"
+}
+
+if [ "$phase" = test ]; then
+  # The test set, once, for what the validation shift chose: each seed's run of each chosen FAMILY:NORM (or of those
+  # given: a configuration that was not chosen is labelled by its name in the tables, never as the choice).
+  read -r -a CONFIGS <<< "${*:-}"
+  if [ "${#CONFIGS[@]}" -eq 0 ]; then
+    choice="$RESULTS/choice.json"
+    [ -s "$choice" ] || { echo "long_shift: no $choice: python research/shift_tables.py choose --write" >&2; exit 2; }
+    read -r -a CONFIGS <<< "$(python - "$choice" <<'PY'
+import json, sys
+print(" ".join(f"{c['family']}:{c['norm']}" for c in json.load(open(sys.argv[1])).values()))
+PY
+)"
+  fi
+  for config in "${CONFIGS[@]}"; do
+    family="${config%%:*}" norm="${config#*:}"
+    [[ -n "${LANE_ARGS[$family]:-}" && ($norm == train || $norm == batch) ]] ||
+      { echo "long_shift: $config: FAMILY:NORM with FAMILY one of ${!LANE_ARGS[*]}, NORM train or batch" >&2; exit 2; }
+  done
+  for config in "${CONFIGS[@]}"; do
+    family="${config%%:*}" norm="${config#*:}"
+    for seed in "${SEED_LIST[@]}"; do
+      name="${family}_s${seed}_$norm" dest="$RESULTS/test/${family}_s${seed}_$norm"
+      if [ -s "$dest/eval.json" ]; then echo "[$(date +%T)] $name: evaluated before, skipped"; continue; fi
+      runs=("$OUT/${family}_s$seed"/*/final_metrics.json)
+      if [ ! -e "${runs[0]}" ]; then echo "[$(date +%T)] $name: not trained (no ${runs[0]})"; failed=1; continue; fi
+      rm -rf "$OUT/test/$name"
+      echo "[$(date +%T)] $name: scoring the test set"
+      if nice -n 19 sigmanens eval --checkpoint "$(dirname "${runs[0]}")" --corruptions all --severities 3,5 \
+          --norm-stats "$norm" "${CALIBRATION[@]}" "${CONFORMAL[@]}" --no-sub-ensembles --no-mlflow --out "$OUT/test/$name" \
+          >"$OUT/test_$name.log" 2>&1; then
+        keep "$OUT/test/$name" "$name" "$dest"
+      else
+        echo "[$(date +%T)] $name: eval FAILED: $OUT/test_$name.log"
+        failed=1
+      fi
+    done
+  done
+  exit "$failed"
+fi
+
 for runs in "$OUT"/*_s*/*/final_metrics.json; do
   [ -e "$runs" ] || { echo "long_shift: no trained run in $OUT (*_s*/*/final_metrics.json)" >&2; exit 1; }
   run="$(dirname "$runs")" study="$(basename "$(dirname "$run")")"
@@ -78,10 +138,7 @@ for runs in "$OUT"/*_s*/*/final_metrics.json; do
     rm -rf "$OUT/val/$name"
     if nice -n 19 sigmanens eval --checkpoint "$run" --split val --shift-split val --corruptions all --severities 3,5 \
         --norm-stats "$norm" "${CALIBRATION[@]}" --no-sub-ensembles --no-mlflow --out "$OUT/val/$name" >"$OUT/val_$name.log" 2>&1; then
-      mkdir -p "$dest.tmp"
-      cp "$OUT/val/$name/eval.json" "$OUT/val/$name/eval.md" "$dest.tmp/"
-      rm -rf "$dest" && mv "$dest.tmp" "$dest"
-      echo "[$(date +%T)] $name: kept in $dest"
+      keep "$OUT/val/$name" "$name" "$dest"
     else
       echo "[$(date +%T)] $name: eval FAILED: $OUT/val_$name.log"
       failed=1

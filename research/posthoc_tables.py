@@ -107,11 +107,11 @@ def difference_table(runs: dict[str, dict[int, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def conformal_table(runs: dict[str, dict[int, dict[str, Any]]]) -> str:
+def conformal_table(runs: dict[str, dict[int, dict[str, Any]]], labels: dict[str, str] = METHODS) -> str:
     alphas = [entry["alpha"] for entry in next(iter(next(iter(runs.values())).values()))["conformal"]]
     head = " | ".join(f"α={a:g}: {score} coverage / set size" for a in alphas for score in ("THR", "APS"))
     lines = [f"| method | {head} |", "|---|" + "---:|" * (2 * len(alphas))]
-    for method, label in METHODS.items():
+    for method, label in labels.items():
         seeds = runs.get(method, {})
         if not seeds:
             continue

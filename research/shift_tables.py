@@ -1,15 +1,23 @@
-"""The validation-shift tables of docs/results.md "Under shift" (issue 45), from the evaluations
-`research/long_shift.sh choose` kept: every choice under shift is made here, on the validation split under the
-validation corruptions, before the test set is read.
+"""The tables of docs/results.md "Under shift" (issue 45), from the evaluations `research/long_shift.sh` kept: every
+choice under shift is made here, on the validation split under the validation corruptions, before the test set is
+read; the test phase then scores only what was chosen.
 
-    python research/shift_tables.py choose [--evals results/shift_long/val]
+    python research/shift_tables.py choose [--evals results/shift_long/val] [--write]
+    python research/shift_tables.py test [--evals results/shift_long/test]
 
-Per run family (single, σN-Ens at each τ) and normalization statistics (each member's training statistics, or the
-prediction batch's): clean accuracy, NLL and ECE (temperature scaled where the evaluation fitted a temperature: at the
-long budget, on the calibration split), then under shift (the mean over the validation corruptions at the
-evaluated severities) accuracy, NLL, ECE, member disagreement, mutual information and the AUROC of telling corrupted
-from clean inputs by mutual information; mean ± std over seeds. Then the paired differences with 95 % t intervals:
-batch − training statistics for each family, and σN-Ens − single model at each kind of statistics.
+The choice (``--write`` keeps it as choice.json beside the evaluations' folder, which `long_shift.sh test` reads): for
+each model, the configuration with the lowest mean validation-shift NLL (temperature scaled; NLL because it is the
+proper score of the whole predictive distribution, ECE is reported beside it). The single model chooses its
+statistics (and so does one network at σN-Ens's compute, 2× width); σN-Ens chooses its τ and statistics together,
+compared over the seeds every τ was trained with.
+
+Per run family and normalization statistics (each member's training statistics, or the prediction batch's): clean
+accuracy, NLL and ECE (temperature scaled where the evaluation fitted a temperature: at the long budget, on the
+calibration split), then under shift (the mean over the shift split's corruptions at the evaluated severities)
+accuracy, NLL, ECE, member disagreement, mutual information and the AUROC of telling corrupted from clean inputs by
+mutual information; mean ± std over seeds. Then the paired differences with 95 % t intervals: batch − training
+statistics for each family, σN-Ens − single model (and − the wider network) at each kind of statistics, and on the
+test set the chosen σN-Ens − each chosen baseline, and conformal coverage (calibrated on the calibration split).
 """
 
 from __future__ import annotations
@@ -21,14 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from posthoc_tables import mean_std
+from posthoc_tables import conformal_table, mean_std
 from scipy import stats
 
 from sigmanens_dist.experiments.compare.report import difference_text
 
-ROOT = Path(__file__).resolve().parent.parent / "results" / "shift_long" / "val"
-FAMILIES = {"single": "single model", "sigma_t025": "σN-Ens M=4, τ=0.25", "sigma": "σN-Ens M=4, τ=0.5",
-            "sigma_t1": "σN-Ens M=4, τ=1"}
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "shift_long"
+FAMILIES = {"single": "single model", "wide": "one network at M=4's compute (2× width)",
+            "sigma_t025": "σN-Ens M=4, τ=0.25", "sigma": "σN-Ens M=4, τ=0.5", "sigma_t1": "σN-Ens M=4, τ=1",
+            "single_augmix": "single model, AugMix", "sigma_augmix": "σN-Ens M=4, τ=0.5, AugMix"}
 NORMS = {"train": "training statistics", "batch": "batch statistics"}
 CLEAN = {"acc": "accuracy", "nll": "NLL", "ece": "ECE"}
 SHIFT = {"acc": "acc shift", "nll": "NLL shift", "ece": "ECE shift", "disagreement": "disagreement shift",
@@ -52,19 +61,50 @@ def scores(report: dict[str, Any]) -> Scores:
     return out
 
 
-def load(folder: Path) -> Runs:
-    runs: Runs = {}
+def reports(folder: Path, split: str) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
+    """(family, norm) → seed → eval.json of every <family>_s<seed>_<norm>/eval.json in folder, each checked to be of
+    the phase's split: the validation split under the validation shift, or the test split under the test shift."""
+    found: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
     for path in sorted(folder.glob("*_s*_*/eval.json")):
         study, norm = path.parent.name.rsplit("_", 1)
         family, seed = study.rsplit("_s", 1)
         report = json.loads(path.read_text())
-        if report.get("shift_split") != "val" or report.get("split") != "val":
-            raise SystemExit(f"{path}: split {report.get('split')}, shift split {report.get('shift_split')}; the "
-                             "choices are made on the validation split under the validation shift only")
-        runs.setdefault((family, norm), {})[int(seed)] = scores(report)
-    if not runs:
-        raise SystemExit(f"{folder}: no <family>_s<seed>_<norm>/eval.json (bash research/long_shift.sh choose)")
-    return runs
+        if report.get("shift_split") != split or report.get("split") != split:
+            raise SystemExit(f"{path}: split {report.get('split')}, shift split {report.get('shift_split')}; this "
+                             f"phase reads the {split} split under the {split} shift only")
+        found.setdefault((family, norm), {})[int(seed)] = report
+    if not found:
+        raise SystemExit(f"{folder}: no <family>_s<seed>_<norm>/eval.json (bash research/long_shift.sh)")
+    return found
+
+
+def load(folder: Path, split: str = "val") -> Runs:
+    return {key: {seed: scores(r) for seed, r in seeds.items()} for key, seeds in reports(folder, split).items()}
+
+
+def choose(runs: Runs) -> dict[str, Any]:
+    """The configuration each model takes to the test set: lowest mean validation-shift NLL, σN-Ens's temperatures
+    compared over the seeds they share (the module's docstring)."""
+    choice: dict[str, Any] = {}
+    sigma = [f for f in FAMILIES if f.startswith("sigma")]
+    for model, families in (("single", ["single", "single_augmix"]), ("wide", ["wide"]), ("sigma", sigma)):
+        candidates = [(f, n) for f in families for n in NORMS if runs.get((f, n))]
+        if not candidates:
+            continue
+        seeds = sorted(set.intersection(*(set(runs[c]) for c in candidates)))
+        if not seeds:
+            raise SystemExit(f"{model}: no seed shared by {candidates}; train the same seeds of every candidate")
+        nll = {c: float(np.mean([runs[c][s]["shift/nll"] for s in seeds])) for c in candidates}
+        family, norm = min(nll, key=nll.__getitem__)
+        choice[model] = {"family": family, "norm": norm, "seeds": seeds,
+                         "val_shift_nll": {f"{f}:{n}": round(v, 6) for (f, n), v in nll.items()}}
+    return choice
+
+
+def chosen_text(choice: dict[str, Any]) -> str:
+    return "\n".join(
+        f"{model}: {FAMILIES[c['family']]} with {NORMS[c['norm']]} (validation-shift NLL over seeds {c['seeds']}: "
+        + ", ".join(f"{k} {v:.4f}" for k, v in c["val_shift_nll"].items()) + ")" for model, c in choice.items())
 
 
 def cell(values: list[float | None]) -> str:
@@ -96,7 +136,7 @@ def paired(a: dict[int, Scores], b: dict[int, Scores], key: str) -> str:
     return f"**{text}**" if lo * hi > 0 else text
 
 
-def difference_table(runs: Runs) -> str:
+def difference_table(runs: Runs, chosen_pairs: tuple[tuple[tuple[str, str], tuple[str, str]], ...] = ()) -> str:
     keys = {"nll": "NLL", "ece": "ECE", "shift/nll": "NLL shift", "shift/ece": "ECE shift"}
     lines = ["| paired | " + " | ".join(keys.values()) + " |", "|---|" + "---:|" * len(keys)]
     for family, label in FAMILIES.items():
@@ -104,21 +144,59 @@ def difference_table(runs: Runs) -> str:
         if a and b:
             lines.append(f"| {label}: batch − training statistics | "
                          + " | ".join(paired(a, b, k) for k in keys) + " |")
-    for family, label in FAMILIES.items():
-        for norm, norm_label in NORMS.items():
-            a, b = runs.get((family, norm)), runs.get(("single", norm))
-            if family != "single" and a and b:
-                lines.append(f"| {label} − single model, {norm_label} | "
-                             + " | ".join(paired(a, b, k) for k in keys) + " |")
+    for reference in ("single", "wide"):
+        for family, label in FAMILIES.items():
+            for norm, norm_label in NORMS.items():
+                a, b = runs.get((family, norm)), runs.get((reference, norm))
+                # against one network: every other family; against the wider one: σN-Ens's
+                if family != reference and (reference == "single" or family.startswith("sigma")) and a and b:
+                    lines.append(f"| {label} − {FAMILIES[reference]}, {norm_label} | "
+                                 + " | ".join(paired(a, b, k) for k in keys) + " |")
+    for a_key, b_key in chosen_pairs:
+        a, b = runs.get(a_key), runs.get(b_key)
+        if a and b:
+            lines.append(f"| chosen: {FAMILIES[a_key[0]]}, {NORMS[a_key[1]]} − {FAMILIES[b_key[0]]}, "
+                         f"{NORMS[b_key[1]]} | " + " | ".join(paired(a, b, k) for k in keys) + " |")
     return "\n".join(lines)
+
+
+def test_tables(folder: Path) -> str:
+    """The test set, read once for the chosen configurations (and any other `long_shift.sh test` was given): the same
+    score table and paired differences as the choice's, then conformal coverage on the test set (calibrated on the
+    calibration split) with every seed's lowest and highest."""
+    found = reports(folder, "test")
+    runs = {key: {seed: scores(r) for seed, r in seeds.items()} for key, seeds in found.items()}
+    parts = {f"{f}:{n}": {seed: r["weights"]["raw"] for seed, r in seeds.items()} for (f, n), seeds in found.items()}
+    labels = {f"{f}:{n}": f"{FAMILIES[f]}, {NORMS[n]}" for f, n in found}
+    choice_file = folder.resolve().parent / "choice.json"
+    choice = json.loads(choice_file.read_text()) if choice_file.exists() else {}
+    picked = {model: (c["family"], c["norm"]) for model, c in choice.items()}
+    pairs = tuple((picked["sigma"], picked[ref]) for ref in ("single", "wide") if "sigma" in picked and ref in picked)
+    tables = [choose_table(runs), difference_table(runs, pairs)]
+    if all("conformal" in part for seeds in parts.values() for part in seeds.values()):  # the long budget's
+        tables.append(conformal_table(parts, labels))
+    return "\n\n".join(tables)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("phase", choices=["choose"])
-    ap.add_argument("--evals", type=Path, default=ROOT)
-    runs = load(ap.parse_args().evals)
-    print(choose_table(runs), difference_table(runs), sep="\n\n")
+    ap.add_argument("phase", choices=["choose", "test"])
+    ap.add_argument("--evals", type=Path, help="default: results/shift_long/val (choose), results/shift_long/test")
+    ap.add_argument("--write", action="store_true", help="choose: keep the choice as choice.json beside --evals")
+    args = ap.parse_args()
+    evals = args.evals or RESULTS / ("val" if args.phase == "choose" else "test")
+    if args.phase == "test":
+        print(test_tables(evals))
+        return
+    runs = load(evals)
+    choice = choose(runs)
+    print(choose_table(runs), difference_table(runs), chosen_text(choice), sep="\n\n")
+    if args.write:
+        path = evals.resolve().parent / "choice.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(choice, indent=1) + "\n")
+        tmp.replace(path)
+        print(f"kept in {path}")
 
 
 if __name__ == "__main__":
