@@ -160,6 +160,33 @@ def difference_table(runs: Runs, chosen_pairs: tuple[tuple[tuple[str, str], tupl
     return "\n".join(lines)
 
 
+def diagnosis_table(found: dict[tuple[str, str], dict[int, dict[str, Any]]]) -> str:
+    """Does the ensemble's disagreement rise as the data moves? Per ensemble configuration, before temperature
+    scaling (the members as trained): member disagreement and mutual information clean and at each severity (mean
+    over the corruptions), the AUROC of telling corrupted from clean inputs by mutual information, and the ensemble's
+    NLL gain over its mean member."""
+    severities = sorted(next(iter(next(iter(found.values())).values()))["weights"]["raw"]["shift"]["mean"])
+    heads = (["disagreement clean"] + [f"disagreement s{s}" for s in severities] + ["MI clean"]
+             + [f"MI s{s}" for s in severities] + [f"MI AUROC s{s}" for s in severities]
+             + ["NLL gain clean"] + [f"NLL gain s{s}" for s in severities])
+    lines = ["| run | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
+    getters: list[Any] = [lambda p: p["metrics"]["disagreement"]]
+    getters += [lambda p, s=s: p["shift"]["mean"][s]["disagreement"] for s in severities]
+    getters += [lambda p: p["metrics"]["mutual_information"]]
+    getters += [lambda p, s=s: p["shift"]["mean"][s]["mutual_information"] for s in severities]
+    getters += [lambda p, s=s: p["shift"]["mean"][s]["mi_auroc"] for s in severities]
+    getters += [lambda p: p["metrics"]["member_mean/nll"] - p["metrics"]["nll"]]
+    getters += [lambda p, s=s: p["shift"]["mean"][s]["member_mean/nll"] - p["shift"]["mean"][s]["nll"]
+                for s in severities]
+    for (family, norm), seeds in found.items():
+        parts = [r["weights"]["raw"] for r in seeds.values()]
+        if any(p["shift"]["mean"][s].get("disagreement") is None for p in parts for s in severities):
+            continue  # one network: nothing to disagree
+        cells = [mean_std([float(get(p)) for p in parts], 4) for get in getters]
+        lines.append(f"| {FAMILIES[family]}, {NORMS[norm]} ({len(parts)}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def test_tables(folder: Path) -> str:
     """The test set, read once for the chosen configurations (and any other `long_shift.sh test` was given): the same
     score table and paired differences as the choice's, then conformal coverage on the test set (calibrated on the
@@ -175,6 +202,7 @@ def test_tables(folder: Path) -> str:
     tables = [choose_table(runs), difference_table(runs, pairs)]
     if all("conformal" in part for seeds in parts.values() for part in seeds.values()):  # the long budget's
         tables.append(conformal_table(parts, labels))
+    tables.append(diagnosis_table(found))
     return "\n\n".join(tables)
 
 
