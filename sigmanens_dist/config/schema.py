@@ -105,6 +105,9 @@ class AugMixConfig(_Section):
     mixture_width: Int = Field(3, ge=1)  # augmentation chains mixed per sample
     chain_depth: Int = Field(-1, ge=-1)  # operations per chain; -1: drawn from 1–3 per chain
     alpha: Float = Field(1.0, gt=0, allow_inf_nan=False)  # Dirichlet and Beta parameter of the mixing weights
+    # member k's severity (one per member, for members that read their own batches): a spread of strengths makes the
+    # members differ by their data; null: every member uses severity
+    member_severity: list[Int] | None = None
 
     @field_validator("chain_depth")
     @classmethod
@@ -113,6 +116,24 @@ class AugMixConfig(_Section):
         if depth == 0:
             raise ValueError("must be -1 (a depth drawn from 1–3 per chain) or >= 1")
         return depth
+
+    @field_validator("member_severity")
+    @classmethod
+    def _severities_in_range(cls, severities: list[int] | None) -> list[int] | None:
+        bad = [s for s in severities or () if not 1 <= s <= 10]
+        if bad:
+            raise ValueError(f"every entry must be a severity 1–10, one per member; {bad} are not")
+        return severities
+
+    @model_validator(mode="after")
+    def _one_severity_source(self) -> AugMixConfig:
+        """With member_severity, severity is not read: a changed one would be dropped without a word (a saved config
+        repeats the default)."""
+        default = type(self).model_fields["severity"].default
+        if self.member_severity is not None and self.severity != default:
+            raise _cross_field("severity", f"is not used with member_severity={self.member_severity} (member k "
+                                           f"trains at its k-th entry); drop one of them", self.severity)
+        return self
 
 
 class TrainConfig(_Section):
@@ -521,7 +542,7 @@ class Config(_Section):
         augmix, data = self.train.augmix, self.data
         if augmix is None:
             return self
-        got = augmix.model_dump()
+        got = augmix.model_dump(exclude_none=True)
         if self.train.randaugment:
             raise _cross_field("train.augmix", f"two auto-augmentations: train.randaugment={self.train.randaugment!r}"
                                                " is set too; set one of them to null", got)
@@ -533,6 +554,28 @@ class Config(_Section):
             raise _cross_field("train.augmix", f"data.format={data.format!r} does not apply it (its readers keep "
                                                "their own crop recipe); it applies to data.format=raw only; set it "
                                                "to null", got)
+        return self
+
+    @model_validator(mode="after")
+    def _member_severity_has_members(self) -> Config:
+        """``train.augmix.member_severity`` gives member k its own dataset: it needs one entry per member and members
+        that read their own batches. What the config knows is checked here; a method whose default is to share one
+        batch (model.member_batches unset) is refused at trainer set-up (data/member_streams.py), which knows it."""
+        severities = self.train.augmix.member_severity if self.train.augmix is not None else None
+        if severities is None:
+            return self
+        model, key = self.model, "train.augmix.member_severity"
+        if model.method == "single" or model.num_members == 1:
+            one = "model.method=single" if model.method == "single" else "model.num_members=1"
+            raise _cross_field(key, f"needs an ensemble: {one} has one member; it applies to model.num_members >= 2 "
+                                    "(set severity for one network)", severities)
+        if len(severities) != model.num_members:
+            raise _cross_field(key, f"gives {len(severities)} severities for model.num_members={model.num_members}; "
+                                    "it takes exactly one per member", severities)
+        if model.member_batches == "shared":
+            raise _cross_field(key, "needs members that read their own batches, but model.member_batches='shared' "
+                                    "gives every member one batch; set model.member_batches=independent (or null "
+                                    "for sigma, film, deep)", severities)
         return self
 
     def without_source_weights(self) -> Config:

@@ -13,10 +13,14 @@ from dataclasses import replace
 from typing import Any, ClassVar, Protocol
 
 import torch
+from torch.utils.data import Dataset
 
 from sigmanens_dist.config import Config
+from sigmanens_dist.data.bad_samples import Checked
 from sigmanens_dist.data.loaders import Data, MapStyleStream, TrainStream, build_data
+from sigmanens_dist.data.raw import SeededAugment, augmix_at_severity
 from sigmanens_dist.distributed.env import DistEnv
+from sigmanens_dist.errors import UsageError
 
 __all__ = ["MemberStream", "member_major", "member_train_stream"]
 
@@ -91,14 +95,40 @@ class MemberStream:
 def member_train_stream(cfg: Config, env: DistEnv, data: Data, model: MemberModel) -> Data:
     """``data`` with a member-major train stream when members get their own batches (``member_major``), else
     ``data`` unchanged. Member 0 reuses ``data.train``; member k reads the stream of seed ``cfg.seed + k`` (a raw
-    dataset is shared by all members; a converted format gets one loader per member)."""
+    dataset is shared by all members; a converted format gets one loader per member).
+
+    With ``train.augmix.member_severity`` every member, member 0 included, reads the raw training samples through
+    its own AugMix at its entry's severity (:func:`augmix_at_severity`); refused with a UsageError where members
+    share one batch (the method's default, which the config cannot know)."""
+    augmix = cfg.train.augmix
+    severities = augmix.member_severity if augmix is not None else None
     if not member_major(cfg, model):
+        if severities is not None:
+            raise UsageError(f"train.augmix.member_severity={severities} needs members that read their own batches, "
+                             f"but model.method={cfg.model.method} gives every member one batch (model.member_batches "
+                             "unset: the method's default, shared); set model.member_batches=independent, or drop "
+                             "member_severity")
         return data
 
-    def stream(seed: int) -> TrainStream:
+    def stream(k: int) -> TrainStream:
+        seed = cfg.seed + k
         if isinstance(data.train, MapStyleStream):
-            return MapStyleStream(data.train.dataset, cfg.train.batch_size, env, seed, data.train.num_workers)
+            dataset = data.train.dataset
+            if severities is not None:
+                dataset = _at_severity(dataset, severities[k])
+            return MapStyleStream(dataset, cfg.train.batch_size, env, seed, data.train.num_workers)
         return build_data(cfg.data, cfg.train.batch_size, seed, env, cfg.train.randaugment).train
 
-    streams = [data.train] + [stream(cfg.seed + k) for k in range(1, model.num_members)]
+    if severities is not None:
+        log.info("train.augmix: member k trains at AugMix severity member_severity[k] = %s", severities)
+    first = data.train if severities is None else stream(0)
+    streams = [first] + [stream(k) for k in range(1, model.num_members)]
     return replace(data, train=MemberStream(streams, env.device))
+
+
+def _at_severity(dataset: Dataset, severity: int) -> Checked:
+    """The raw training set (``Checked`` over the augmixed ``SeededAugment``, data/loaders.py's ``_raw``) with its
+    AugMix at ``severity``; the same bad-sample policy and count."""
+    assert isinstance(dataset, Checked) and isinstance(dataset.dataset, SeededAugment), \
+        "the config allows train.augmix with the raw readers alone"
+    return Checked(augmix_at_severity(dataset.dataset, severity), dataset.num_classes, dataset.bad, dataset.split)

@@ -22,7 +22,7 @@ from sigmanens_dist.data.sampler import seeded
 from sigmanens_dist.errors import MissingPathError, UsageError
 
 __all__ = ["IMAGE_FOLDERS", "READERS", "DataBundle", "Evaluated", "PixelAugMix", "SeededAugment", "SyntheticImages",
-           "build_datasets", "image_folder_transforms", "split_indices", "timm_train_transform"]
+           "augmix_at_severity", "build_datasets", "image_folder_transforms", "split_indices", "timm_train_transform"]
 
 
 
@@ -174,6 +174,7 @@ class PixelAugMix:
     sample: a resumed run replays the same pixels."""
 
     def __init__(self, cfg: AugMixConfig, mean: Sequence[float], std: Sequence[float]) -> None:
+        self.cfg, self.stats = cfg, (tuple(mean), tuple(std))
         self.augmix = v2.AugMix(severity=cfg.severity, mixture_width=cfg.mixture_width, chain_depth=cfg.chain_depth,
                                 alpha=cfg.alpha, all_ops=False)
         self.mean = torch.tensor(mean).view(-1, 1, 1)
@@ -182,6 +183,21 @@ class PixelAugMix:
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         pixels = ((image * self.std + self.mean) * 255).round().clamp(0, 255).to(torch.uint8)
         return (self.augmix(pixels).float() / 255 - self.mean) / self.std
+
+    def at_severity(self, severity: int) -> PixelAugMix:
+        """This AugMix with another severity (``train.augmix.member_severity``'s entry of one member)."""
+        return PixelAugMix(self.cfg.model_copy(update={"severity": severity}), *self.stats)
+
+
+def augmix_at_severity(train: SeededAugment, severity: int) -> SeededAugment:
+    """``build_datasets``' augmixed training set with AugMix at ``severity``: the same samples (shared, not copied)
+    and the same reader augmentation before it, so member k of ``train.augmix.member_severity`` reads its own
+    strength under the same per-sample seeds (a resumed run replays it)."""
+    compose = train.transform
+    assert isinstance(compose, v2.Compose) and isinstance(compose.transforms[-1], PixelAugMix), \
+        "the training set was built without train.augmix"
+    *before, augmix = compose.transforms
+    return SeededAugment(train.dataset, v2.Compose([*before, augmix.at_severity(severity)]))
 
 
 def _take(ds: Dataset, indices: list[int]) -> Dataset:

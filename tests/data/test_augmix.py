@@ -158,4 +158,4 @@ def test_a_short_fashion_mnist_run_trains_with_augmix_and_records_it(tmp_path: P
               "train.augmix.severity=4")
     assert sorted(losses(run)) == [1, 2, 3] and all(math.isfinite(v) for v in losses(run).values())
     saved = yaml.safe_load((run / "config.yaml").read_text())["train"]["augmix"]
-    assert saved == {"severity": 4, "mixture_width": 3, "chain_depth": -1, "alpha": 1.0}
+    assert saved == {"severity": 4, "mixture_width": 3, "chain_depth": -1, "alpha": 1.0, "member_severity": None}
