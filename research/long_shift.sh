@@ -10,7 +10,7 @@
 # trained again: same seed and recipe, another machine's floats may differ), each validation evaluation in
 # results/shift_<budget>/val/<run>/eval.json; the checkpoints stay in OUT.
 #   bash research/long_shift.sh train [OUT] [LANE...]   # lanes: single sigma sigma_t025 sigma_t1 wide
-#                                                       #   single_augmix sigma_augmix (default: all)
+#                                                       #   single_augmix sigma_augmix sigma_augmix_spread (default: all)
 #   bash research/long_shift.sh choose [OUT]            # the validation-shift evaluations of every trained run
 #   python research/shift_tables.py choose --write      # their table, and the choice (results/shift_<budget>/choice.json)
 #   bash research/long_shift.sh test [OUT] [FAMILY:NORM...]  # the chosen configurations (or those given), every seed,
@@ -54,10 +54,12 @@ declare -A LANE_ARGS=(
   # AugMix (train.augmix: torchvision's, its operations disjoint from every test and validation corruption), for both
   [single_augmix]="--methods single train.augmix=true"
   [sigma_augmix]="--methods sigma --members 4 train.augmix=true"
+  # and σN-Ens with a spread of AugMix strengths over its members (member diversity from data)
+  [sigma_augmix_spread]="--methods sigma --members 4 train.augmix.member_severity=[1,3,5,7]"
 )
 
 if [ "$phase" = train ]; then
-  read -r -a LANES <<< "${*:-single sigma sigma_t025 sigma_t1 wide single_augmix sigma_augmix}"
+  read -r -a LANES <<< "${*:-single sigma sigma_t025 sigma_t1 wide single_augmix sigma_augmix sigma_augmix_spread}"
   for lane in "${LANES[@]}"; do
     [ -n "${LANE_ARGS[$lane]:-}" ] || { echo "long_shift: unknown lane $lane (${!LANE_ARGS[*]})" >&2; exit 2; }
   done

@@ -37,7 +37,8 @@ from sigmanens_dist.experiments.compare.report import difference_text
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "shift_long"
 FAMILIES = {"single": "single model", "wide": "one network at M=4's compute (2× width)",
             "sigma_t025": "σN-Ens M=4, τ=0.25", "sigma": "σN-Ens M=4, τ=0.5", "sigma_t1": "σN-Ens M=4, τ=1",
-            "single_augmix": "single model, AugMix", "sigma_augmix": "σN-Ens M=4, τ=0.5, AugMix"}
+            "single_augmix": "single model, AugMix", "sigma_augmix": "σN-Ens M=4, τ=0.5, AugMix",
+            "sigma_augmix_spread": "σN-Ens M=4, τ=0.5, AugMix severities 1, 3, 5, 7"}
 NORMS = {"train": "training statistics", "batch": "batch statistics"}
 CLEAN = {"acc": "accuracy", "nll": "NLL", "ece": "ECE"}
 SHIFT = {"acc": "acc shift", "nll": "NLL shift", "ece": "ECE shift", "disagreement": "disagreement shift",
