@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 import torch
 
+from sigmanens_dist.catalog.datasets import FASHION_MNIST_ROOT
+
 if TYPE_CHECKING:
     from sigmanens_dist.experiments.compare.records import RunRecord
 
@@ -34,6 +36,11 @@ TINY_VIT = ["model.name=vit_tiny_patch16_224", "model.kwargs.img_size=16", "mode
             "model.kwargs.depth=2", "model.kwargs.embed_dim=48", "model.kwargs.num_heads=2"]
 SYNTHETIC = ["data.dataset=synthetic", "data.img_size=16", "data.train_subset=512", "data.val_subset=128",
              "data.num_workers=0"]
+# A few real Fashion-MNIST images (Debian's dataset-fashion-mnist, which launch/setup.sh installs), for tests of the
+# real reader; they skip where the files are missing.
+FMNIST = ["data.dataset=fashion_mnist", "data.train_subset=120", "data.val_split=20", "data.num_workers=0"]
+needs_fashion_mnist = pytest.mark.skipif(not FASHION_MNIST_ROOT.is_dir(),
+                                         reason="needs Debian's dataset-fashion-mnist (launch/setup.sh installs it)")
 
 
 def env() -> dict[str, str]:

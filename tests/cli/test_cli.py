@@ -9,13 +9,11 @@ from pathlib import Path
 import pytest
 
 from sigmanens_dist.cli import main
-from sigmanens_dist.data import FASHION_MNIST_ROOT
+from tests.helpers import needs_fashion_mnist
 
 # the smallest conversion: 20 Fashion-MNIST training images (4 carved for val) and 8 test images, about a second
 CONVERT = ["data", "convert", "--dataset", "fashion_mnist", "--format", "webdataset", "--train-subset", "20",
            "--test-subset", "8", "--val-split", "4", "--num-workers", "1"]
-needs_fashion_mnist = pytest.mark.skipif(not FASHION_MNIST_ROOT.is_dir(),
-                                         reason="needs Debian's dataset-fashion-mnist (launch/setup.sh installs it)")
 
 
 def test_help_and_unknown_command(capsys: pytest.CaptureFixture[str]) -> None:

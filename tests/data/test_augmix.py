@@ -14,18 +14,15 @@ import torch
 import yaml
 from torchvision.transforms import v2
 
-from sigmanens_dist.catalog.datasets import DATASETS, FASHION_MNIST_ROOT
+from sigmanens_dist.catalog.datasets import DATASETS
 from sigmanens_dist.config import ConfigError, load_config
 from sigmanens_dist.config.schema import AugMixConfig
 from sigmanens_dist.data.raw import PixelAugMix, build_datasets
 from sigmanens_dist.data.sampler import sample_seed
-from tests.helpers import losses, run_train, write_cifar_batches
+from tests.helpers import FMNIST, losses, needs_fashion_mnist, run_train, write_cifar_batches
 
-needs_fashion_mnist = pytest.mark.skipif(not FASHION_MNIST_ROOT.is_dir(),
-                                         reason="needs Debian's dataset-fashion-mnist (launch/setup.sh installs it)")
 # AugMix's operations that overlap the test corruptions (brightness, contrast, fog, ...): never drawn
 CORRUPTION_LIKE = {"Brightness", "Color", "Contrast", "Sharpness"}
-FMNIST = ["data.dataset=fashion_mnist", "data.train_subset=120", "data.val_split=20", "data.num_workers=0"]
 
 
 def _disturb(k: int) -> None:

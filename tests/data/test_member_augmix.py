@@ -21,8 +21,7 @@ from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.methods import DeepEnsemble
 from sigmanens_dist.models import build_model
-from tests.data.test_augmix import FMNIST, needs_fashion_mnist
-from tests.helpers import losses, run_train, write_cifar_batches
+from tests.helpers import FMNIST, losses, needs_fashion_mnist, run_train, write_cifar_batches
 
 ENV = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 SEVERITIES = [1, 5, 9]
