@@ -11,7 +11,8 @@
 # results/shift_<budget>/val/<run>/eval.json; the checkpoints stay in OUT.
 #   bash research/long_shift.sh train [OUT] [LANE...]   # lanes: single sigma sigma_t025 sigma_t1 wide
 #                                                       #   single_augmix sigma_augmix sigma_augmix_spread (default: all)
-#   bash research/long_shift.sh choose [OUT]            # the validation-shift evaluations of every trained run
+#   bash research/long_shift.sh choose [OUT] [STUDY...] # the validation-shift evaluations of every trained run (or of
+#                                                       #   the studies named, e.g. sigma_s3: two may run at once)
 #   python research/shift_tables.py choose --write      # their table, and the choice (results/shift_<budget>/choice.json)
 #   bash research/long_shift.sh test [OUT] [FAMILY:NORM...]  # the chosen configurations (or those given), every seed,
 #                                                       # scored once on the test set: results/shift_<budget>/test/
@@ -119,8 +120,8 @@ PY
       rm -rf "$OUT/test/$name"
       echo "[$(date +%T)] $name: scoring the test set"
       if nice -n 19 sigmanens eval --checkpoint "$(dirname "${runs[0]}")" --corruptions all --severities 3,5 \
-          --norm-stats "$norm" "${CALIBRATION[@]}" "${CONFORMAL[@]}" --no-sub-ensembles --no-mlflow --out "$OUT/test/$name" \
-          >"$OUT/test_$name.log" 2>&1; then
+          --norm-stats "$norm" "${CALIBRATION[@]}" "${CONFORMAL[@]}" --no-sub-ensembles --no-mlflow \
+          --out "$OUT/test/$name" >"$OUT/test_$name.log" 2>&1; then
         keep "$OUT/test/$name" "$name" "$dest"
       else
         echo "[$(date +%T)] $name: eval FAILED: $OUT/test_$name.log"
@@ -131,20 +132,23 @@ PY
   exit "$failed"
 fi
 
-for runs in "$OUT"/*_s*/*/final_metrics.json; do
-  [ -e "$runs" ] || { echo "long_shift: no trained run in $OUT (*_s*/*/final_metrics.json)" >&2; exit 1; }
-  run="$(dirname "$runs")" study="$(basename "$(dirname "$run")")"
-  for norm in train batch; do
-    name="${study}_$norm" dest="$RESULTS/val/${study}_$norm"
-    if [ -s "$dest/eval.json" ]; then echo "[$(date +%T)] $name: evaluated before, skipped"; continue; fi
-    rm -rf "$OUT/val/$name"
-    if nice -n 19 sigmanens eval --checkpoint "$run" --split val --shift-split val --corruptions all --severities 3,5 \
-        --norm-stats "$norm" "${CALIBRATION[@]}" --no-sub-ensembles --no-mlflow --out "$OUT/val/$name" >"$OUT/val_$name.log" 2>&1; then
-      keep "$OUT/val/$name" "$name" "$dest"
-    else
-      echo "[$(date +%T)] $name: eval FAILED: $OUT/val_$name.log"
-      failed=1
-    fi
+read -r -a STUDIES <<< "${*:-*_s*}"
+for pattern in "${STUDIES[@]}"; do
+  for runs in "$OUT"/$pattern/*/final_metrics.json; do
+    [ -e "$runs" ] || { echo "long_shift: no trained run in $OUT ($pattern/*/final_metrics.json)" >&2; exit 1; }
+    run="$(dirname "$runs")" study="$(basename "$(dirname "$run")")"
+    for norm in train batch; do
+      name="${study}_$norm" dest="$RESULTS/val/${study}_$norm"
+      if [ -s "$dest/eval.json" ]; then echo "[$(date +%T)] $name: evaluated before, skipped"; continue; fi
+      rm -rf "$OUT/val/$name"
+      if nice -n 19 sigmanens eval --checkpoint "$run" --split val --shift-split val --corruptions all --severities 3,5 \
+          --norm-stats "$norm" "${CALIBRATION[@]}" --no-sub-ensembles --no-mlflow --out "$OUT/val/$name" >"$OUT/val_$name.log" 2>&1; then
+        keep "$OUT/val/$name" "$name" "$dest"
+      else
+        echo "[$(date +%T)] $name: eval FAILED: $OUT/val_$name.log"
+        failed=1
+      fi
+    done
   done
 done
 exit "$failed"
