@@ -5,9 +5,10 @@ Everything wrong with a config is reported at once, in one :class:`ConfigError` 
 not one typo per resubmission. Unknown keys are errors everywhere: a misspelt key must never silently train with the
 default instead.
 
-Three parts: ``schema`` (the sections and their checks), ``loading`` (YAML + overrides → a validated config; save,
-flatten, the packaged recipes), ``messages`` (:class:`ConfigError` and the wording of its lines). Everything public is
-importable from here.
+Three parts: ``schema`` (the sections and their checks; the ``model``, ``train`` and ``optim``/``schedule`` sections
+in their own ``*_section.py`` files, re-exported by ``schema``), ``loading`` (YAML + overrides → a validated config;
+save, flatten, the packaged recipes), ``messages`` (:class:`ConfigError` and the wording of its lines). Everything
+public is importable from here.
 """
 
 from __future__ import annotations
