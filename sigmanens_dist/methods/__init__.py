@@ -52,8 +52,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# model.method -> its class: the one place methods are listed (config/schema.py's model.method Literal must match it,
-# tests/methods/test_methods.py checks; config sits below this floor and cannot import it).
+# model.method -> its class: the one place methods are listed (config/model_section.py's model.method Literal must
+# match it, tests/methods/test_methods.py checks; config sits below this floor and cannot import it).
 METHODS: dict[str, type[EnsembleMethod]] = {cls.name: cls for cls in (
     SigmaEnsemble, SingleModel, DeepEnsemble, BatchEnsemble, PackedEnsemble, FiLMEnsemble)}
 METHOD_NAMES = tuple(METHODS)
