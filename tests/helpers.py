@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
@@ -14,6 +15,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +43,15 @@ SYNTHETIC = ["data.dataset=synthetic", "data.img_size=16", "data.train_subset=51
 FMNIST = ["data.dataset=fashion_mnist", "data.train_subset=120", "data.val_split=20", "data.num_workers=0"]
 needs_fashion_mnist = pytest.mark.skipif(not FASHION_MNIST_ROOT.is_dir(),
                                          reason="needs Debian's dataset-fashion-mnist (launch/setup.sh installs it)")
+
+
+def parse_source(path: Path) -> ast.Module:
+    """``ast.parse`` of a source file in a fresh thread. CPython 3.11 checks the AST constructor's recursion depth
+    against the calling thread's recursion counter, which an earlier test in the same worker can leave off; the check
+    then fails with "SystemError: AST constructor recursion depth mismatch" (cpython#106905, seen once in a full run).
+    A new thread starts with its own counter."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(ast.parse, path.read_text(encoding="utf-8"), str(path)).result()
 
 
 def env() -> dict[str, str]:

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.helpers import REPO
+from tests.helpers import REPO, parse_source
 
 PACKAGE = REPO / "sigmanens_dist"
 PLAIN = {"ValueError", "FileNotFoundError", "TypeError"}
@@ -48,7 +48,7 @@ ALLOWED = {
 def _plain_raises(path: Path) -> Iterator[tuple[int, str, str]]:
     """(line, exception, message source) of every ``raise ValueError/FileNotFoundError/TypeError(...)`` in ``path``
     outside pydantic validators."""
-    tree = ast.parse(path.read_text())
+    tree = parse_source(path)
     parent = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     for node in ast.walk(tree):
         if not isinstance(node, ast.Raise) or node.exc is None:
@@ -90,7 +90,7 @@ def test_no_error_message_carries_a_command_prefix() -> None:
     """Finding 12: ``sigmanens eval: error: sigmanens eval: …``: the commands print their name; a message does not."""
     prefixed = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_source(path)):
             if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args \
                     and re.match(r"f?['\"]sigmanens [\w-]+: ", ast.unparse(node.exc.args[0])):
                 prefixed.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")

@@ -14,6 +14,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.helpers import parse_source
+
 PACKAGE = Path(__file__).resolve().parent.parent / "sigmanens_dist"
 
 # bottom first; modules on one floor may import each other (no circle: checked below)
@@ -73,7 +75,7 @@ def _graph() -> dict[str, set[str]]:
     modules = _modules()
     graph = {}
     for name, path in modules.items():
-        targets = set(_imported(name, path, ast.parse(path.read_text(encoding="utf-8")).body))
+        targets = set(_imported(name, path, parse_source(path).body))
         graph[name] = {t for t in targets if t in modules and t != name}
     return graph
 
@@ -148,7 +150,7 @@ def test_no_private_name_is_imported_across_packages() -> None:
     crossing = []
     for name, path in modules.items():
         package = _package(name, path)
-        for dotted in set(_imported(name, path, ast.parse(path.read_text(encoding="utf-8")).body)):
+        for dotted in set(_imported(name, path, parse_source(path).body)):
             parts = dotted.split(".")
             for i, part in enumerate(parts):
                 prefix = ".".join(parts[:i])
@@ -164,7 +166,7 @@ def test_no_test_module_imports_another_test_module() -> None:
     tests = PACKAGE.parent / "tests"
     offenders = []
     for path in sorted(tests.rglob("test_*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_source(path)):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders += [f"{path.relative_to(tests)} imports {n}" for n in names

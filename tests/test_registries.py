@@ -17,6 +17,7 @@ from sigmanens_dist.data.loaders import FORMATS
 from sigmanens_dist.data.raw import READERS
 from sigmanens_dist.distributed.strategies import CHECKPOINT_FORMATS, STRATEGIES, strategy_class
 from sigmanens_dist.export.format import NORM_STATS
+from tests.helpers import parse_source
 
 PACKAGE = Path(__file__).resolve().parent.parent / "sigmanens_dist"
 CONFIG_NAMES = {"cfg", "config", "d", "data_cfg", "section"}  # how the package names a config (section) parameter
@@ -77,7 +78,7 @@ def test_command_line_choices_come_from_the_config(capsys: pytest.CaptureFixture
 def _config_params_typed_any() -> list[str]:
     found = []
     for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parse_source(path)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
                     if arg.arg in CONFIG_NAMES and arg.annotation is not None and ast.unparse(arg.annotation) == "Any":
