@@ -138,26 +138,26 @@ def paired(a: dict[int, Scores], b: dict[int, Scores], key: str) -> str:
 
 
 def difference_table(runs: Runs, chosen_pairs: tuple[tuple[tuple[str, str], tuple[str, str]], ...] = ()) -> str:
+    """Paired differences, each a row where the two configurations share at least 2 seeds."""
     keys = {"nll": "NLL", "ece": "ECE", "shift/nll": "NLL shift", "shift/ece": "ECE shift"}
     lines = ["| paired | " + " | ".join(keys.values()) + " |", "|---|" + "---:|" * len(keys)]
+
+    def row(label: str, a: dict[int, Scores] | None, b: dict[int, Scores] | None) -> None:
+        if a and b and len(a.keys() & b.keys()) >= 2:
+            lines.append(f"| {label} | " + " | ".join(paired(a, b, k) for k in keys) + " |")
+
     for family, label in FAMILIES.items():
-        a, b = runs.get((family, "batch")), runs.get((family, "train"))
-        if a and b:
-            lines.append(f"| {label}: batch − training statistics | "
-                         + " | ".join(paired(a, b, k) for k in keys) + " |")
+        row(f"{label}: batch − training statistics", runs.get((family, "batch")), runs.get((family, "train")))
     for reference in ("single", "wide"):
         for family, label in FAMILIES.items():
-            for norm, norm_label in NORMS.items():
-                a, b = runs.get((family, norm)), runs.get((reference, norm))
-                # against one network: every other family; against the wider one: σN-Ens's
-                if family != reference and (reference == "single" or family.startswith("sigma")) and a and b:
-                    lines.append(f"| {label} − {FAMILIES[reference]}, {norm_label} | "
-                                 + " | ".join(paired(a, b, k) for k in keys) + " |")
+            # against one network: every other family; against the wider one: σN-Ens's
+            if family != reference and (reference == "single" or family.startswith("sigma")):
+                for norm, norm_label in NORMS.items():
+                    row(f"{label} − {FAMILIES[reference]}, {norm_label}", runs.get((family, norm)),
+                        runs.get((reference, norm)))
     for a_key, b_key in chosen_pairs:
-        a, b = runs.get(a_key), runs.get(b_key)
-        if a and b:
-            lines.append(f"| chosen: {FAMILIES[a_key[0]]}, {NORMS[a_key[1]]} − {FAMILIES[b_key[0]]}, "
-                         f"{NORMS[b_key[1]]} | " + " | ".join(paired(a, b, k) for k in keys) + " |")
+        row(f"chosen: {FAMILIES[a_key[0]]}, {NORMS[a_key[1]]} − {FAMILIES[b_key[0]]}, {NORMS[b_key[1]]}",
+            runs.get(a_key), runs.get(b_key))
     return "\n".join(lines)
 
 
