@@ -17,7 +17,8 @@ calibration split), then under shift (the mean over the shift split's corruption
 accuracy, NLL, ECE, member disagreement, mutual information and the AUROC of telling corrupted from clean inputs by
 mutual information; mean ± std over seeds. Then the paired differences with 95 % t intervals: batch − training
 statistics for each family, σN-Ens − single model (and − the wider network) at each kind of statistics, and on the
-test set the chosen σN-Ens − each chosen baseline, and conformal coverage (calibrated on the calibration split).
+test set the chosen σN-Ens − each chosen baseline, conformal coverage (calibrated on the calibration split), the
+diagnosis by severity and the per-corruption scores.
 """
 
 from __future__ import annotations
@@ -188,6 +189,29 @@ def diagnosis_table(found: dict[tuple[str, str], dict[int, dict[str, Any]]]) -> 
     return "\n".join(lines)
 
 
+def corruption_table(found: dict[tuple[str, str], dict[int, dict[str, Any]]]) -> str:
+    """Where the shift means come from: per corruption (severities averaged, seeds averaged), each configuration's
+    accuracy and temperature-scaled NLL."""
+    configs = list(found)
+    first = next(iter(found[configs[0]].values()))["weights"]["raw"]
+    names = [c for c in first["shift"] if c != "mean"]
+
+    def cell(config: tuple[str, str], name: str, key: str) -> float:
+        values = []
+        for report in found[config].values():
+            part = report["weights"]["raw"]
+            by_severity = part.get("calibration", part)["shift"][name]
+            values += [by_severity[sev][key] for sev in by_severity]
+        return float(np.mean(values))
+
+    heads = [f"{FAMILIES[f]}, {NORMS[n]} ({len(found[(f, n)])})" for f, n in configs]
+    lines = ["| corruption: accuracy / NLL | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
+    for name in names:
+        lines.append(f"| {name} | " + " | ".join(f"{cell(c, name, 'acc'):.3f} / {cell(c, name, 'nll'):.3f}"
+                                                 for c in configs) + " |")
+    return "\n".join(lines)
+
+
 def test_tables(folder: Path) -> str:
     """The test set, read once for the chosen configurations (and any other `long_shift.sh test` was given): the same
     score table and paired differences as the choice's, then conformal coverage on the test set (calibrated on the
@@ -203,7 +227,7 @@ def test_tables(folder: Path) -> str:
     tables = [choose_table(runs), difference_table(runs, pairs)]
     if all("conformal" in part for seeds in parts.values() for part in seeds.values()):  # the long budget's
         tables.append(conformal_table(parts, labels))
-    tables.append(diagnosis_table(found))
+    tables += [diagnosis_table(found), corruption_table(found)]
     return "\n\n".join(tables)
 
 
