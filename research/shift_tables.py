@@ -156,6 +156,10 @@ def difference_table(runs: Runs, chosen_pairs: tuple[tuple[tuple[str, str], tupl
                 for norm, norm_label in NORMS.items():
                     row(f"{label} − {FAMILIES[reference]}, {norm_label}", runs.get((family, norm)),
                         runs.get((reference, norm)))
+    for family, base in (("sigma_augmix", "sigma"), ("sigma_augmix_spread", "sigma_augmix")):  # a lever's own effect
+        for norm, norm_label in NORMS.items():
+            row(f"{FAMILIES[family]} − {FAMILIES[base]}, {norm_label}", runs.get((family, norm)),
+                runs.get((base, norm)))
     for a_key, b_key in chosen_pairs:
         row(f"chosen: {FAMILIES[a_key[0]]}, {NORMS[a_key[1]]} − {FAMILIES[b_key[0]]}, {NORMS[b_key[1]]}",
             runs.get(a_key), runs.get(b_key))
