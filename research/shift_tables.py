@@ -160,9 +160,14 @@ def difference_table(runs: Runs, chosen_pairs: tuple[tuple[tuple[str, str], tupl
         for norm, norm_label in NORMS.items():
             row(f"{FAMILIES[family]} − {FAMILIES[base]}, {norm_label}", runs.get((family, norm)),
                 runs.get((base, norm)))
-    for a_key, b_key in chosen_pairs:
-        row(f"chosen: {FAMILIES[a_key[0]]}, {NORMS[a_key[1]]} − {FAMILIES[b_key[0]]}, {NORMS[b_key[1]]}",
-            runs.get(a_key), runs.get(b_key))
+    for a_key, b_key in chosen_pairs:  # marked where the same pair is a row above, else a row of its own
+        same = f"| {FAMILIES[a_key[0]]} − {FAMILIES[b_key[0]]}, {NORMS[a_key[1]]} |"
+        at = [i for i, line in enumerate(lines) if a_key[1] == b_key[1] and line.startswith(same)]
+        if at:
+            lines[at[0]] = "| chosen: " + lines[at[0]][2:]
+        else:
+            row(f"chosen: {FAMILIES[a_key[0]]}, {NORMS[a_key[1]]} − {FAMILIES[b_key[0]]}, {NORMS[b_key[1]]}",
+                runs.get(a_key), runs.get(b_key))
     return "\n".join(lines)
 
 
