@@ -9,7 +9,7 @@
 # results/shift_<budget>/records/<study>.jsonl (a recorded study whose checkpoint is gone and which was not scored yet is
 # trained again: same seed and recipe, another machine's floats may differ), each validation evaluation in
 # results/shift_<budget>/val/<run>/eval.json; the checkpoints stay in OUT.
-#   bash research/long_shift.sh train [OUT] [LANE...]   # lanes: single sigma sigma_t025 sigma_t1 wide deep
+#   bash research/long_shift.sh train [OUT] [LANE...]   # lanes: single sigma sigma_t025 sigma_t1 wide deep packed3
 #                                                       #   single_augmix sigma_augmix sigma_augmix_spread (default: all)
 #   bash research/long_shift.sh choose [OUT] [STUDY...] # the validation-shift evaluations of every trained run (or of
 #                                                       #   the studies named, e.g. sigma_s3: two may run at once)
@@ -59,10 +59,12 @@ declare -A LANE_ARGS=(
   [sigma_augmix_spread]="--methods sigma --members 4 train.augmix.member_severity=[1,3,5,7]"
   # The Deep Ensemble: four networks (4× the parameters and the compute), the reference σN-Ens is measured against
   [deep]="--methods deep --members 4"
+  # and Packed-Ensembles M=4 at α=3 (2.2× the parameters), the earlier runs' best under shift
+  [packed3]="--methods packed --members 4 model.packed_alpha=3"
 )
 
 if [ "$phase" = train ]; then
-  read -r -a LANES <<< "${*:-single sigma sigma_t025 sigma_t1 wide deep single_augmix sigma_augmix sigma_augmix_spread}"
+  read -r -a LANES <<< "${*:-single sigma sigma_t025 sigma_t1 wide deep packed3 single_augmix sigma_augmix sigma_augmix_spread}"
   for lane in "${LANES[@]}"; do
     [ -n "${LANE_ARGS[$lane]:-}" ] || { echo "long_shift: unknown lane $lane (${!LANE_ARGS[*]})" >&2; exit 2; }
   done

@@ -8,15 +8,15 @@ read; the test phase then scores only what was chosen.
 The choice (``--write`` keeps it as choice.json beside the evaluations' folder, which `long_shift.sh test` reads): for
 each model, the configuration with the lowest mean validation-shift NLL (temperature scaled; NLL because it is the
 proper score of the whole predictive distribution, ECE is reported beside it). The single model chooses its
-statistics (and so do one network at σN-Ens's compute, 2× width, and the Deep Ensemble); σN-Ens chooses its τ and
-statistics together, compared over the seeds every τ was trained with.
+statistics (and so do one network at σN-Ens's compute, 2× width, the Deep Ensemble and Packed-Ensembles); σN-Ens
+chooses its τ and statistics together, compared over the seeds every τ was trained with.
 
 Per run family and normalization statistics (each member's training statistics, or the prediction batch's): clean
 accuracy, NLL and ECE (temperature scaled where the evaluation fitted a temperature: at the long budget, on the
 calibration split), then under shift (the mean over the shift split's corruptions at the evaluated severities)
 accuracy, NLL, ECE, member disagreement, mutual information and the AUROC of telling corrupted from clean inputs by
 mutual information; mean ± std over seeds. Then the paired differences with 95 % t intervals: batch − training
-statistics for each family, σN-Ens − single model (and − the wider network, − the Deep Ensemble) at each kind of
+statistics for each family, σN-Ens − single model (and − the wider network, − each ensemble) at each kind of
 statistics, and on the test set the chosen σN-Ens − each chosen baseline, conformal coverage (calibrated on the
 calibration split), the diagnosis by severity and the per-corruption scores.
 """
@@ -37,6 +37,7 @@ from sigmanens_dist.experiments.compare.report import difference_text
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "shift_long"
 FAMILIES = {"single": "single model", "wide": "one network at M=4's compute (2× width)", "deep": "Deep Ensemble M=4",
+            "packed3": "Packed-Ensembles M=4, α=3",
             "sigma_t025": "σN-Ens M=4, τ=0.25", "sigma": "σN-Ens M=4, τ=0.5", "sigma_t1": "σN-Ens M=4, τ=1",
             "single_augmix": "single model, AugMix", "sigma_augmix": "σN-Ens M=4, τ=0.5, AugMix",
             "sigma_augmix_spread": "σN-Ens M=4, τ=0.5, AugMix severities 1, 3, 5, 7"}
@@ -89,7 +90,8 @@ def choose(runs: Runs) -> dict[str, Any]:
     compared over the seeds they share (the module's docstring)."""
     choice: dict[str, Any] = {}
     sigma = [f for f in FAMILIES if f.startswith("sigma")]
-    models = (("single", ["single", "single_augmix"]), ("wide", ["wide"]), ("deep", ["deep"]), ("sigma", sigma))
+    models = (("single", ["single", "single_augmix"]), ("wide", ["wide"]), ("deep", ["deep"]), ("packed3", ["packed3"]),
+              ("sigma", sigma))
     for model, families in models:
         candidates = [(f, n) for f in families for n in NORMS if runs.get((f, n))]
         if not candidates:
@@ -150,9 +152,9 @@ def difference_table(runs: Runs, chosen_pairs: tuple[tuple[tuple[str, str], tupl
 
     for family, label in FAMILIES.items():
         row(f"{label}: batch − training statistics", runs.get((family, "batch")), runs.get((family, "train")))
-    for reference in ("single", "wide", "deep"):
+    for reference in ("single", "wide", "deep", "packed3"):
         for family, label in FAMILIES.items():
-            # against one network: every other family; against the wider one and the Deep Ensemble: σN-Ens's
+            # against one network: every other family; against the wider one and the ensembles: σN-Ens's
             if family != reference and (reference == "single" or family.startswith("sigma")):
                 for norm, norm_label in NORMS.items():
                     row(f"{label} − {FAMILIES[reference]}, {norm_label}", runs.get((family, norm)),
@@ -233,7 +235,7 @@ def test_tables(folder: Path) -> str:
     choice_file = folder.resolve().parent / "choice.json"
     choice = json.loads(choice_file.read_text()) if choice_file.exists() else {}
     picked = {model: (c["family"], c["norm"]) for model, c in choice.items()}
-    pairs = tuple((picked["sigma"], picked[ref]) for ref in ("single", "wide", "deep")
+    pairs = tuple((picked["sigma"], picked[ref]) for ref in ("single", "wide", "deep", "packed3")
                   if "sigma" in picked and ref in picked)
     tables = [choose_table(runs), difference_table(runs, pairs)]
     if all("conformal" in part for seeds in parts.values() for part in seeds.values()):  # the long budget's
