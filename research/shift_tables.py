@@ -3,7 +3,7 @@ choice under shift is made here, on the validation split under the validation co
 read; the test phase then scores only what was chosen.
 
     python research/shift_tables.py choose [--evals results/shift_long/val] [--write]
-    python research/shift_tables.py test [--evals results/shift_long/test]
+    python research/shift_tables.py test [--evals results/shift_long/test] [--plot results/shift_long/severity.png]
 
 The choice (``--write`` keeps it as choice.json beside the evaluations' folder, which `long_shift.sh test` reads): for
 each model, the configuration with the lowest mean validation-shift NLL (temperature scaled; NLL because it is the
@@ -224,6 +224,39 @@ def corruption_table(found: dict[tuple[str, str], dict[int, dict[str, Any]]]) ->
     return "\n".join(lines)
 
 
+def severity_plot(found: dict[tuple[str, str], dict[int, dict[str, Any]]], path: Path) -> None:
+    """Each configuration's temperature-scaled NLL and ECE, and its members' disagreement, clean and at each evaluated
+    severity (mean over the shift split's corruptions; mean ± std over seeds): the diagnosis as a picture."""
+    from matplotlib.figure import Figure
+
+    panels = (("nll", "NLL (temperature scaled)", True), ("ece", "ECE (temperature scaled)", True),
+              ("disagreement", "member disagreement", False))
+    fig = Figure(figsize=(13, 3.8), layout="constrained")
+    axes = fig.subplots(1, len(panels))
+    for (family, norm), seeds in found.items():
+        parts = [r["weights"]["raw"] for r in seeds.values()]
+        severities = sorted(parts[0]["shift"]["mean"], key=int)
+        xs = [0] + [int(s) for s in severities]
+        for ax, (key, title, scaled) in zip(axes, panels, strict=True):
+            rows = []
+            for part in parts:
+                source = part.get("calibration", part) if scaled else part
+                row = [source["metrics"].get(key)] + [source["shift"]["mean"][s].get(key) for s in severities]
+                rows.append(row)
+            if any(v is None for row in rows for v in row):
+                continue  # one network has no disagreement
+            values = np.array(rows, dtype=float)
+            ax.errorbar(xs, values.mean(0), yerr=values.std(0, ddof=1) if len(values) > 1 else None, marker="o",
+                        capsize=3, label=f"{FAMILIES[family]}, {NORMS[norm]} ({len(parts)})")
+            ax.set_title(title)
+            ax.set_xticks(xs, ["clean"] + [f"severity {s}" for s in severities])
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Test set under the test corruptions (mean over corruptions, ± std over seeds)")
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    tmp.replace(path)
+
+
 def test_tables(folder: Path) -> str:
     """The test set, read once for the chosen configurations (and any other `long_shift.sh test` was given): the same
     score table and paired differences as the choice's, then conformal coverage on the test set (calibrated on the
@@ -249,10 +282,16 @@ def main() -> None:
     ap.add_argument("phase", choices=["choose", "test"])
     ap.add_argument("--evals", type=Path, help="default: results/shift_long/val (choose), results/shift_long/test")
     ap.add_argument("--write", action="store_true", help="choose: keep the choice as choice.json beside --evals")
+    ap.add_argument("--plot", type=Path, help="test: also draw NLL, ECE and disagreement against severity there (PNG)")
     args = ap.parse_args()
+    if args.plot and args.phase != "test":
+        ap.error(f"--plot {args.plot}: the test phase draws the plot; choose prints tables only")
     evals = args.evals or RESULTS / ("val" if args.phase == "choose" else "test")
     if args.phase == "test":
         print(test_tables(evals))
+        if args.plot:
+            severity_plot(reports(evals, "test"), args.plot)
+            print(f"plot: {args.plot}")
         return
     runs = load(evals)
     choice = choose(runs)
