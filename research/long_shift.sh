@@ -17,6 +17,10 @@
 #   bash research/long_shift.sh test [OUT] [FAMILY:NORM...]  # the chosen configurations (or those given), every seed,
 #                                                       # scored once on the test set: results/shift_<budget>/test/
 #   python research/shift_tables.py test                # their tables
+#   bash research/long_shift.sh member_t [OUT] [STUDY...]  # one temperature on the averaged ensemble against one per
+#                                                       # member, on the validation split and shift, each model at its
+#                                                       # chosen statistics: results/shift_<budget>/val_member_t/
+#   python research/shift_tables.py member-t            # their paired table
 #   SEEDS="0 1 2 3 4" bash research/long_shift.sh train runs/shift_long sigma single   # two lanes may share OUT
 # SHIFT_BUDGET=small uses the recipe's own 200 steps (a preview; OUT default runs/shift_small) instead of the long
 # budget (6,250 steps).
@@ -26,8 +30,8 @@ source "$ROOT/launch/setup.sh"
 cd "$ROOT"
 source "$ROOT/launch/studies.sh"
 phase="${1:-}"
-[[ $phase == train || $phase == choose || $phase == test ]] ||
-  { echo "long_shift: give a phase, train, choose or test (got '$phase')" >&2; exit 2; }
+[[ $phase == train || $phase == choose || $phase == test || $phase == member_t ]] ||
+  { echo "long_shift: give a phase, train, choose, test or member_t (got '$phase')" >&2; exit 2; }
 shift
 budget="${SHIFT_BUDGET:-long}"
 # At the long budget a calibration split of 2,000 images is carved beside the validation split (the pool grows by as
@@ -129,6 +133,38 @@ PY
         keep "$OUT/test/$name" "$name" "$dest"
       else
         echo "[$(date +%T)] $name: eval FAILED: $OUT/test_$name.log"
+        failed=1
+      fi
+    done
+  done
+  exit "$failed"
+fi
+
+if [ "$phase" = member_t ]; then
+  # One evaluation per ensemble run gives both calibrations (`--calibration member-temperature` reports the ensemble's
+  # one T beside the members' own), on the validation split and shift, at the statistics choice.json chose for it.
+  choice="$RESULTS/choice.json"
+  [ -s "$choice" ] || { echo "long_shift: no $choice: python research/shift_tables.py choose --write" >&2; exit 2; }
+  read -r -a STUDIES <<< "${*:-*_s*}"
+  for pattern in "${STUDIES[@]}"; do
+    for runs in "$OUT"/$pattern/*/final_metrics.json; do
+      [ -e "$runs" ] || { echo "long_shift: no trained run in $OUT ($pattern/*/final_metrics.json)" >&2; exit 1; }
+      run="$(dirname "$runs")" study="$(basename "$(dirname "$run")")"
+      norm="$(python - "$choice" "${study%_s*}" <<'PY'
+import json, sys
+print(next((c["norm"] for c in json.load(open(sys.argv[1])).values() if c["family"] == sys.argv[2]), ""))
+PY
+)"
+      [ -n "$norm" ] || { echo "long_shift: ${study%_s*} was not chosen for ($choice)" >&2; failed=1; continue; }
+      name="${study}_$norm" dest="$RESULTS/val_member_t/${study}_$norm"
+      if [ -s "$dest/eval.json" ]; then echo "[$(date +%T)] $name: evaluated before, skipped"; continue; fi
+      rm -rf "$OUT/val_member_t/$name"
+      if nice -n 19 sigmanens eval --checkpoint "$run" --split val --shift-split val --corruptions all --severities 3,5 \
+          --norm-stats "$norm" --calibration member-temperature --no-sub-ensembles --no-mlflow \
+          --out "$OUT/val_member_t/$name" >"$OUT/val_member_t_$name.log" 2>&1; then
+        keep "$OUT/val_member_t/$name" "$name" "$dest"
+      else
+        echo "[$(date +%T)] $name: eval FAILED: $OUT/val_member_t_$name.log"
         failed=1
       fi
     done

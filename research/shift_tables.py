@@ -4,6 +4,7 @@ read; the test phase then scores only what was chosen.
 
     python research/shift_tables.py choose [--evals results/shift_long/val] [--write]
     python research/shift_tables.py test [--evals results/shift_long/test] [--plot results/shift_long/severity.png]
+    python research/shift_tables.py member-t [--evals results/shift_long/val_member_t]
 
 The choice (``--write`` keeps it as choice.json beside the evaluations' folder, which `long_shift.sh test` reads): for
 each model, the configuration with the lowest mean validation-shift NLL (temperature scaled; NLL because it is the
@@ -50,12 +51,12 @@ Scores = dict[str, float | None]
 Runs = dict[tuple[str, str], dict[int, Scores]]  # (family, norm) → seed → scores
 
 
-def scores(report: dict[str, Any]) -> Scores:
+def scores(report: dict[str, Any], calibration: str = "calibration") -> Scores:
     """Clean scores and the shift means (over the evaluated severities) of one eval.json's raw weights: accuracy, NLL
-    and ECE temperature scaled where the evaluation fitted a temperature, the member diagnosis as the members give
-    it."""
+    and ECE temperature scaled where the evaluation fitted a temperature (``calibration``: the ensemble's one T, or
+    ``member_calibration``, each member's own), the member diagnosis as the members give it."""
     part = report["weights"]["raw"]
-    scaled = part.get("calibration", part)
+    scaled = part.get(calibration, part)
     out: Scores = {k: float(scaled["metrics"][k]) for k in CLEAN}
     for key in SHIFT:
         source = scaled if key in CLEAN else part
@@ -224,6 +225,22 @@ def corruption_table(found: dict[tuple[str, str], dict[int, dict[str, Any]]]) ->
     return "\n".join(lines)
 
 
+def member_temperature_table(found: dict[tuple[str, str], dict[int, dict[str, Any]]]) -> str:
+    """One temperature fitted on the averaged ensemble against one per member (each on its own NLL, applied before the
+    softmaxes are averaged), both fitted on the calibration split of the same evaluation: scores and paired Δ."""
+    keys = {"nll": "NLL", "ece": "ECE", "shift/nll": "NLL shift", "shift/ece": "ECE shift"}
+    heads = [f"{h}: one T / member T" for h in keys.values()] + [f"Δ {h}, member − one" for h in keys.values()]
+    lines = ["| run | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
+    for (family, norm), seeds in found.items():
+        one = {seed: scores(r) for seed, r in seeds.items()}
+        member = {seed: scores(r, "member_calibration") for seed, r in seeds.items()}
+        pairs = [f"{np.mean([v[k] for v in one.values()]):.4f} / {np.mean([v[k] for v in member.values()]):.4f}"
+                 for k in keys]
+        lines.append(f"| {FAMILIES[family]}, {NORMS[norm]} ({len(seeds)}) | " + " | ".join(pairs) + " | "
+                     + " | ".join(paired(member, one, k) for k in keys) + " |")
+    return "\n".join(lines)
+
+
 def severity_plot(found: dict[tuple[str, str], dict[int, dict[str, Any]]], path: Path) -> None:
     """Each configuration's temperature-scaled NLL and ECE, and its members' disagreement, clean and at each evaluated
     severity (mean over the shift split's corruptions; mean ± std over seeds): the diagnosis as a picture."""
@@ -279,14 +296,18 @@ def test_tables(folder: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("phase", choices=["choose", "test"])
-    ap.add_argument("--evals", type=Path, help="default: results/shift_long/val (choose), results/shift_long/test")
+    ap.add_argument("phase", choices=["choose", "test", "member-t"])
+    ap.add_argument("--evals", type=Path,
+                    help="default: results/shift_long/ val (choose), test, val_member_t (member-t)")
     ap.add_argument("--write", action="store_true", help="choose: keep the choice as choice.json beside --evals")
     ap.add_argument("--plot", type=Path, help="test: also draw NLL, ECE and disagreement against severity there (PNG)")
     args = ap.parse_args()
     if args.plot and args.phase != "test":
         ap.error(f"--plot {args.plot}: the test phase draws the plot; choose prints tables only")
-    evals = args.evals or RESULTS / ("val" if args.phase == "choose" else "test")
+    evals = args.evals or RESULTS / {"choose": "val", "test": "test", "member-t": "val_member_t"}[args.phase]
+    if args.phase == "member-t":
+        print(member_temperature_table(reports(evals, "val")))
+        return
     if args.phase == "test":
         print(test_tables(evals))
         if args.plot:
