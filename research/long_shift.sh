@@ -92,12 +92,37 @@ OUT="$(cd "$out_arg" && pwd)"
 export OMP_NUM_THREADS=1
 failed=0
 
-# keep SRC NAME DEST: publish an evaluation's eval.json and eval.md whole or not at all.
-keep() {
-  mkdir -p "$3.tmp"
-  cp "$1/eval.json" "$1/eval.md" "$3.tmp/"
-  rm -rf "$3" && mv "$3.tmp" "$3"
-  echo "[$(date +%T)] $2: kept in $3"
+# score KIND NAME RUN EVAL_ARGS...: one evaluation of RUN (a run folder; empty: not trained) into OUT/KIND/NAME, its
+# eval.json and eval.md published whole or not at all in results/shift_<budget>/KIND/NAME; skipped where they are there.
+score() {
+  local kind=$1 name=$2 run=$3
+  shift 3
+  local dest="$RESULTS/$kind/$name" work="$OUT/$kind/$name" log="$OUT/${kind}_$name.log"
+  if [ -s "$dest/eval.json" ]; then echo "[$(date +%T)] $name: evaluated before, skipped"; return; fi
+  if [ -z "$run" ]; then echo "[$(date +%T)] $name: not trained (no run in $OUT)"; failed=1; return; fi
+  rm -rf "$work"
+  echo "[$(date +%T)] $name: scoring ($kind)"
+  if nice -n 19 sigmanens eval --checkpoint "$run" "$@" --corruptions all --severities 3,5 --no-sub-ensembles \
+      --no-mlflow --out "$work" </dev/null >"$log" 2>&1; then
+    mkdir -p "$dest.tmp"
+    cp "$work/eval.json" "$work/eval.md" "$dest.tmp/"
+    rm -rf "$dest" && mv "$dest.tmp" "$dest"
+    echo "[$(date +%T)] $name: kept in $dest"
+  else
+    echo "[$(date +%T)] $name: eval FAILED: $log"
+    failed=1
+  fi
+}
+
+# trained_runs PATTERN...: the run folder of every trained study in OUT matching a pattern, one a line (none: exit 1).
+trained_runs() {
+  local pattern runs
+  for pattern in "$@"; do
+    for runs in "$OUT"/$pattern/*/final_metrics.json; do
+      [ -e "$runs" ] || { echo "long_shift: no trained run in $OUT ($pattern/*/final_metrics.json)" >&2; return 1; }
+      dirname "$runs"
+    done
+  done
 }
 
 if [ "$phase" = test ]; then
@@ -121,74 +146,40 @@ PY
   for config in "${CONFIGS[@]}"; do
     family="${config%%:*}" norm="${config#*:}"
     for seed in "${SEED_LIST[@]}"; do
-      name="${family}_s${seed}_$norm" dest="$RESULTS/test/${family}_s${seed}_$norm"
-      if [ -s "$dest/eval.json" ]; then echo "[$(date +%T)] $name: evaluated before, skipped"; continue; fi
       runs=("$OUT/${family}_s$seed"/*/final_metrics.json)
-      if [ ! -e "${runs[0]}" ]; then echo "[$(date +%T)] $name: not trained (no ${runs[0]})"; failed=1; continue; fi
-      rm -rf "$OUT/test/$name"
-      echo "[$(date +%T)] $name: scoring the test set"
-      if nice -n 19 sigmanens eval --checkpoint "$(dirname "${runs[0]}")" --corruptions all --severities 3,5 \
-          --norm-stats "$norm" "${CALIBRATION[@]}" "${CONFORMAL[@]}" --no-sub-ensembles --no-mlflow \
-          --out "$OUT/test/$name" >"$OUT/test_$name.log" 2>&1; then
-        keep "$OUT/test/$name" "$name" "$dest"
-      else
-        echo "[$(date +%T)] $name: eval FAILED: $OUT/test_$name.log"
-        failed=1
-      fi
-    done
-  done
-  exit "$failed"
-fi
-
-if [ "$phase" = member_t ]; then
-  # One evaluation per ensemble run gives both calibrations (`--calibration member-temperature` reports the ensemble's
-  # one T beside the members' own), on the validation split and shift, at the statistics choice.json chose for it.
-  choice="$RESULTS/choice.json"
-  [ -s "$choice" ] || { echo "long_shift: no $choice: python research/shift_tables.py choose --write" >&2; exit 2; }
-  read -r -a STUDIES <<< "${*:-*_s*}"
-  for pattern in "${STUDIES[@]}"; do
-    for runs in "$OUT"/$pattern/*/final_metrics.json; do
-      [ -e "$runs" ] || { echo "long_shift: no trained run in $OUT ($pattern/*/final_metrics.json)" >&2; exit 1; }
-      run="$(dirname "$runs")" study="$(basename "$(dirname "$run")")"
-      norm="$(python - "$choice" "${study%_s*}" <<'PY'
-import json, sys
-print(next((c["norm"] for c in json.load(open(sys.argv[1])).values() if c["family"] == sys.argv[2]), ""))
-PY
-)"
-      [ -n "$norm" ] || { echo "long_shift: ${study%_s*} was not chosen for ($choice)" >&2; failed=1; continue; }
-      name="${study}_$norm" dest="$RESULTS/val_member_t/${study}_$norm"
-      if [ -s "$dest/eval.json" ]; then echo "[$(date +%T)] $name: evaluated before, skipped"; continue; fi
-      rm -rf "$OUT/val_member_t/$name"
-      if nice -n 19 sigmanens eval --checkpoint "$run" --split val --shift-split val --corruptions all --severities 3,5 \
-          --norm-stats "$norm" --calibration member-temperature --no-sub-ensembles --no-mlflow \
-          --out "$OUT/val_member_t/$name" >"$OUT/val_member_t_$name.log" 2>&1; then
-        keep "$OUT/val_member_t/$name" "$name" "$dest"
-      else
-        echo "[$(date +%T)] $name: eval FAILED: $OUT/val_member_t_$name.log"
-        failed=1
-      fi
+      run="$(dirname "${runs[0]}")"
+      [ -e "${runs[0]}" ] || run=""
+      score test "${family}_s${seed}_$norm" "$run" --norm-stats "$norm" "${CALIBRATION[@]}" "${CONFORMAL[@]}"
     done
   done
   exit "$failed"
 fi
 
 read -r -a STUDIES <<< "${*:-*_s*}"
-for pattern in "${STUDIES[@]}"; do
-  for runs in "$OUT"/$pattern/*/final_metrics.json; do
-    [ -e "$runs" ] || { echo "long_shift: no trained run in $OUT ($pattern/*/final_metrics.json)" >&2; exit 1; }
-    run="$(dirname "$runs")" study="$(basename "$(dirname "$run")")"
-    for norm in train batch; do
-      name="${study}_$norm" dest="$RESULTS/val/${study}_$norm"
-      if [ -s "$dest/eval.json" ]; then echo "[$(date +%T)] $name: evaluated before, skipped"; continue; fi
-      rm -rf "$OUT/val/$name"
-      if nice -n 19 sigmanens eval --checkpoint "$run" --split val --shift-split val --corruptions all --severities 3,5 \
-          --norm-stats "$norm" "${CALIBRATION[@]}" --no-sub-ensembles --no-mlflow --out "$OUT/val/$name" >"$OUT/val_$name.log" 2>&1; then
-        keep "$OUT/val/$name" "$name" "$dest"
-      else
-        echo "[$(date +%T)] $name: eval FAILED: $OUT/val_$name.log"
-        failed=1
-      fi
-    done
+RUNS="$(trained_runs "${STUDIES[@]}")" || exit 1
+if [ "$phase" = member_t ]; then
+  # One evaluation per ensemble run gives both calibrations (`--calibration member-temperature` reports the ensemble's
+  # one T beside the members' own), on the validation split and shift, at the statistics choice.json chose for it.
+  choice="$RESULTS/choice.json"
+  [ -s "$choice" ] || { echo "long_shift: no $choice: python research/shift_tables.py choose --write" >&2; exit 2; }
+  while read -r run; do
+    study="$(basename "$(dirname "$run")")"
+    norm="$(python - "$choice" "${study%_s*}" <<'PY'
+import json, sys
+print(next((c["norm"] for c in json.load(open(sys.argv[1])).values() if c["family"] == sys.argv[2]), ""))
+PY
+)"
+    [ -n "$norm" ] || { echo "long_shift: ${study%_s*} was not chosen for ($choice)" >&2; failed=1; continue; }
+    score val_member_t "${study}_$norm" "$run" --split val --shift-split val --norm-stats "$norm" \
+      --calibration member-temperature
+  done <<< "$RUNS"
+  exit "$failed"
+fi
+
+while read -r run; do
+  study="$(basename "$(dirname "$run")")"
+  for norm in train batch; do
+    score val "${study}_$norm" "$run" --split val --shift-split val --norm-stats "$norm" "${CALIBRATION[@]}"
   done
-done
+done <<< "$RUNS"
 exit "$failed"

@@ -274,11 +274,11 @@ def severity_plot(found: dict[tuple[str, str], dict[int, dict[str, Any]]], path:
     tmp.replace(path)
 
 
-def test_tables(folder: Path) -> str:
+def test_tables(folder: Path, found: dict[tuple[str, str], dict[int, dict[str, Any]]]) -> str:
     """The test set, read once for the chosen configurations (and any other `long_shift.sh test` was given): the same
     score table and paired differences as the choice's, then conformal coverage on the test set (calibrated on the
-    calibration split) with every seed's lowest and highest."""
-    found = reports(folder, "test")
+    calibration split) with every seed's lowest and highest. ``found``: :func:`reports` of ``folder``, read once for the
+    tables and the plot."""
     runs = {key: {seed: scores(r) for seed, r in seeds.items()} for key, seeds in found.items()}
     parts = {f"{f}:{n}": {seed: r["weights"]["raw"] for seed, r in seeds.items()} for (f, n), seeds in found.items()}
     labels = {f"{f}:{n}": f"{FAMILIES[f]}, {NORMS[n]}" for f, n in found}
@@ -309,9 +309,10 @@ def main() -> None:
         print(member_temperature_table(reports(evals, "val")))
         return
     if args.phase == "test":
-        print(test_tables(evals))
+        found = reports(evals, "test")
+        print(test_tables(evals, found))
         if args.plot:
-            severity_plot(reports(evals, "test"), args.plot)
+            severity_plot(found, args.plot)
             print(f"plot: {args.plot}")
         return
     runs = load(evals)
