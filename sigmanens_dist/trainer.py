@@ -170,7 +170,7 @@ class Trainer:
     def _load(self, state: TrainerState, path: Path) -> str | None:
         try:
             self.strategy.load_state_dict(state.strategy)
-        except RuntimeError as err:
+        except RuntimeError as err:  # a bug: check_same_run refused any checkpoint of another config before
             raise RuntimeError(f"cannot resume from {path}: it does not match this model ({err})") from err
         self.scheduler.load_state_dict(state.scheduler)
         if self.ema is not None and state.ema is not None:  # a folder strategy restores it with the shards

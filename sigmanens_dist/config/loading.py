@@ -184,7 +184,7 @@ def _validated(raw: dict[str, Any], overrides: Sequence[str], source: str, probl
             problems.extend(_data_problems(data))
     if problems:
         raise ConfigError(source, problems)
-    assert cfg is not None
+    assert cfg is not None  # for the type checker: a failed validation left a problem, raised above
     return cfg
 
 

@@ -33,7 +33,7 @@ from sigmanens_dist.atomic import atomic_path
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler
 from sigmanens_dist.data.sources import read_source, unwrap_source
 from sigmanens_dist.data.sst2 import TextDataset
-from sigmanens_dist.errors import MissingPathError, UsageError
+from sigmanens_dist.errors import MissingPathError, UnsupportedError, UsageError
 from sigmanens_dist.progress import progress
 
 __all__ = ["FFCVLoader", "FFCVTextLoader", "check_beton", "write_beton", "write_text_beton"]
@@ -43,8 +43,8 @@ def _ffcv() -> Any:
     try:
         import ffcv
     except ImportError as err:
-        raise ImportError("FFCV is not installed: apt-get install pkg-config libturbojpeg0-dev libopencv-dev, then "
-                          "pip install 'sigmanens-dist[ffcv]'") from err
+        raise UnsupportedError("the FFCV format needs FFCV, which is not installed: apt-get install pkg-config "
+                               "libturbojpeg0-dev libopencv-dev, then pip install 'sigmanens-dist[ffcv]'") from err
     return ffcv
 
 
@@ -135,7 +135,7 @@ def _writer_class() -> type:
 
         def _check_workers(self, workers: list[Process]) -> None:
             dead = [p.exitcode for p in workers if p.exitcode not in (None, 0)]
-            if dead:
+            if dead:  # a crash (out of memory, a bad file), not a refusal: it keeps its traceback
                 cause = self.errors.get() if not self.errors.empty() else "see the worker traceback above"
                 raise RuntimeError(f"writing {self.target}: a writer worker exited with code {dead[0]}: {cause}")
 

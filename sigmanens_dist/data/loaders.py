@@ -111,7 +111,7 @@ class MapStyleStream:
         mine, finished = self.passes, False
         try:
             for batch in self.loader:  # iter() re-reads the sampler: this pass's batches
-                if self.passes != mine:
+                if self.passes != mine:  # an invariant: the trainer reads one pass at a time (a bug if hit)
                     raise RuntimeError("a newer pass of this train stream started; read one pass at a time")
                 yield batch
             finished = True

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sigmanens_dist.errors import UnsupportedError
+
 __all__ = ["DistEnv", "all_gather_object", "init_distributed"]
 
 
@@ -39,7 +41,7 @@ def init_distributed(backend: str = "auto", group_of_one: bool = False) -> DistE
     if backend == "auto":
         backend = "nccl" if cuda else "gloo"
     if backend == "nccl" and not cuda:
-        raise RuntimeError("strategy.backend=nccl needs CUDA GPUs, none is visible; use gloo (or auto) on CPU")
+        raise UnsupportedError("strategy.backend=nccl needs CUDA GPUs, none is visible; use gloo (or auto) on CPU")
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)

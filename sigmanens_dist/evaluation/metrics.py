@@ -190,7 +190,7 @@ class EnsembleMetrics(nn.Module):
     def compute(self) -> dict[str, float]:
         """All metrics as floats, synced across ranks; ``member{m}/…`` per member and ``member_mean/…`` averages."""
         n = float(self.count.compute())
-        if n == 0:
+        if n == 0:  # an invariant: every pass feeds at least one batch before it is scored (a bug if hit)
             raise RuntimeError("EnsembleMetrics.compute() called before any update(): there are no samples to score")
         m = self.num_members
         pairs = m * (m - 1) / 2
@@ -276,7 +276,7 @@ class SampleMetrics(Metric):
         return dim_zero_cat(value) if isinstance(value, list) else value
 
     def compute(self) -> dict[str, float]:
-        if isinstance(self.conf, list) and not self.conf:
+        if isinstance(self.conf, list) and not self.conf:  # an invariant, as EnsembleMetrics.compute's
             raise RuntimeError("SampleMetrics.compute() called before any update(): there are no samples to score")
         cols = {name: self._cat(name) for name in self._FIELDS}
         out: dict[str, float] = {}

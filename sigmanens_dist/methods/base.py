@@ -105,7 +105,7 @@ class EnsembleMethod(nn.Module):
         return None
 
     def check_index(self, index: int) -> None:
-        if not 0 <= index < self.num_members:
+        if not 0 <= index < self.num_members:  # the sequence type: the commands check --member K first
             raise IndexError(f"member index {index} out of range for num_members={self.num_members}")
 
     def _device(self) -> torch.device:

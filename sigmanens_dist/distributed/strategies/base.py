@@ -137,7 +137,7 @@ class Strategy(ABC):
 
     def step(self, clip_grad: float | None) -> float | None:
         """Unscale, clip (returning the total gradient norm before clipping), step, zero the gradients."""
-        assert self.optimizer is not None and self.model is not None
+        assert self.optimizer is not None and self.model is not None  # wrap() and build_optimizer() came first
         norm = None
         if clip_grad:
             self.scaler.unscale_(self.optimizer)
@@ -189,12 +189,12 @@ class Strategy(ABC):
 
     def state_dict(self) -> dict[str, Any]:
         """Model, optimiser and loss-scaler state, in the form this strategy's checkpoint format stores."""
-        assert self.model is not None and self.optimizer is not None
+        assert self.model is not None and self.optimizer is not None  # wrap() and build_optimizer() came first
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        assert self.model is not None and self.optimizer is not None
+        assert self.model is not None and self.optimizer is not None  # wrap() and build_optimizer() came first
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])

@@ -41,7 +41,7 @@ from sigmanens_dist.atomic import replace_folder
 from sigmanens_dist.config import Config
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.distributed.strategies.base import FOLDER_KEY, OptimizerFactory, Strategy
-from sigmanens_dist.errors import MissingPathError, UsageError
+from sigmanens_dist.errors import MissingPathError, UnsupportedError, UsageError
 from sigmanens_dist.safe_load import check_torch_file, written_by_us
 
 __all__ = ["DeepSpeedStrategy", "build_ds_config", "merge_config"]
@@ -158,8 +158,8 @@ class DeepSpeedStrategy(Strategy):
         try:
             import deepspeed  # noqa: F401
         except ImportError as err:
-            raise ImportError("strategy.name=deepspeed needs DeepSpeed: pip install 'sigmanens-dist[deepspeed]'"
-                              ) from err
+            raise UnsupportedError("strategy.name=deepspeed needs DeepSpeed, which is not installed: pip install "
+                                   "'sigmanens-dist[deepspeed]'") from err
         super().__init__(env, amp=amp)
         self.zero_stage = zero_stage
         self.config = build_ds_config(per_rank_batch=per_rank_batch, grad_accum=grad_accum,
@@ -280,5 +280,5 @@ class DeepSpeedStrategy(Strategy):
             folder = self._universal(Path(folder))
         path, _ = self.engine.load_checkpoint(str(folder), tag=TAG, load_optimizer_states=True,
                                               load_lr_scheduler_states=False)
-        if path is None:
+        if path is None:  # an invariant: check_folder vetted the folder before the engine reads it
             raise RuntimeError(f"DeepSpeed could not load its checkpoint from {folder}")

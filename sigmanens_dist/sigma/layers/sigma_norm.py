@@ -54,7 +54,7 @@ class SigmaNorm(nn.Module):
 
     @property
     def store(self) -> SigmaStore:
-        if self._store is None:
+        if self._store is None:  # an invariant: convert_to_sigma_ensemble binds every σ layer it makes
             raise RuntimeError(f"{type(self).__name__} is not bound to a SigmaStore; build it with "
                                "convert_to_sigma_ensemble")
         return self._store
