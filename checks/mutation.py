@@ -1,0 +1,353 @@
+"""Mutation testing of the modules a wrong answer would come from: mutmut 3 over each module, against a few fast test
+files per module, printing the surviving mutants per module (CONTRIBUTING.md, "Mutation testing").
+
+    .venv/bin/python checks/mutation.py                 # every group (about 40 min on 2 cores), then the report
+    .venv/bin/python checks/mutation.py sigma scores    # some groups; --list names them
+    .venv/bin/python checks/mutation.py --report-only   # re-read the last runs' results, no mutating
+
+Each group runs in a copy of this checkout under ``--workdir`` (default ``/tmp/sigmanens-mutation/GROUP``): mutmut
+writes its mutated tree there (``mutants/``), never into this checkout, and runs the group's tests on it one mutant
+at a time in one forked pytest (``--max-children``, default 1: the machine is shared). Only code inside functions is
+mutated (mutmut 3's model); a decorated function (``@property``, ``@torch.no_grad()``…) is not, and the report names
+those it skips. A survivor is either killed by a new test or written down in ``checks/mutation_equivalent.txt`` with
+the reason it cannot change an answer; the report lists every other survivor as unexplained, and the script exits 1
+while one is left (``--no-fail`` exits 0). Not part of CI (.ci/run): it takes longer than the CI budget allows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EQUIVALENT = REPO / "checks" / "mutation_equivalent.txt"
+REPORT = REPO / "results" / "mutation" / "report.txt"
+
+
+@dataclass(frozen=True)
+class Group:
+    """Modules mutated together and the tests that judge them (``-m "not slow"`` always applies)."""
+
+    modules: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+# group -> (the modules, the tests run against their mutants): small and fast, chosen so each module's behaviour is
+# asserted against an independent reference (a hand computation, M independent layers, a second implementation)
+GROUPS: dict[str, Group] = {
+    "sigma": Group(
+        ("sigmanens_dist/sigma/layers/store.py", "sigmanens_dist/sigma/layers/sigma_norm.py",
+         "sigmanens_dist/sigma/layers/batchnorm.py", "sigmanens_dist/sigma/layers/groupnorm.py",
+         "sigmanens_dist/sigma/layers/layernorm.py", "sigmanens_dist/sigma/layers/rmsnorm.py",
+         "sigmanens_dist/sigma/layers/prediction_stats.py"),
+        ("tests/sigma/test_layers.py", "tests/sigma/test_interleave.py")),
+    "regularizer": Group(
+        ("sigmanens_dist/sigma/regularizer.py",),
+        ("tests/sigma/test_regularizer.py",)),
+    "scores": Group(
+        ("sigmanens_dist/evaluation/metrics.py",),
+        ("tests/evaluation/test_metrics.py",)),
+    "posthoc": Group(
+        ("sigmanens_dist/evaluation/calibration.py", "sigmanens_dist/evaluation/conformal.py",
+         "sigmanens_dist/evaluation/posthoc.py"),
+        ("tests/evaluation/test_posthoc.py",)),
+    "norm_stats": Group(
+        ("sigmanens_dist/evaluation/norm_stats.py",),
+        ("tests/evaluation/test_norm_stats.py",)),
+    "program": Group(
+        ("sigmanens_dist/export/program.py", "sigmanens_dist/export/format.py"),
+        ("tests/export/test_format.py", "tests/export/test_export_program.py")),
+    "predict_writer": Group(
+        ("sigmanens_dist/predict/writer.py",),
+        ("tests/predict/test_predict.py",)),
+    "registry_best": Group(
+        ("sigmanens_dist/registry/best.py",),
+        ("tests/registry/test_registry.py",)),
+}
+
+# what a group's copy of the checkout needs besides the package and its tests
+COPIED = ("sigmanens_dist", "tests", "configs", "pyproject.toml")
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 35: "suspicious",
+          36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", 37: "caught by type check",
+          -11: "segfault", -9: "segfault", None: "not checked", 2: "interrupted"}
+
+
+@dataclass
+class Survivor:
+    name: str  # mutmut's mutant name: module.x_function__mutmut_N (a method: module.xǁClassǁmethod__mutmut_N)
+    status: str
+    removed: list[str]
+    added: list[str]
+    diff: str
+    reason: str | None = None
+
+    @property
+    def function(self) -> str:
+        return self.name.rpartition("__mutmut_")[0]
+
+
+@dataclass
+class Outcome:
+    group: str
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)  # module -> status -> n
+    survivors: dict[str, list[Survivor]] = field(default_factory=dict)  # module -> survivors (any status but killed)
+    seconds: float = 0.0
+    error: str | None = None
+
+
+def read_equivalents(path: Path = EQUIVALENT) -> list[tuple[str, list[str], list[str], str]]:
+    """The written-down equivalent mutants: (function, removed lines, added lines, reason). The file's entries::
+
+        module.x_function            (mutmut's name of the mutant, without its __mutmut_N)
+          - the original line(s), stripped
+          + the mutated line(s), stripped
+          why: one line saying why no input can tell them apart
+    """
+    entries: list[tuple[str, list[str], list[str], str]] = []
+    if not path.exists():
+        return entries
+    function, removed, added = None, [], []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        if not line.startswith(" "):
+            function, removed, added = line.strip(), [], []
+        elif line.startswith("  - "):
+            removed.append(line[4:].strip())
+        elif line.startswith("  + "):
+            added.append(line[4:].strip())
+        elif line.startswith("  why: ") and function is not None:
+            entries.append((function, removed, added, line[len("  why: "):].strip()))
+            function = None
+        else:
+            raise SystemExit(f"{path}:{number}: not an entry line (a function, '  - ', '  + ' or '  why: '): {line!r}")
+    return entries
+
+
+def diff_lines(diff: str) -> tuple[list[str], list[str]]:
+    removed = [line[1:].strip() for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    return removed, added
+
+
+def module_of(name: str) -> str:
+    """``sigmanens_dist.sigma.regularizer.x_f__mutmut_3`` -> ``sigmanens_dist/sigma/regularizer.py``."""
+    dotted = name.rpartition("__mutmut_")[0]
+    parts = dotted.split(".")
+    while parts and (parts[-1].startswith("x_") or parts[-1].startswith("xǁ")):
+        parts.pop()
+    return "/".join(parts) + ".py"
+
+
+def decorated_functions(module: Path) -> list[str]:
+    """Functions mutmut 3 leaves unmutated: those under a decorator other than a lone staticmethod/classmethod."""
+    out = []
+    tree = ast.parse(module.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and _skipped(item):
+                    out.append(f"{node.name}.{item.name}")
+    out += [node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and _skipped(node)]
+    return sorted(out)
+
+
+def _skipped(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    decorators = node.decorator_list
+    return bool(decorators) and not (len(decorators) == 1 and isinstance(decorators[0], ast.Name)
+                                     and decorators[0].id in ("staticmethod", "classmethod"))
+
+
+def prepare(name: str, group: Group, work: Path) -> None:
+    """A fresh copy of the checkout for ``group`` with its mutmut configuration (setup.cfg)."""
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    for item in COPIED:
+        src = REPO / item
+        if src.is_dir():
+            shutil.copytree(src, work / item, ignore=ignore)
+        else:
+            shutil.copy2(src, work / item)
+    missing = [p for p in (*group.modules, *group.tests) if not (work / p).exists()]
+    if missing:
+        raise SystemExit(f"group {name}: no such file in this checkout: {', '.join(missing)}")
+
+    def lines(values: list[str]) -> str:
+        return "".join(f"\n    {v}" for v in values)
+
+    (work / "setup.cfg").write_text(
+        "[mutmut]\n"
+        "source_paths = sigmanens_dist\n"
+        f"only_mutate ={lines(list(group.modules))}\n"
+        f"pytest_add_cli_args_test_selection ={lines(list(group.tests))}\n"
+        # -p no:xdist: one process; -p no:cacheprovider: no .pytest_cache written into the copy
+        f"pytest_add_cli_args ={lines(['-m', 'not slow', '-p', 'no:xdist', '-p', 'no:cacheprovider'])}\n"
+        "also_copy =\n    configs\n"
+        "use_git_change_detection = false\n")
+
+
+def run_group(name: str, group: Group, work: Path, max_children: int, log: Path) -> Outcome:
+    outcome = Outcome(name)
+    start = time.monotonic()
+    prepare(name, group, work)
+    mutmut = Path(sys.executable).with_name("mutmut")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb"}
+    with log.open("w") as out:
+        done = subprocess.run([str(mutmut), "run", "--max-children", str(max_children)], cwd=work, env=env,
+                              stdout=out, stderr=subprocess.STDOUT, check=False)
+    outcome.seconds = time.monotonic() - start
+    if done.returncode != 0:
+        outcome.error = f"mutmut run exited {done.returncode}; its output: {log}"
+    collect(name, group, work, outcome)
+    return outcome
+
+
+def collect(name: str, group: Group, work: Path, outcome: Outcome) -> None:
+    """Read the results a group's run left in its copy: counts per module and every mutant not killed."""
+    equivalents = read_equivalents()
+    for module in group.modules:
+        outcome.counts[module] = {}
+        outcome.survivors[module] = []
+        meta = work / "mutants" / (module + ".meta")
+        if not meta.exists():
+            outcome.error = outcome.error or f"no results for {module} in {work} (run the group first)"
+            continue
+        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        for mutant, code in sorted(codes.items(), key=lambda kv: _natural(kv[0])):
+            status = STATUS.get(code, "suspicious")
+            outcome.counts[module][status] = outcome.counts[module].get(status, 0) + 1
+            if status == "killed":
+                continue
+            diff = show(work, mutant)
+            removed, added = diff_lines(diff)
+            survivor = Survivor(mutant, status, removed, added, diff)
+            if status == "survived":
+                survivor.reason = next((why for function, r, a, why in equivalents
+                                        if function == survivor.function and r == removed and a == added), None)
+            outcome.survivors[module].append(survivor)
+
+
+def _natural(mutant: str) -> tuple[str, int]:
+    head, _, number = mutant.rpartition("__mutmut_")
+    return head, int(number) if number.isdigit() else 0
+
+
+def show(work: Path, mutant: str) -> str:
+    mutmut = Path(sys.executable).with_name("mutmut")
+    done = subprocess.run([str(mutmut), "show", mutant], cwd=work, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if not line.startswith("# ")]
+    return "\n".join(lines).strip()
+
+
+def report(outcomes: list[Outcome], command: str) -> tuple[str, int]:
+    """The report's text and the number of unexplained survivors (every status but killed, and survivors not in the
+    equivalent list, count)."""
+    rows, sections, unexplained, total = [], [], 0, {"mutants": 0, "killed": 0, "equivalent": 0, "unexplained": 0}
+    for outcome in outcomes:
+        for module, counts in outcome.counts.items():
+            survivors = outcome.survivors.get(module, [])
+            equivalent = [s for s in survivors if s.reason is not None]
+            other = [s for s in survivors if s.reason is None]
+            n = sum(counts.values())
+            rows.append(f"{outcome.group:<15} {module:<48} {n:>7} {counts.get('killed', 0):>7} "
+                        f"{len(equivalent):>10} {len(other):>11}")
+            total["mutants"] += n
+            total["killed"] += counts.get("killed", 0)
+            total["equivalent"] += len(equivalent)
+            total["unexplained"] += len(other)
+            unexplained += len(other)
+            for s in other:
+                sections.append(f"{s.name}: {s.status}\n{_indent(s.diff)}\n  equivalent? add to "
+                                f"checks/mutation_equivalent.txt:\n{_indent(_entry(s))}")
+        if outcome.error:
+            sections.append(f"group {outcome.group}: {outcome.error}")
+            unexplained += 1
+    head = (f"Mutation testing: {command}\n"
+            "mutmut 3, each module's mutants against its group's tests (checks/mutation.py GROUPS); 'equivalent': a "
+            "survivor written down\nin checks/mutation_equivalent.txt with its reason; 'unexplained': any other "
+            "mutant not killed (survived, no tests, timeout).\n\n"
+            f"{'group':<15} {'module':<48} {'mutants':>7} {'killed':>7} {'equivalent':>10} {'unexplained':>11}\n")
+    lines = [head + "\n".join(rows),
+             f"{'total':<15} {'':<48} {total['mutants']:>7} {total['killed']:>7} {total['equivalent']:>10} "
+             f"{total['unexplained']:>11}"]
+    lines.append("\nno unexplained survivor" if not sections
+                 else "\nunexplained survivors:\n\n" + "\n\n".join(sections))
+    timing = ", ".join(f"{o.group} {o.seconds / 60:.1f} min" for o in outcomes if o.seconds)
+    if timing:
+        lines.append(f"\ntime per group (2-core machine, --max-children 1): {timing}")
+    skipped = []
+    for outcome in outcomes:
+        for module in outcome.counts:
+            names = decorated_functions(REPO / module)
+            if names:
+                skipped.append(f"  {module}: {', '.join(names)}")
+    if skipped:
+        lines.append("\nnot mutated (decorated functions, outside mutmut 3's model; tested as usual):\n"
+                     + "\n".join(skipped))
+    return "\n".join(lines) + "\n", unexplained
+
+
+def _entry(s: Survivor) -> str:
+    return "\n".join([s.function, *(f"  - {r}" for r in s.removed), *(f"  + {a}" for a in s.added), "  why: ..."])
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("groups", nargs="*", metavar="GROUP", help="groups to run (default: all; --list names them)")
+    parser.add_argument("--list", action="store_true", help="print the groups, their modules and tests, and exit")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/sigmanens-mutation"),
+                        help="where each group's copy of the checkout goes (default /tmp/sigmanens-mutation)")
+    parser.add_argument("--max-children", type=int, default=1, help="mutants tested at once (default 1)")
+    parser.add_argument("--report", type=Path, default=REPORT, help=f"the report written (default {REPORT})")
+    parser.add_argument("--report-only", action="store_true", help="re-read the last runs' results, run nothing")
+    parser.add_argument("--no-fail", action="store_true", help="exit 0 even with unexplained survivors")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, group in GROUPS.items():
+            print(f"{name}:\n  mutates {' '.join(group.modules)}\n  against {' '.join(group.tests)}")
+        return 0
+    unknown = [g for g in args.groups if g not in GROUPS]
+    if unknown:
+        parser.error(f"unknown group(s) {', '.join(unknown)}: choose from {', '.join(GROUPS)}")
+    names = args.groups or list(GROUPS)
+    outcomes = []
+    for name in names:
+        work = args.workdir / name
+        if args.report_only:
+            outcome = Outcome(name)
+            collect(name, GROUPS[name], work, outcome)
+        else:
+            log = args.workdir / f"{name}.log"
+            args.workdir.mkdir(parents=True, exist_ok=True)
+            print(f"[mutation] {name}: mutmut run in {work} (log {log})", flush=True)
+            outcome = run_group(name, GROUPS[name], work, args.max_children, log)
+            print(f"[mutation] {name}: {outcome.seconds / 60:.1f} min", flush=True)
+        outcomes.append(outcome)
+    command = "python checks/mutation.py" + "".join(f" {n}" for n in args.groups)
+    text, unexplained = report(outcomes, command)
+    print(text)
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    args.report.write_text(text)
+    print(f"[mutation] report written to {args.report}")
+    return 0 if unexplained == 0 or args.no_fail else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
