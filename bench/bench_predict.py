@@ -51,7 +51,7 @@ def backends(head: torch.nn.Module, example: torch.Tensor, folder: Path) -> dict
         program = torch.export.export(head, (example,), dynamic_shapes={"x": {0: batch}})
     torch.export.save(program, folder / "head.pt2")
     loaded = torch.export.load(folder / "head.pt2").module()
-    write_onnx(head, example, (METADATA_FILE, "{}"), folder / "head.onnx")
+    write_onnx(head, example, (METADATA_FILE, "{}"), 1, folder / "head.onnx")
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     session = onnxruntime.InferenceSession(str(folder / "head.onnx"), options, providers=["CPUExecutionProvider"])

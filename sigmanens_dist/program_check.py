@@ -5,9 +5,12 @@ through torch.load(weights_only=False), opaque constants through pickle.loads, s
 weights_only=False when the safe load fails, AOTInductor entries load a shared library, every symbolic shape
 (``expr_str``) goes through sympy.sympify (an eval), ``guards_code`` is compiled into a Python function by
 ``.module()``, and a tree spec may name a module to import. A program this project writes uses none of these beyond
-plain shape expressions, so anything else is refused. Nor may loading hang: sympy computes what a shape expression
-says (``Pow(Integer(10), Integer(100000000))`` never returns), so every expression is bounded in length and in the
-magnitude it can reach, and every integer of the graph fits in 64 bits, as a size does.
+shape expressions of its batch size, so anything else is refused. Nor may loading hang: sympy computes what a shape
+expression says (``Pow(Integer(10), Integer(100000000))`` never returns, nor does ``str`` of
+``Float(Rational(1, 3), 300000000)``), so an expression may only have the forms torch.export writes for a batch size
+(integers below 2**63, size symbols and a few integer operations, within 2000 characters: :func:`_allowed`), and every
+integer of the graph fits in 64 bits, as a size does. What is allowed is listed, not what is refused: bounding one
+way to make sympy compute leaves the next.
 
 Standalone on purpose (torch and the standard library, nothing of sigmanens_dist): the same file is logged beside a
 registered program (sigmanens_dist/registry/pyfunc_program.py) and vets it where the package is not installed.
@@ -19,10 +22,8 @@ from __future__ import annotations
 import ast
 import io
 import json
-import math
 import pickle
 import re
-import tokenize
 from pathlib import Path
 from typing import Any
 
@@ -53,27 +54,15 @@ _PROGRAM_RECORD = re.compile(r"archive_format|archive_version|byteorder|\.data/v
                              r"|models/model\.json|data/sample_inputs/model\.pt|extra/[^/]+"
                              r"|data/weights/model_weights_config\.json|data/weights/weight_\d+"
                              r"|data/constants/model_constants_config\.json|data/constants/tensor_\d+")
-# names a shape expression may call: sympy's own constructors (as srepr writes them) and torch's shape functions
-_SYMPY_NAMES = frozenset({
-    "Symbol", "Integer", "Rational", "Float", "Add", "Mul", "Pow", "Max", "Min", "Abs", "Mod", "floor", "ceiling",
-    "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "StrictLessThan", "StrictGreaterThan", "LessThan", "GreaterThan",
-    "Equality", "Unequality", "And", "Or", "Not", "Piecewise", "ITE", "true", "false", "True", "False", "oo", "zoo",
-    "nan", "Infinity", "NegativeInfinity", "Half", "One", "Zero", "NegativeOne", "IntInfinity",
-    "NegativeIntInfinity", "BooleanTrue", "BooleanFalse", "FloorDiv", "ModularIndexing", "Where", "PythonMod",
-    "CleanDiv", "CeilToInt", "FloorToInt", "CeilDiv", "IntTrueDiv", "FloatTrueDiv", "LShift", "RShift",
-    "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt", "RoundToInt", "RoundDecimal", "ToFloat",
-    "FloatPow", "PowByNatural", "Identity"})
-_SYMBOL_NAME = re.compile(r"[a-z]+\d+")  # s77, u0: a name sympify turns into a Symbol
-_EXPR_OPS = frozenset({"(", ")", ",", "+", "-", "*", "/", "**", "//", "%", "=", "<", ">", "<=", ">=", "==", "!=", "&",
-                       "|", "~"})
-_QUOTED_NAME = re.compile(r"""(['"])[A-Za-z_]\w*\1""")
-# The bounds of what sympy is made to compute: a program's expressions are a few symbols and small integers (sizes,
-# strides: below 2**64), so 4096 bits and 2000 characters leave room for any real one and cost sympy nothing.
-_EXPR_CHARS, _EXPR_BITS, _SYMBOL_BITS = 2000, 4096, 64
-_POWERS = frozenset({"Pow", "FloatPow", "PowByNatural"})
-_PRODUCTS = frozenset({"Mul", "Rational", "FloorDiv", "CleanDiv", "CeilDiv", "IntTrueDiv", "FloatTrueDiv", "LShift",
-                       "RShift", "ModularIndexing"})
-_CONSTANTS = {"Half": 0.5, "One": 1, "Zero": 0, "NegativeOne": -1}
+# What torch.export writes for a program's one dynamic size (the batch): size symbols, 64-bit integers and the integer
+# operations below, e.g. Min(Integer(10), Mul(Integer(10), Symbol('s77', positive=True, integer=True))). Nothing
+# else passes: no Float or Rational (sympy computes a 10**9-bit mantissa for ever), no Pow, no other name sympify
+# would call. Within 2000 characters such an expression is a product of at most a few hundred 64-bit numbers, which
+# sympy computes at once.
+_OPERATIONS = frozenset({"Add", "Mul", "Max", "Min", "FloorDiv", "CleanDiv", "Mod", "PythonMod"})
+_ASSUMPTIONS = frozenset({"positive", "integer", "nonnegative", "real", "finite"})  # Symbol's keywords
+_SYMBOL_NAME = re.compile(r"[a-z]+\d+")  # s77, u0
+_EXPR_CHARS, _INT_BITS = 2000, 63
 
 
 def check_program(path: Path | str, what: str = "PROGRAM") -> None:
@@ -128,18 +117,18 @@ def _program_refused(what: str, path: Any, name: str) -> ProgramRefused:
 
 
 def _check_program_json(node: Any, what: str, path: Any) -> None:
-    """Every shape expression passes :func:`_plain_expression`; no tree spec (a JSON string inside) names a module
-    to import."""
+    """Every shape expression is of :func:`_size_expression`'s forms; no tree spec (a JSON string inside) names a
+    module to import; every integer fits in 64 bits."""
     if isinstance(node, dict):
         for key, value in node.items():
             if key in ("__enum__", "default_factory_module"):
                 raise _program_refused(what, path, f"a tree spec that imports a module ({key})")
-            if key == "expr_str" and not _plain_expression(value):
-                raise _program_refused(what, path, f"the shape expression {str(value)[:80]!r}, which sympy evals")
-            if key == "expr_str" and not _bounded_expression(value):
-                raise ProgramRefused(f"{what} {path}: refused: it holds the shape expression {value[:80]!r}, longer "
-                                     f"than {_EXPR_CHARS} characters or reaching beyond 2**{_EXPR_BITS}, which sympy "
-                                     "would compute while loading (it can take forever)")
+            if key == "expr_str" and not _size_expression(value):
+                raise ProgramRefused(f"{what} {path}: refused: it holds the shape expression {str(value)[:80]!r}, "
+                                     "not of the forms torch.export writes for a program's batch size (size "
+                                     "symbols, 64-bit integers, Add, Mul, Min, Max, FloorDiv, Mod; at most "
+                                     f"{_EXPR_CHARS} characters), which sympy would eval and compute while loading: it "
+                                     "could run any code, or take forever")
             _check_program_json(value, what, path)
     elif isinstance(node, list):
         for value in node:
@@ -155,103 +144,38 @@ def _check_program_json(node: Any, what: str, path: Any) -> None:
         _check_program_json(inner, what, path)
 
 
-def _plain_expression(text: Any) -> bool:
-    """Whether ``text`` is an arithmetic expression of sympy constructors, symbol names, numbers and quoted names:
-    nothing sympify's eval could turn into a call of anything else."""
-    if not isinstance(text, str):
+def _size_expression(text: Any) -> bool:
+    """Whether ``text`` is a shape expression of the forms torch.export writes (see :data:`_OPERATIONS`), read as
+    Python syntax only (``ast.parse`` evaluates nothing)."""
+    if not isinstance(text, str) or len(text) > _EXPR_CHARS:
         return False
     try:
-        tokens = [t for t in tokenize.generate_tokens(io.StringIO(text).readline)
-                  if t.type not in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER)]
-    except (tokenize.TokenError, SyntaxError):
-        return False
-    for i, tok in enumerate(tokens):
-        keyword = i + 1 < len(tokens) and tokens[i + 1].string == "=" and tok.type == tokenize.NAME
-        if tok.type == tokenize.NAME:
-            if not (tok.string in _SYMPY_NAMES or _SYMBOL_NAME.fullmatch(tok.string)
-                    or (keyword and not tok.string.startswith("_"))):
-                return False
-        elif tok.type == tokenize.STRING:
-            if not _QUOTED_NAME.fullmatch(tok.string):
-                return False
-        elif tok.type == tokenize.OP:
-            if tok.string not in _EXPR_OPS:
-                return False
-        elif tok.type != tokenize.NUMBER:
-            return False
-    return True
-
-
-def _bounded_expression(text: str) -> bool:
-    """Whether the plain expression ``text`` (:func:`_plain_expression`) is short and its value, whatever its
-    symbols (each a size, below 2**64), stays below 2**_EXPR_BITS, so that sympy computes it at once."""
-    if len(text) > _EXPR_CHARS:
-        return False
-    try:
-        return _bits(ast.parse(text.strip(), mode="eval").body) <= _EXPR_BITS
+        return _allowed(ast.parse(text.strip(), mode="eval").body)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
 
 
-def _bits(node: ast.AST) -> float:
-    """An upper bound of log2 of the magnitude of ``node``'s value (≥ 0, so that no part of an expression is bigger
-    than the whole); ``inf`` for what cannot be bounded (a power whose exponent is not a literal number, a construct
-    no program has)."""
-    if isinstance(node, ast.Constant):
-        value = node.value
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value or not math.isfinite(value):
-            return 0.0
-        return max(math.log2(abs(value)) + 1, 0.0)
-    if isinstance(node, ast.Name):
-        return _SYMBOL_BITS
-    if isinstance(node, ast.UnaryOp):
-        return _bits(node.operand)
-    if isinstance(node, ast.BinOp):
-        if isinstance(node.op, ast.Pow):
-            return _power(node.left, node.right)
-        left, right = _bits(node.left), _bits(node.right)
-        return left + right if isinstance(node.op, ast.Mult | ast.Div | ast.FloorDiv) else max(left, right) + 1
-    if isinstance(node, ast.Compare):
-        return max(map(_bits, [node.left, *node.comparators]))
-    if isinstance(node, ast.BoolOp | ast.Tuple):
-        return max(map(_bits, node.values if isinstance(node, ast.BoolOp) else node.elts), default=0.0)
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)) or any(
-            isinstance(arg, ast.Starred) for arg in node.args) or not all(k.arg for k in node.keywords):
-        return math.inf
-    name, args = node.func.id, node.args
-    options = max((_bits(k.value) for k in node.keywords), default=0.0)  # a symbol's assumptions: evaluated too
-    if name in _POWERS and len(args) == 2:
-        return max(_power(*args), options)
-    bits = [_bits(arg) for arg in args]
+def _allowed(node: ast.AST) -> bool:
+    """``Symbol('s77', positive=True, …)``, ``Integer(n)`` with |n| < 2**63, or an operation of
+    :data:`_OPERATIONS` on such nodes; nothing else."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        return False
+    name, args, keywords = node.func.id, node.args, node.keywords
     if name == "Symbol":
-        value = _SYMBOL_BITS
-    elif name in _PRODUCTS:
-        value = sum(bits) + (_literal(args[-1]) if name == "LShift" and args else 0.0)
-    else:
-        value = max(bits, default=0.0) + math.log2(len(bits) + 1)
-    return max(value, *bits, options)
+        return (len(args) == 1 and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str)
+                and bool(_SYMBOL_NAME.fullmatch(args[0].value))
+                and all(k.arg in _ASSUMPTIONS and isinstance(k.value, ast.Constant) and isinstance(k.value.value, bool)
+                        for k in keywords))
+    if keywords:
+        return False
+    if name == "Integer":
+        return len(args) == 1 and _small_int(args[0])
+    return name in _OPERATIONS and len(args) >= 2 and all(map(_allowed, args))
 
 
-def _power(base: ast.AST, exponent: ast.AST) -> float:
-    """The bits of ``base ** exponent``: bounded only for a literal exponent."""
-    return _bits(base) * max(abs(_literal(exponent)), 1.0)
-
-
-def _literal(node: ast.AST) -> float:
-    """The value of a literal number (``3``, ``-2``, ``Integer(3)``, ``Rational(1, 2)``, ``Half``); ``inf`` for
-    anything else."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
-        return float(node.value) if abs(node.value) < 2**_EXPR_BITS else math.inf
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
-        return _literal(node.operand)
-    if isinstance(node, ast.Name):
-        return _CONSTANTS.get(node.id, math.inf)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
-        values = [_literal(arg) for arg in node.args]
-        if not all(map(math.isfinite, values)):
-            return math.inf
-        if node.func.id in ("Integer", "Float") and len(values) == 1:
-            return values[0]
-        if node.func.id == "Rational" and len(values) == 2 and values[1]:
-            return values[0] / values[1]
-    return math.inf
+def _small_int(node: ast.AST) -> bool:
+    """A literal integer (``5``, ``-5``) below 2**63 in magnitude."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        node = node.operand
+    return (isinstance(node, ast.Constant) and type(node.value) is int
+            and node.value.bit_length() <= _INT_BITS)

@@ -18,6 +18,7 @@ Versions (:data:`FORMAT_VERSION` is the one this code writes; every older one is
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +86,12 @@ class NormStats:
 
     mode: str = "train"
     prior: float = 0.0
+
+    @property
+    def min_batch(self) -> int:
+        """The fewest images one call may hold: 2 where each batch is normalised by its own statistics alone (one
+        image has no variance: every input would map to one output), else 1."""
+        return 2 if self.mode == "batch" and self.prior == 0 else 1
 
     def to_dict(self) -> dict[str, Any]:
         return {"mode": self.mode} if self.mode == "train" else {"mode": self.mode, "prior": self.prior}
@@ -197,7 +204,25 @@ class ProgramMeta:
         if missing or min(channels, height, width) < 1:
             raise ProgramMetaError(f"not a sigmanens program: its {METADATA_FILE} lacks "
                                    f"{missing[0] if missing else 'input.shape'}")
+        problem = _problem(meta)
+        if problem is not None:
+            raise ProgramMetaError(f"not a sigmanens program: its {METADATA_FILE} holds {problem}")
         return meta
+
+
+def _problem(meta: ProgramMeta) -> str | None:
+    """What in ``meta`` a reader would trip over after the work (a class name per prediction, the statistics a
+    batch is normalised with), or None: checked on read, before any input."""
+    names, stats = meta.class_names, meta.norm_stats
+    if names is not None and (not isinstance(names, list) or len(names) != meta.num_classes
+                              or not all(isinstance(n, str) for n in names)):
+        return (f"class_names {str(names)[:80]!r}: null or a list of num_classes={meta.num_classes} strings is "
+                "allowed")
+    if stats.mode not in NORM_STATS:
+        return f"norm_stats.mode {stats.mode!r}: one of {', '.join(NORM_STATS)} is allowed"
+    if isinstance(stats.prior, bool) or not isinstance(stats.prior, int | float) or not 0 <= stats.prior < math.inf:
+        return f"norm_stats.prior {stats.prior!r}: a finite number ≥ 0 is allowed"
+    return None
 
 
 def _record(raw: dict[str, Any], version: int) -> ProgramMeta:

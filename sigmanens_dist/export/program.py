@@ -278,9 +278,9 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
     if fmt == "onnx":
         from sigmanens_dist.export.program_onnx import write_onnx
 
-        write_onnx(head, example, (METADATA_FILE, meta.to_json()), out)
+        write_onnx(head, example, (METADATA_FILE, meta.to_json()), meta.norm_stats.min_batch, out)
         return meta
-    batch = torch.export.Dim("batch", min=1)
+    batch = torch.export.Dim("batch", min=meta.norm_stats.min_batch)  # torch then refuses a smaller batch itself
     with torch.no_grad():
         program = torch.export.export(head, (example,), dynamic_shapes={"x": {0: batch}})
     save_torch_program(program, out, (METADATA_FILE, meta.to_json()))

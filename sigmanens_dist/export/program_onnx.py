@@ -26,14 +26,15 @@ def _stable_sort(self: Any, stable: bool | None = None, dim: int = -1, descendin
 TRANSLATIONS = {torch.ops.aten.sort.stable: _stable_sort}  # torch.onnx.export's custom_translation_table
 
 
-def write_onnx(head: nn.Module, example: torch.Tensor, metadata: tuple[str, str], out: Path) -> None:
-    """Export ``head`` (traced at ``example``, batch axis free; outputs named by its ``outputs``) and write it, with
-    ``metadata`` (key, JSON text) in its ``metadata_props``, atomically at ``out``."""
+def write_onnx(head: nn.Module, example: torch.Tensor, metadata: tuple[str, str], min_batch: int, out: Path
+               ) -> None:
+    """Export ``head`` (traced at ``example``, batch axis free from ``min_batch`` up; outputs named by its
+    ``outputs``) and write it, with ``metadata`` (key, JSON text) in its ``metadata_props``, atomically at ``out``."""
     import onnx
 
     from sigmanens_dist.atomic import atomic_write
 
-    batch = torch.export.Dim("batch", min=1)
+    batch = torch.export.Dim("batch", min=min_batch)
     with torch.no_grad():
         program = torch.onnx.export(head, (example,), dynamo=True, input_names=["images"],
                                     output_names=list(head.outputs), dynamic_shapes={"x": {0: batch}},

@@ -31,9 +31,10 @@ from sigmanens_dist.predict.inputs import (
     inputs_digest,
     read_unit,
 )
-from sigmanens_dist.predict.norm_stats import check_norm_stats, warn_alone
-from sigmanens_dist.predict.writer import FORMAT, check_out, claim, part_path, summarise, write_part
+from sigmanens_dist.predict.norm_stats import alone_reason, check_enough_inputs, check_norm_stats
+from sigmanens_dist.predict.writer import FORMAT, check_claimable, check_out, claim, part_path, summarise, write_part
 from sigmanens_dist.progress import progress
+from sigmanens_dist.training.run_lock import RunLock
 
 __all__ = ["predict"]
 
@@ -69,6 +70,7 @@ def predict(program_path: Path, inputs: Sequence[Path], out: Path, *, batch_size
     units = discover(inputs, chunk_size)
     program = load_program(program_path, _device(device, int(os.environ.get("LOCAL_RANK", "0")), world))
     check_norm_stats(program_path, program.meta, norm_stats, batch_size)
+    check_enough_inputs(program_path, program.meta, units)
     channels, height, width = program.meta.input.chw
     check_shapes(units, channels, (height, width))
     manifest = {"format": FORMAT, "program": {"path": source or str(program_path), "sha256": file_sha256(program_path)},
@@ -79,8 +81,9 @@ def predict(program_path: Path, inputs: Sequence[Path], out: Path, *, batch_size
         from sigmanens_dist.distributed.env import init_distributed
 
         env = init_distributed(backend="gloo")
+    lock = None
     try:
-        _agree(out, manifest, force, rank, env)
+        lock = _agree(out, manifest, force, rank, env)
         started = time.monotonic()
         done = _run_units(program, units[rank::world], out, fmt, batch_size, (channels, height, width), rank)
         stats = {"rank": rank, **done, "seconds": time.monotonic() - started}
@@ -91,24 +94,33 @@ def predict(program_path: Path, inputs: Sequence[Path], out: Path, *, batch_size
         runs = all_gather_object(stats, env)  # also the barrier: every part is written before the summary
         return summarise(out, manifest, program.meta, runs) if rank == 0 else None
     finally:
+        if lock is not None:
+            lock.release()
         if env is not None:
             torch.distributed.destroy_process_group()
 
 
-def _agree(out: Path, manifest: dict[str, Any], force: bool, rank: int, env: Any) -> None:
-    """Rank 0 claims ``out`` (or refuses it); every rank learns the verdict before any work."""
-    verdict = [None]
+def _agree(out: Path, manifest: dict[str, Any], force: bool, rank: int, env: Any) -> RunLock | None:
+    """Rank 0 takes ``out``'s lock for the whole run (a second predict there is refused, naming this one, with or
+    without ``--force``) and claims it, or refuses it; every rank learns the verdict before any work. Rank 0's
+    lock is returned."""
+    verdict, lock = [None], None
     if rank == 0:
         try:
+            check_claimable(out)  # before the lock file is added to a folder of other files
+            lock = RunLock(out, "sigmanens predict", flag="--out ").acquire()
             existing = claim(out, manifest, force)
             if existing:
                 log.info("resuming in %s: %d of %d units already predicted", out, existing, len(manifest["units"]))
         except UsageError as err:
             verdict = [str(err)]
+            if lock is not None:
+                lock.release()
     if env is not None:
         torch.distributed.broadcast_object_list(verdict, src=0)
     if verdict[0] is not None:
         raise UsageError(verdict[0])
+    return lock
 
 
 def _run_units(program: Program, mine: list[Unit], out: Path, fmt: str, batch_size: int,
@@ -143,8 +155,11 @@ def _predict_unit(program: Program, unit: Unit, batch_size: int, shape: tuple[in
         except BadInput as err:
             return str(err)
 
+    least = program.meta.norm_stats.min_batch
+    previous: list[torch.Tensor] = []  # the last batch predicted: company for a lone image (min_batch 2)
+    held: list[torch.Tensor] = []  # a lone image with no batch before it: predicted with the next one
     while batch := list(islice(samples, batch_size)):
-        images = []
+        images = held
         for sample, image in zip(batch, pool.map(load, batch), strict=True):
             if isinstance(image, str):
                 log.warning("skipping %s: %s", sample.id, image)
@@ -152,10 +167,20 @@ def _predict_unit(program: Program, unit: Unit, batch_size: int, shape: tuple[in
             else:
                 ids.append(sample.id)
                 images.append(image)
-        if len(images) == 1:
-            warn_alone(program.meta, ids[-1])
-        if images:
+        held = []
+        if len(images) >= least:
             batches.append(program(torch.stack(images)))
+            previous = images
+        elif images and previous:  # normalised among the batch before it, not by itself
+            outputs = program(torch.stack([*previous[1:], *images]))
+            batches.append({k: v[-len(images):] for k, v in outputs.items()})
+        else:
+            held = images
+    if held:  # the unit's only readable image
+        reason = alone_reason(program.meta)
+        log.warning("skipping %s: %s", ids[-1], reason)
+        bad.append({"id": ids.pop(), "reason": reason})
     if not batches:  # every input skipped: the part still has the program's columns
-        batches = [{k: v[:0] for k, v in program(torch.zeros(1, channels, height, width)).items()}]
+        empty = torch.zeros(program.meta.norm_stats.min_batch, channels, height, width)
+        batches = [{k: v[:0] for k, v in program(empty).items()}]
     return ids, {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}, bad

@@ -3,6 +3,7 @@
     DIR/manifest.json           what DIR holds: the program's sha256, the inputs and their units, the format
     DIR/parts/<unit>.parquet    one per finished unit (or .jsonl), written atomically: present means complete
     DIR/summary.json            counts, per-class predictions, means, skipped inputs, throughput (rank 0, at the end)
+    DIR/.lock                   held while a predict writes DIR: a second one is refused in one line naming it
 
 A rerun with the same program and inputs skips the units whose part exists; one with another program, other inputs
 or another format is refused unless ``--force``, which starts over. A part's skipped inputs travel with it (parquet:
@@ -28,9 +29,10 @@ import numpy as np
 from sigmanens_dist.atomic import atomic_write, check_writable_folder, write_text
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.export.format import ProgramMeta
+from sigmanens_dist.training.run_lock import LOCK_FILE
 
-__all__ = ["FORMAT", "MANIFEST", "PARTS", "PART_KEY", "SUMMARY", "check_out", "claim", "part_path", "read_part",
-           "summarise", "write_part"]
+__all__ = ["FORMAT", "MANIFEST", "PARTS", "PART_KEY", "SUMMARY", "check_claimable", "check_out", "claim", "part_path",
+           "read_part", "summarise", "write_part"]
 
 FORMAT = "sigmanens-predictions/1"
 MANIFEST, PARTS, SUMMARY = "manifest.json", "parts", "summary.json"
@@ -69,10 +71,7 @@ def claim(out: Path, manifest: dict[str, Any], force: bool) -> int:
     (another program, other inputs, chunking or format) unless ``force``, which deletes the parts its old manifest
     names and the summary; refuse, even with ``force``, a folder of files predict did not write. Remove the
     temporary files a killed writer left. Returns how many parts are already there."""
-    old = _own_manifest(out)
-    if old is None and out.is_dir() and any(out.iterdir()):
-        raise UsageError(f"--out {out} is a folder of other files (no {MANIFEST} of sigmanens predict); give a new or "
-                         "empty folder (predict, even with --force, never deletes files it did not write)")
+    old = check_claimable(out)
     ours = set() if old is None else {part_path(out, u["id"], old["output_format"]) for u in old["units"]}
     if old is not None:
         why = _difference(old, manifest)
@@ -97,6 +96,16 @@ def claim(out: Path, manifest: dict[str, Any], force: bool) -> int:
         if stale.name.rpartition(".")[0].rpartition(".")[0][1:] in names:
             stale.unlink(missing_ok=True)
     return sum(1 for p in parts if p.exists())
+
+
+def check_claimable(out: Path) -> dict[str, Any] | None:
+    """Refuse an ``out`` that holds files predict did not write (checked before its lock is taken, which would add
+    one); its own manifest, or None for a new or empty folder."""
+    old = _own_manifest(out)
+    if old is None and out.is_dir() and any(p.name != LOCK_FILE for p in out.iterdir()):
+        raise UsageError(f"--out {out} is a folder of other files (no {MANIFEST} of sigmanens predict); give a new or "
+                         "empty folder (predict, even with --force, never deletes files it did not write)")
+    return old
 
 
 def _own_manifest(out: Path) -> dict[str, Any] | None:

@@ -6,7 +6,8 @@ vetted by ``program_check.py`` (logged beside this file as the model's code, the
 before torch loads it; an ``.onnx`` runs in onnxruntime, with no torch at all. The metadata is read and checked by
 ``format.py`` (sigmanens_dist/export/format.py, logged beside this file too: the one definition ``predict`` reads
 with), so a program of a later format version is refused here as there. ``predict`` takes float32 images
-``(B, C, H, W)`` in [0, 1] and returns the program's outputs, a dict of arrays named as its metadata's ``outputs``.
+``(B, C, H, W)`` in [0, 1] (B ≥ 2 for a program normalising each batch by its own statistics alone:
+``NormStats.min_batch``) and returns the program's outputs, a dict of arrays named as its metadata's ``outputs``.
 A request of another shape or dtype is refused by MLflow's check of the model's signature, one with a value that is
 not finite or outside [0, 1] here: both are INVALID_PARAMETER_VALUE, which ``mlflow models serve`` answers with HTTP
 400, the reason in the message's last line.
@@ -94,6 +95,12 @@ class SigmanensProgram(mlflow.pyfunc.PythonModel):
     def predict(self, context: Any, model_input, params: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
         """The program's outputs for a batch of images. MLflow has checked the signature's shape and dtype before
         this runs; what it cannot check is refused here in one line."""
+        least = self.meta.norm_stats.min_batch
+        if len(model_input) < least:  # one image by its own statistics: every image would get one answer
+            raise _refuse(f"{len(model_input)} image in the request, and this program normalises each batch by that "
+                          f"batch's own BatchNorm statistics (exported with --norm-stats batch, prior 0), which one "
+                          f"image cannot give: send {least} or more images per request, or register a program "
+                          "exported with --norm-stats-prior N > 0 or --norm-stats train")
         finite = np.isfinite(model_input)
         if not finite.all():
             raise _refuse(f"{int((~finite).sum())} of {finite.size} values are NaN or infinite; give images in "

@@ -36,17 +36,18 @@ class RunLockedError(UsageError):
 
 
 class RunLock:
-    """``with RunLock(run_dir, "train"):`` or :meth:`acquire` / :meth:`release` for an owner that outlives a block."""
+    """``with RunLock(run_dir, "train"):`` or :meth:`acquire` / :meth:`release` for an owner that outlives a block.
+    ``flag`` names the folder in refusals as the user gave it (``run_dir=``; ``--out `` for predict's folder)."""
 
-    def __init__(self, run_dir: Path | str, purpose: str, *, wait_s: float = 300.0) -> None:
-        self.run_dir, self.purpose, self.wait_s = Path(run_dir), purpose, wait_s
+    def __init__(self, run_dir: Path | str, purpose: str, *, wait_s: float = 300.0, flag: str = "run_dir=") -> None:
+        self.run_dir, self.purpose, self.wait_s, self.flag = Path(run_dir), purpose, wait_s, flag
         self.path = self.run_dir / LOCK_FILE
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
         """Take the lock, or raise :class:`RunLockedError` naming its holder (after waiting for a previous attempt
         of this same Slurm job)."""
-        _make_run_dir(self.run_dir)
+        _make_run_dir(self.run_dir, self.flag)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         deadline = time.monotonic() + self.wait_s
         while True:
@@ -65,8 +66,9 @@ class RunLock:
                     time.sleep(1.0)  # our own previous attempt is still finishing its checkpoint
                     continue
                 os.close(fd)
-                raise RunLockedError(f"run_dir={self.run_dir} is in use by {_describe(owner)}: one process owns a "
-                                     f"run directory at a time; wait for it to end, or use another run_dir") from None
+                raise RunLockedError(f"{self.flag}{self.run_dir} is in use by {_describe(owner)}: one process owns "
+                                     f"a folder at a time; wait for it to end, or give another "
+                                     f"{self.flag.strip(' =')}") from None
         info = {"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         data = (json.dumps(info) + "\n").encode()
@@ -125,17 +127,17 @@ def own_run_containing(path: Path, purpose: str, env: DistEnv | None = None) -> 
     return own_run_dir(run_dir, env, purpose) if env is not None else RunLock(run_dir, purpose).acquire()
 
 
-def _make_run_dir(run_dir: Path) -> None:
+def _make_run_dir(run_dir: Path, flag: str) -> None:
     """Create the run directory, or say in one line why it cannot be one (what ``train --check`` checks too)."""
-    check_writable_folder(run_dir, "run_dir=")
+    check_writable_folder(run_dir, flag)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        raise UsageError(f"run_dir={run_dir}: a part of this path is a file, not a folder") from None
+        raise UsageError(f"{flag}{run_dir}: a part of this path is a file, not a folder") from None
     except OSError as err:
-        raise UsageError(f"run_dir={run_dir} cannot be created ({err.strerror})") from None
+        raise UsageError(f"{flag}{run_dir} cannot be created ({err.strerror})") from None
     if not os.access(run_dir, os.W_OK | os.X_OK):
-        raise UsageError(f"run_dir={run_dir} is not writable (read-only file system or permissions)")
+        raise UsageError(f"{flag}{run_dir} is not writable (read-only file system or permissions)")
 
 
 def holder(run_dir: Path) -> dict[str, Any]:
