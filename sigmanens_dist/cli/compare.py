@@ -120,11 +120,12 @@ def _registering(args: argparse.Namespace) -> str | None:
         if args.by is not None or args.alias is not None:
             raise UsageError("--by and --alias go with --register-best NAME")
         return None
-    from sigmanens_dist.registry import check_alias, check_name
+    from sigmanens_dist.registry import check_alias, check_name, check_store
     from sigmanens_dist.registry.best import parse_by
 
     if args.records:
         raise UsageError("--register-best needs the runs' store (--parent or --experiment with --uri), not --records")
+    check_store(args.uri)
     check_name(args.register_best, "--register-best")
     check_alias(args.alias)
     return parse_by(args.by or "val/nll")

@@ -12,10 +12,11 @@ from sigmanens_dist.registry.register import (
     check_alias,
     check_name,
     check_registration,
+    check_store,
     fetch_program,
     recorded_tracking_uri,
     register_program,
 )
 
-__all__ = ["MODEL_URI", "check_alias", "check_name", "check_registration", "fetch_program", "recorded_tracking_uri",
-           "register_program"]
+__all__ = ["MODEL_URI", "check_alias", "check_name", "check_registration", "check_store", "fetch_program",
+           "recorded_tracking_uri", "register_program"]

@@ -4,6 +4,7 @@ test score has no unbiased test score left."""
 
 from __future__ import annotations
 
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -29,15 +30,21 @@ def parse_by(text: str) -> str:
 
 
 def _best(records: list[RunRecord], by: str) -> tuple[RunRecord, float, int]:
-    """The record best on ``by``, its value, and how many records had the metric (ties: the first given)."""
+    """The record best on ``by``, its value, and how many records had a finite value of it (ties: the first given).
+    A child whose value is NaN or infinite (a run that diverged) is never best: each is named on stdout."""
     column = by.removeprefix("val/")
     scored = [(r, r.split_values.get("val", {})[column]) for r in records if column in r.split_values.get("val", {})]
-    if not scored:
-        raise UsageError(f"--register-best: no compared run has the validation metric {by} (logged by the training "
-                         "loop's validation)")
+    for record, value in scored:
+        if not math.isfinite(value):
+            print(f"skipped {record.name}: its {by} is {value} (the run diverged); a non-finite metric is never best")
+    finite = [(record, value) for record, value in scored if math.isfinite(value)]
+    if not finite:
+        why = "a finite value of" if scored else "the validation metric"
+        raise UsageError(f"--register-best: no compared run has {why} {by} (logged by the training loop's "
+                         "validation)")
     sign = -1.0 if BY[by] else 1.0
-    best, value = min(scored, key=lambda pair: sign * pair[1])
-    return best, value, len(scored)
+    best, value = min(finite, key=lambda pair: sign * pair[1])
+    return best, value, len(finite)
 
 
 def register_best(uri: str, records: list[RunRecord], name: str, by: str, alias: str | None,

@@ -10,10 +10,14 @@ under a name with the metadata as the version's tags and description, and points
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
+import logging
 import os
 import re
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,30 +26,43 @@ import torch
 
 from sigmanens_dist import program_check
 from sigmanens_dist.atomic import file_sha256
-from sigmanens_dist.errors import UsageError
+from sigmanens_dist.errors import UnavailableError, UsageError
 from sigmanens_dist.export import format as program_format
 from sigmanens_dist.export.format import ProgramMeta
 from sigmanens_dist.predict.backends import load_program
 from sigmanens_dist.training.tracking import RUN_ID_FILE, check_server
 
-__all__ = ["MODEL_URI", "check_alias", "check_name", "check_registration", "fetch_program", "recorded_tracking_uri",
-           "register_program"]
+__all__ = ["MODEL_URI", "check_alias", "check_name", "check_registration", "check_store", "fetch_program",
+           "recorded_tracking_uri", "register_program"]
 
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_program.py")  # the model's code (models from code)
 # what the pyfunc imports, logged beside it (code_paths): standalone files, no sigmanens_dist where it is served
 CODE_FILES = (program_check.__file__, program_format.__file__)
 PROGRAM_ARTIFACT = "program"  # pyfunc_program.PROGRAM: the artifact the pyfunc loads
+# the logged model's name inside its run (MLflow allows fewer characters there than in a registered name, '.' not)
+LOGGED_MODEL = "sigmanens-program"
 TAG_PREFIX = "sigmanens."
+# the schemes MLflow's Model Registry has a store for, less its file store (refused: check_store)
+_REGISTRY_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks", "databricks-uc", "uc")
 MODEL_URI = re.compile(r"models:/(?P<name>[\w.-]+)(?:@(?P<alias>[\w-]+)|/(?P<version>\d+))")
 _NAME = re.compile(r"[\w.-]{1,256}")  # what models:/NAME@ALIAS can carry unambiguously
 _ALIAS = re.compile(r"[\w-]{1,255}")  # MLflow's own rule for aliases, less the reserved names below
 
 
 def check_name(name: str, flag: str) -> str:
-    """A registered model's name, refused unless ``models:/NAME@ALIAS`` can name it."""
+    """A registered model's name, refused unless ``models:/NAME@ALIAS`` can name it and MLflow's own check of a
+    registered model's name passes (so nothing is written for a name the registry would refuse after it)."""
     if not _NAME.fullmatch(name):
         raise UsageError(f"{flag} {name!r}: a registered model's name is letters, digits, '_', '-' and '.' (at "
                          "most 256), so that models:/NAME@ALIAS names it")
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import _validate_model_name
+
+    try:
+        _validate_model_name(name)
+    except MlflowException as err:
+        raise UsageError(f"{flag} {name!r}: MLflow refuses it as a registered model's name "
+                         f"({err.message.splitlines()[0][:200]})") from None
     return name
 
 
@@ -69,10 +86,30 @@ def recorded_tracking_uri(checkpoint: Path) -> str | None:
     return None
 
 
+def check_store(uri: str) -> str:
+    """Refuse, in one line before anything is read or written, a store MLflow's Model Registry cannot be: a scheme
+    it has no registry for, a folder (MLflow's file store, which it refuses for the registry) and a sqlite file that
+    is not there (a typo would otherwise create an empty database, and its folders)."""
+    scheme = uri.partition("://")[0].split("+")[0] if "://" in uri else ""
+    if scheme in ("", "file"):
+        raise UsageError(f"tracking store {uri}: a folder (MLflow's file store), which MLflow keeps in maintenance "
+                         "mode and refuses for the Model Registry; give a tracking server (http://HOST:PORT) or a "
+                         "database (sqlite:///PATH.db)")
+    if scheme not in _REGISTRY_SCHEMES:
+        raise UsageError(f"tracking store {uri!r}: MLflow's Model Registry has no store of scheme {scheme!r}; give "
+                         "http(s)://HOST:PORT (a tracking server), sqlite:///PATH.db or a postgresql://, mysql:// or "
+                         "mssql:// database")
+    if scheme == "sqlite" and not Path(uri.partition(":///")[2]).is_file():
+        raise UsageError(f"tracking store {uri}: no such sqlite file {uri.partition(':///')[2]!r} (the registry is "
+                         "a store that already holds the runs; nothing is created for a path that is not there)")
+    return uri
+
+
 def _client(uri: str) -> Any:
-    """MLflow pointed at ``uri`` for this process (the fluent calls that log a model read the global URI), failing
-    fast on a server that does not answer: one :class:`~sigmanens_dist.errors.UnavailableError` line, not a
-    traceback of MLflow's retry loop."""
+    """MLflow pointed at ``uri`` (checked by :func:`check_store`) for this process (the fluent calls that log a
+    model read the global URI), failing fast on a server that does not answer: one
+    :class:`~sigmanens_dist.errors.UnavailableError` line, not a traceback of MLflow's retry loop."""
+    check_store(uri)
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -164,23 +201,50 @@ def register_program(program: Path, name: str, *, uri: str, run_id: str | None, 
     example = np.full((2, *meta.input.chw), 0.5, dtype=np.float32)
     runtime = "onnxruntime" if program.suffix == ".onnx" else "torch"
     requirements = [f"{dist}=={importlib.metadata.version(dist)}" for dist in ("mlflow", "numpy", runtime)]
-    mlflow.set_experiment(experiment_id=run.info.experiment_id)
-    info = mlflow.models.Model.log(
-        None, name=name, flavor=mlflow.pyfunc, run_id=run_id, python_model=str(PYFUNC_FILE),
-        artifacts={PROGRAM_ARTIFACT: str(program)}, code_paths=list(CODE_FILES),
-        signature=_signature(loaded, example), input_example=example, metadata={"sigmanens": meta.to_dict()},
-        pip_requirements=requirements)
+    left = f"nothing registered; maybe a logged model {LOGGED_MODEL!r} left PENDING in run {run_id}"
     try:
-        client.create_registered_model(name)
-    except MlflowException as err:
-        if err.error_code != "RESOURCE_ALREADY_EXISTS":
-            raise
-    version_tags = {**_tags(meta.to_dict()), f"{TAG_PREFIX}program_sha256": file_sha256(program), **(tags or {})}
-    version = client.create_model_version(name, info.model_uri, run_id=run_id, tags=version_tags,
-                                          description=_description(meta, run_id), model_id=info.model_id)
-    if alias is not None:
-        client.set_registered_model_alias(name, alias, version.version)
+        mlflow.set_experiment(experiment_id=run.info.experiment_id)
+        with _quiet_type_hint_warning():
+            info = mlflow.models.Model.log(
+                None, name=LOGGED_MODEL, flavor=mlflow.pyfunc, run_id=run_id, python_model=str(PYFUNC_FILE),
+                artifacts={PROGRAM_ARTIFACT: str(program)}, code_paths=list(CODE_FILES),
+                signature=_signature(loaded, example), input_example=example,
+                metadata={"sigmanens": meta.to_dict()}, pip_requirements=requirements)
+        left = f"the model logged as {info.model_uri} in run {run_id}, no version of {name} registered"
+        try:
+            client.create_registered_model(name)
+        except MlflowException as err:
+            if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        version_tags = {**_tags(meta.to_dict()), f"{TAG_PREFIX}program_sha256": file_sha256(program), **(tags or {})}
+        version = client.create_model_version(name, info.model_uri, run_id=run_id, tags=version_tags,
+                                              description=_description(meta, run_id), model_id=info.model_id)
+        left = f"models:/{name}/{version.version} registered, the alias {alias} not set"
+        if alias is not None:
+            client.set_registered_model_alias(name, alias, version.version)
+    except (MlflowException, OSError) as err:  # requests' errors are OSErrors
+        _gone(uri, f"during the registration ({left})", err)
+        raise
     return version
+
+
+def _gone(uri: str, when: str, err: BaseException) -> None:
+    """Raise one :class:`~sigmanens_dist.errors.UnavailableError` line when the server ``uri`` no longer answers
+    (what failed was the connection, and ``when`` says what was left); return otherwise, so that any other
+    failure keeps its traceback."""
+    try:
+        check_server(uri)
+    except UnavailableError as down:
+        raise UnavailableError(f"{down} (it stopped answering {when})") from err
+
+
+@contextlib.contextmanager
+def _quiet_type_hint_warning() -> Iterator[None]:
+    """MLflow warns (twice, in colour) that the logged code's ``predict`` lacks type hints: this model declares its
+    signature instead (pyfunc_program.py), so the advice does not apply."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*Add type hints to the `predict` method")
+        yield
 
 
 def fetch_program(model_uri: str, tracking_uri: str | None, dest: Path) -> Path:
@@ -196,14 +260,26 @@ def fetch_program(model_uri: str, tracking_uri: str | None, dest: Path) -> Path:
     import mlflow
     from mlflow.exceptions import MlflowException
 
+    quiet = logging.getLogger("mlflow.store.artifact.artifact_repo")  # "No artifacts found": said below, once
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
     try:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dest),
                                                          tracking_uri=uri))
     except MlflowException as err:
         if err.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            _gone(uri, f"while {model_uri} was downloaded", err)
             raise
         raise UsageError(f"PROGRAM {model_uri}: not in the registry of {uri} "
                          f"({str(err).splitlines()[0][:200]})") from None
+    except OSError as err:  # requests' errors are OSErrors
+        _gone(uri, f"while {model_uri} was downloaded", err)
+        raise
+    finally:
+        quiet.setLevel(level)
+    if not (local / "MLmodel").is_file():  # MLflow downloads nothing, without an error, when the files are gone
+        raise UsageError(f"PROGRAM {model_uri}: the registry of {uri} names it, but its files are gone from the "
+                         "artifact store (no MLmodel there); register the program again")
     flavor = mlflow.models.Model.load(str(local)).flavors.get("python_function", {})
     artifact = flavor.get("artifacts", {}).get(PROGRAM_ARTIFACT, {}).get("path")
     if artifact is None or not (local / artifact).is_file():

@@ -7,12 +7,18 @@ validation NLL, never on a test metric; ``sigmanens predict models:/NAME@ALIAS``
 
 from __future__ import annotations
 
+import contextlib
 import io
+import itertools
 import json
+import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,15 +29,28 @@ from PIL import Image
 
 from sigmanens_dist.cli import main
 from sigmanens_dist.experiments.study import ROLE_TAG
+from sigmanens_dist.export.program import export_program
 from sigmanens_dist.predict.backends import load_program
 from sigmanens_dist.safe_load import load_file
 from sigmanens_dist.training.tracking import PARENT_TAG, RUN_ID_FILE
-from tests.helpers import FIXTURE, env, free_port, import_blocking, mlflow_server, stop_process, wait_for_port
+from tests.helpers import (
+    FIXTURE,
+    env,
+    free_port,
+    import_blocking,
+    mlflow_server,
+    stop_process,
+    untrained_run,
+    wait_for_port,
+)
 
 mlflow = pytest.importorskip("mlflow")
 pytest.importorskip("onnxruntime")
 
 CKPT = Path("checkpoints") / "step_00000002.pt"
+# a test_resnet σN-Ens (BatchNorms) on 16 × 16 RGB images of 10 classes, as the fixture run's
+BATCHNORM_RUN = ["model.name=test_resnet", "model.num_members=2", "data.dataset=synthetic", "data.img_size=16",
+                 "train.batch_size=8", "data.num_workers=0", "tracking.enabled=false"]
 FORMATS = {"pt2": ("sigmanens_dist", "timm"), "onnx": ("sigmanens_dist", "timm", "torch")}  # -> what is blocked
 
 # Load the registered model by its URI and save its outputs for the batch given (after the blocking head).
@@ -57,8 +76,14 @@ def _run_dir(folder: Path, client: object, experiment_id: str, name: str, **tags
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with mlflow_server(tmp_path_factory.mktemp("registry") / "mlflow.db") as url:
+def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the test server's sqlite file and its artifacts (``mlartifacts/``)."""
+    return tmp_path_factory.mktemp("registry")
+
+
+@pytest.fixture(scope="module")
+def store(store_dir: Path) -> Iterator[str]:
+    with mlflow_server(store_dir / "mlflow.db") as url:
         yield url
 
 
@@ -184,8 +209,8 @@ def test_the_files_logged_beside_the_pyfunc_import_alone(tmp_path: Path) -> None
 def test_mlflow_models_serve_answers_a_batch_and_refuses_bad_requests(registered: dict[str, tuple[Path, str]],
                                                                       store: str, tmp_path: Path) -> None:
     """``mlflow models serve -m models:/tiny-pt2@champion --env-manager local``: a POST of 7 images gets the
-    program's outputs; a wrong shape, a NaN and a value that is not a number are each a 400 whose message ends with
-    the reason, and the server keeps serving."""
+    program's outputs; a wrong shape, a NaN, values above 1 or below 0 and a value that is not a number are each a
+    400 whose message ends with the reason, and the server keeps serving."""
     import requests
 
     port = free_port()
@@ -208,6 +233,8 @@ def test_mlflow_models_serve_answers_a_batch_and_refuses_bad_requests(registered
         nan[3, 1, 2, 5] = np.nan
         bad = {"Shape of input (7, 3, 8, 16) does not match": {"inputs": x[:, :, :8].tolist()},
                "1 of 5376 values are NaN or infinite": {"inputs": nan.tolist()},
+               "values from 0 to 2; give images in [0, 1]": {"inputs": (2 * np.round(x)).tolist()},
+               "values from -1 to": {"inputs": (x - 1).tolist()},
                "could not convert string to float": {"inputs": [[[["a"] * 16] * 16] * 3]}}
         for reason, payload in bad.items():
             answer = requests.post(url, data=json.dumps(payload), headers={"Content-Type": "application/json"},
@@ -219,36 +246,96 @@ def test_mlflow_models_serve_answers_a_batch_and_refuses_bad_requests(registered
         stop_process(proc)
 
 
-def test_register_best_picks_the_lower_validation_nll(store: str, tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    """Two children of a study whose validation and test orders differ: --register-best registers the one with the
-    lower validation NLL, tagged with the study and the choice; a test metric for --by is one line, exit 2, before
-    anything is read or registered."""
-    client = mlflow.MlflowClient(store)
-    experiment = client.create_experiment("register-best")
-    parent = client.create_run(experiment, run_name="study", tags={ROLE_TAG: "parent"}).info.run_id
-    children = {}
-    for seed, (val_nll, test_nll) in enumerate([(0.9, 0.3), (0.4, 0.8)]):
+def _study(client: object, tmp_path: Path, experiment: str, vals: list[dict[str, float]]) -> tuple[str, list[Path]]:
+    """A study parent with one child per entry of ``vals`` (its logged validation metrics, and a test NLL ordered
+    against them), each child a copy of the fixture run whose weights differ (child i's scaled by 1 + i/2), so that
+    their programs differ; the parent's id and the children's run directories."""
+    experiment_id = client.create_experiment(experiment)
+    parent = client.create_run(experiment_id, run_name="study", tags={ROLE_TAG: "parent"}).info.run_id
+    runs = []
+    for seed, metrics in enumerate(vals):
         name = f"sigma-M2-tau0.25-lam0-s{seed}"
-        _, run_id = _run_dir(tmp_path / name, client, experiment, name, **{PARENT_TAG: parent})
+        run, run_id = _run_dir(tmp_path / name, client, experiment_id, name, **{PARENT_TAG: parent})
+        state = load_file(run / CKPT, "checkpoint")
+        state["model"] = {k: v * (1 + seed / 2) if v.is_floating_point() else v for k, v in state["model"].items()}
+        torch.save(state, run / CKPT)
         for key, value in {"model.method": "sigma", "model.num_members": 2, "reg.tau": 0.25, "seed": seed}.items():
             client.log_param(run_id, key, value)
-        for key, value in {"val/nll": val_nll, "val/acc": 0.5, "eval/test/raw/nll": test_nll,
-                           "eval/test/raw/acc": 0.5}.items():
+        for key, value in {**metrics, "eval/test/raw/nll": 1 - seed / 10, "eval/test/raw/acc": 0.5}.items():
             client.log_metric(run_id, key, value)
-        children[seed] = run_id
+        runs.append(run)
+    return parent, runs
+
+
+def _registered_probabilities(name: str, store: str, tmp_path: Path, x: np.ndarray) -> np.ndarray:
+    from sigmanens_dist.registry import fetch_program
+
+    return _program_outputs(fetch_program(f"models:/{name}@champion", store, tmp_path), x)["probabilities"]
+
+
+def test_register_best_picks_the_lower_validation_nll(store: str, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Two children of a study whose validation and test orders differ and whose weights differ: --register-best
+    registers the one with the lower validation NLL (its program, not the other's), and with --by val/acc the one
+    with the higher accuracy, tagged with the study and the choice; a test metric for --by is one line, exit 2,
+    before anything is read or registered."""
+    client = mlflow.MlflowClient(store)
+    parent, runs = _study(client, tmp_path, "register-best", [{"val/nll": 0.9, "val/acc": 0.7},
+                                                             {"val/nll": 0.4, "val/acc": 0.6}])
     for by in ("eval/test/raw/nll", "test/nll"):
         assert main(["compare", "--parent", parent, "--uri", store, "--out", str(tmp_path / "out"),
                      "--register-best", "best", "--by", by]) == 2
         err = capsys.readouterr().err.strip()
         assert "a test-set metric" in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "out").exists() and not client.search_registered_models("name = 'best'")
+    x = np.random.default_rng(2).random((5, 3, 16, 16), dtype=np.float32)
+    own = []
+    for i, run in enumerate(runs):  # each child's own program, for the registered one to equal
+        export_program(run / CKPT, tmp_path / f"own{i}.pt2")
+        own.append(_program_outputs(tmp_path / f"own{i}.pt2", x)["probabilities"])
+    assert not np.allclose(own[0], own[1], atol=1e-3), "the children's programs agree: the test proves nothing"
+    for name, by, winner, value in (("best", "val/nll", 1, 0.4), ("best-acc", "val/acc", 0, 0.7)):
+        assert main(["compare", "--parent", parent, "--uri", store, "--out", str(tmp_path / f"out-{name}"),
+                     "--register-best", name, "--by", by, "--alias", "champion"]) == 0
+        version = client.get_model_version_by_alias(name, "champion")
+        assert version.run_id == load_file(runs[winner] / CKPT, "checkpoint")["mlflow_run_id"]
+        assert version.tags["sigmanens.chosen_by"] == by and version.tags["sigmanens.study"] == parent
+        assert float(version.tags["sigmanens.chosen_value"]) == value
+        np.testing.assert_allclose(_registered_probabilities(name, store, tmp_path / name, x), own[winner],
+                                   rtol=0, atol=1e-6)
+
+
+def test_register_best_never_picks_a_diverged_child(store: str, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 51, finding 2: a child whose validation NLL is NaN (a diverged run) was chosen when listed first. A
+    non-finite metric is never best, in any order: the finite best is registered and each skipped child is named;
+    a study of diverged children only is one line, exit 2, nothing registered."""
+    from sigmanens_dist.experiments.compare import RunRecord
+    from sigmanens_dist.registry.best import _best
+
+    def record(name: str, nll: float) -> RunRecord:
+        return RunRecord(run_id=name, name=name, status="FINISHED", method="sigma", members=2, tau=0.25, lam=0.0,
+                         seed=0, split_values={"val": {"nll": nll}})
+
+    values = {"diverged": float("nan"), "worse": 0.9, "exploded": float("inf"), "best": 0.4}
+    for order in itertools.permutations(values):
+        best, value, among = _best([record(name, values[name]) for name in order], "val/nll")
+        assert (best.name, value, among) == ("best", 0.4, 2), order
+    capsys.readouterr()
+    client = mlflow.MlflowClient(store)
+    parent, runs = _study(client, tmp_path, "register-best-nan", [{"val/nll": float("nan")}, {"val/nll": 0.9}])
     assert main(["compare", "--parent", parent, "--uri", store, "--out", str(tmp_path / "out"),
-                 "--register-best", "best", "--alias", "champion"]) == 0
-    version = client.get_model_version_by_alias("best", "champion")
-    assert version.run_id == children[1], "the lower validation NLL (the higher test NLL) wins"
-    assert version.tags["sigmanens.chosen_by"] == "val/nll" and version.tags["sigmanens.study"] == parent
-    assert float(version.tags["sigmanens.chosen_value"]) == 0.4
+                 "--register-best", "finite", "--alias", "champion"]) == 0
+    assert "skipped sigma-M2-tau0.25-lam0-s0: its val/nll is nan (the run diverged)" in capsys.readouterr().out
+    version = client.get_model_version_by_alias("finite", "champion")
+    assert version.run_id == load_file(runs[1] / CKPT, "checkpoint")["mlflow_run_id"]
+    parent, _ = _study(client, tmp_path / "all", "register-best-all-nan", [{"val/nll": float("nan")}])
+    assert main(["compare", "--parent", parent, "--uri", store, "--out", str(tmp_path / "all" / "out"),
+                 "--register-best", "none"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --register-best: no compared run has a finite value of val/nll (logged by the training " \
+        "loop's validation)"
+    assert not client.search_registered_models("name = 'none'")
 
 
 def test_register_of_a_run_not_in_the_store_is_refused_before_the_program_is_written(
@@ -300,3 +387,110 @@ def test_predict_a_registered_program_equals_predict_of_its_file(registered: dic
                  "--tracking-uri", store]) == 2
     err = capsys.readouterr().err.strip()
     assert "not in the registry" in err and len(err.splitlines()) == 1 and not (tmp_path / "nope").exists()
+
+
+def _tracked_copy(tmp_path: Path, store: str, name: str) -> Path:
+    client = mlflow.MlflowClient(store)
+    return _run_dir(tmp_path / name, client, client.create_experiment(name), name)[0]
+
+
+def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("sigmanens export: error: "), err
+    return err
+
+
+def test_names_and_stores_mlflow_refuses_are_one_line_before_anything_is_written(
+        store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 51, findings 4 and 5: a registered name MLflow refuses ('..'), a store of a scheme MLflow's registry
+    lacks, a folder (MLflow's file store) and a sqlite file that is not there are each one line, exit 2, with the
+    program not written and no database created; a name with '.' (MLflow takes it) registers and predicts."""
+    run = _tracked_copy(tmp_path, store, "names")
+    out = tmp_path / "model.pt2"
+    typo = tmp_path / "no-such-folder" / "mlflow.db"
+    for flags, reason in (
+            (["--register", ".."], "--register '..': MLflow refuses it as a registered model's name"),
+            (["--register", "ok", "--tracking-uri", "foo://bar"],
+             "tracking store 'foo://bar': MLflow's Model Registry has no store of scheme 'foo'"),
+            (["--register", "ok", "--tracking-uri", str(tmp_path)],
+             f"tracking store {tmp_path}: a folder (MLflow's file store)"),
+            (["--register", "ok", "--tracking-uri", f"sqlite:///{typo}"], f"no such sqlite file '{typo}'")):
+        assert main(["export", str(run), "--program", str(out), *flags]) == 2, flags
+        assert reason in _one_line(capsys)
+        assert not out.exists() and not typo.parent.exists()
+    assert main(["export", str(run), "--program", str(out), "--register", "fmnist.v2", "--alias", "champion"]) == 0
+    x = np.random.default_rng(3).random((3, 3, 16, 16), dtype=np.float32)
+    np.testing.assert_allclose(_registered_probabilities("fmnist.v2", store, tmp_path / "got", x),
+                               _program_outputs(out, x)["probabilities"], rtol=0, atol=1e-6)
+
+
+def test_a_server_that_goes_away_during_the_registration_is_one_line_exit_1(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 51, finding 6: the tracking server stopping while ``export --register`` logs the model was a 214-line
+    traceback. It is one line, exit 1 (a batch script retries it), saying what was left."""
+    with mlflow_server(tmp_path / "gone" / "mlflow.db") as url:
+        run = _tracked_copy(tmp_path, url, "gone")
+        port = int(url.rpartition(":")[2])
+        log = mlflow.models.Model.log
+
+        def stop_then_log(*args: object, **kwargs: object) -> object:
+            for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):  # the server, by its command line
+                with contextlib.suppress(OSError):
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                    if b"server" in argv and str(port).encode() in argv:
+                        os.kill(pid, signal.SIGTERM)
+            for _ in range(100):
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                    time.sleep(0.2)
+                    continue
+                break
+            return log(*args, **kwargs)
+
+        monkeypatch.setattr(mlflow.models.Model, "log", stop_then_log)
+        assert main(["export", str(run), "--program", str(tmp_path / "model.pt2"), "--register", "gone"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"sigmanens export: error: the tracking server {url} does not answer") and \
+        "(it stopped answering during the registration (nothing registered; maybe a logged model " \
+        "'sigmanens-program' left PENDING in run" in err, err
+
+
+def test_predict_of_a_version_whose_files_are_gone_is_one_line(store: str, store_dir: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 51, finding 7: a registered version whose artifacts were deleted from the store was a 29-line
+    traceback ("No such artifact: 'MLmodel'") from ``predict models:/…``; it is one line, exit 2, nothing written."""
+    run = _tracked_copy(tmp_path, store, "deleted")
+    assert main(["export", str(run), "--program", str(tmp_path / "model.pt2"), "--register", "deleted",
+                 "--alias", "champion"]) == 0
+    version = mlflow.MlflowClient(store).get_model_version_by_alias("deleted", "champion")
+    model_id = version.source.rpartition("/")[2]  # models:/m-…: the logged model's id
+    folder = next(p.parent for p in (store_dir / "mlartifacts").rglob("MLmodel") if model_id in p.as_posix())
+    shutil.rmtree(folder)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "a.png").write_bytes(_png(0))
+    capsys.readouterr()
+    assert main(["predict", "models:/deleted@champion", str(photos), "--out", str(tmp_path / "out"),
+                 "--tracking-uri", store]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "its files are gone from the artifact store (no MLmodel there)" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_pyfunc_refuses_one_image_for_a_program_of_batch_statistics_alone(
+        registered: dict[str, tuple[Path, str]], store: str, tmp_path: Path) -> None:
+    """Issue 51, finding 1: served one image per request, a program of batch statistics alone (prior 0) answered
+    the same for every image. The pyfunc refuses a request of one image (a 400 when served), and answers two as the
+    program does."""
+    from sigmanens_dist.registry import fetch_program
+
+    run = untrained_run(tmp_path / "run", BATCHNORM_RUN)
+    program = fetch_program("models:/tiny-onnx@champion", store, tmp_path / "model")
+    export_program(run / "checkpoints" / "step_00000000.pt", program, fmt="onnx", norm_stats="batch")
+    model = mlflow.pyfunc.load_model(str(program.parent.parent))
+    x = np.random.default_rng(4).random((2, 3, 16, 16), dtype=np.float32)
+    with pytest.raises(mlflow.exceptions.MlflowException, match=r"1 image in the request, and this program "
+                                                                r"normalises each batch by that batch's own"):
+        model.predict(x[:1])
+    np.testing.assert_allclose(model.predict(x)["probabilities"], _program_outputs(program, x)["probabilities"],
+                               rtol=0, atol=1e-6)
