@@ -182,6 +182,60 @@ def test_imagenet_c_folder(tmp_path: Path) -> None:
         run_eval(cfg, model, options=EvalConfig(imagenet_c=corrupted, severities=[1]), out_dir=tmp_path / "q")
 
 
+# -- the shift diagnosis, against its definition -------------------------------------------------------------------
+def _record_passes(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[torch.Tensor]]:
+    """Every pass eval scores, by its label (``raw val k=2``, ``raw spatter s5``, …; a later pass of one label
+    replaces it): the member logits ``(M, B, K)`` of each batch, taken at the model's output. The reference the shift
+    diagnosis is held to, computed here from its definition, not by eval's metrics."""
+    from sigmanens_dist.evaluation import run as run_module
+
+    passes: dict[str, list[torch.Tensor]] = {}
+    real = run_module.score_pass
+
+    def recording(model: nn.Module, batches: object, num_classes: int, device: torch.device, desc: str,
+                  *args: object, **kwargs: object) -> object:
+        passes[desc] = logits = []
+        handle = model.register_forward_hook(lambda _m, _i, out: logits.append(out.detach().double().cpu()))
+        try:
+            return real(model, batches, num_classes, device, desc, *args, **kwargs)
+        finally:
+            handle.remove()
+
+    monkeypatch.setattr(run_module, "score_pass", recording)
+    return passes
+
+
+def _hand_mutual_information(logits: list[torch.Tensor]) -> torch.Tensor:
+    """Per sample: the entropy of the mean member distribution minus the members' mean entropy."""
+    probs = torch.cat(logits, 1).softmax(-1)  # (M, N, K)
+
+    def entropy(p: torch.Tensor) -> torch.Tensor:
+        return -(p * p.clamp_min(1e-300).log()).sum(-1)
+
+    return entropy(probs.mean(0)) - entropy(probs).mean(0)
+
+
+def _check_diagnosis(shift: dict, passes: dict[str, list[torch.Tensor]], clean: str, variant: str,
+                     severities: list[str]) -> None:
+    """Each cell's mutual information and MI AUROC are the hand-computed ones: the AUROC (sklearn's) of telling the
+    corrupted pass (positives) from the clean pass ``clean`` (negatives) by the per-sample mutual information, and the
+    mean row their average. Some cell is far from 0.5, so a swap of the two passes (1 − AUROC) cannot pass."""
+    clean_mi = _hand_mutual_information(passes[clean])
+    aurocs: dict[str, list[float]] = {severity: [] for severity in severities}
+    for name in set(shift) - {"mean"}:
+        for severity in severities:
+            shifted = _hand_mutual_information(passes[f"{variant} {name} s{severity}"])
+            labels = [0] * len(clean_mi) + [1] * len(shifted)
+            want = roc_auc_score(labels, torch.cat([clean_mi, shifted]).numpy())
+            cell = shift[name][severity]
+            assert cell["mi_auroc"] == pytest.approx(want, abs=1e-3), (name, severity)  # eval ranks float32 MI
+            assert cell["mutual_information"] == pytest.approx(float(shifted.mean()), rel=1e-4, abs=1e-7)
+            aurocs[severity].append(want)
+    for severity, values in aurocs.items():
+        assert shift["mean"][severity]["mi_auroc"] == pytest.approx(sum(values) / len(values), abs=1e-3)
+    assert max(abs(v - 0.5) for values in aurocs.values() for v in values) > 0.1, aurocs
+
+
 # -- the validation shift -----------------------------------------------------------------------------------------
 def test_validation_shift_never_reads_the_test_split_nor_a_test_corruption(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,8 +261,12 @@ def test_validation_shift_never_reads_the_test_split_nor_a_test_corruption(
         return dataclasses.replace(real_build(*args, **kwargs), test=test)
 
     monkeypatch.setattr(loaders, "build_data", build)
+    passes = _record_passes(monkeypatch)
     torch.manual_seed(0)
     model = build_model(cfg, 2, 3).eval()
+    with torch.no_grad():  # members that differ (at init they agree but for rounding): a mutual information to rank
+        for parameter in model.sigma.parameters():  # each member's σ-norm affines and gates
+            parameter.add_(0.5 * torch.randn_like(parameter))
     options = EvalConfig(split="val", shift_split="val", corruptions=["all"], severities=[5], sub_ensembles=False)
     report = run_eval(cfg, model, options=options, out_dir=tmp_path / "o")
     assert report["split"] == report["shift_split"] == "val"
@@ -219,6 +277,7 @@ def test_validation_shift_never_reads_the_test_split_nor_a_test_corruption(
         for cell in by_sev.values():
             assert set(cell) == {"acc", "nll", "ece", *DIAGNOSIS_KEYS}, name
             assert 0 <= cell["mi_auroc"] <= 1 and cell["mutual_information"] >= 0 and 0 <= cell["disagreement"] <= 1
+    _check_diagnosis(raw["shift"], passes, "raw val k=2", "raw", ["5"])
     md = (tmp_path / "o" / "eval.md").read_text()
     assert "### Diagnosis under shift (validation corruptions on the validation split)" in md
     assert "| spatter s5 |" in md and "| mean s5 |" in md and "| clean |" in md
@@ -275,8 +334,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @needs_fmnist
 @pytest.mark.slow
-def test_corruption_and_ood_eval_end_to_end(trained: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_corruption_and_ood_eval_end_to_end(trained: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     ckpt = trained / "checkpoints" / "best.pt"
+    passes = _record_passes(monkeypatch)
     assert eval_main(["--checkpoint", str(ckpt), "--corruptions", "gaussian_noise,contrast", "--severities", "1,5",
                       "--ood", "digits"]) == 0
     out = ckpt.parent / "eval_best"
@@ -296,6 +357,8 @@ def test_corruption_and_ood_eval_end_to_end(trained: Path, capsys: pytest.Captur
     for cell in (shift["contrast"]["5"], shift["mean"]["1"]):
         assert set(cell) == {"acc", "nll", "ece", *DIAGNOSIS_KEYS}
         assert 0 <= cell["disagreement"] <= 1 and cell["mutual_information"] >= 0 and 0 <= cell["mi_auroc"] <= 1
+    for variant in ("raw", "ema"):  # the trained model's diagnosis, against its definition
+        _check_diagnosis(report["weights"][variant]["shift"], passes, f"{variant} test k=2", variant, ["1", "5"])
     assert "### Diagnosis under shift (test corruptions)" in (out / "eval.md").read_text()
     ood = raw["ood"]
     assert ood["num_out"] == 1797 and ood["num_in"] == 300

@@ -5,6 +5,7 @@ line and exit 2 before any work; an exported batch-statistics program is eager e
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import shutil
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from sigmanens_dist import convert_to_sigma_ensemble
 from sigmanens_dist.cli import main
@@ -27,6 +29,7 @@ from sigmanens_dist.evaluation.norm_stats import batch_norm_layers, norm_stats_p
 from sigmanens_dist.export.format import OUTPUTS, ProgramMeta
 from sigmanens_dist.models import build_model
 from sigmanens_dist.predict.norm_stats import check_norm_stats
+from sigmanens_dist.sigma.layers import SigmaBatchNorm
 from tests.helpers import FIXTURE, REPO, env, torchrun, untrained_run
 
 METHODS = ("sigma", "single", "deep", "batch", "packed", "film")  # every method of test_resnet keeps BatchNorms
@@ -82,18 +85,48 @@ def test_a_layer_alone_takes_member_major_rows() -> None:
         torch.testing.assert_close(layer(h), want, rtol=0, atol=1e-5)
 
 
+def _as_if_trained(model: nn.Module) -> nn.Module:
+    """``model`` with what training leaves in its BatchNorms and an untrained model lacks: running statistics moved
+    by batches of another distribution, weights away from 1 and biases away from 0 (a σ model: its store's member
+    affines and gates). Then a BatchNorm that drops its bias or its weight gives another output."""
+    with torch.no_grad():
+        model.train()
+        for _ in range(3):
+            model(2 * torch.randn(8, 3, 16, 16) + 1)
+        for module in model.modules():
+            if isinstance(module, _BatchNorm) and module.affine:
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.normal_(0.0, 0.5)
+        if isinstance(getattr(model, "sigma", None), nn.Module):
+            for parameter in model.sigma.parameters():
+                parameter.add_(0.3 * torch.randn_like(parameter))
+    return model.eval()
+
+
+def _normalised_by_the_batch(model: nn.Module) -> nn.Module:
+    """The reference: a copy whose BatchNorms alone are in training mode, where torch (and a σ BatchNorm, member by
+    member) normalises with the batch's own statistics and applies the affine."""
+    copy_ = copy.deepcopy(model)
+    for module in copy_.modules():
+        if isinstance(module, _BatchNorm | SigmaBatchNorm):
+            module.train()
+    return copy_
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_every_batchnorm_method(method: str) -> None:
-    """Every method's BatchNorms use the batch (per member), leave the stored statistics alone, and an overwhelming
-    prior gives back the training statistics."""
+    """Every method's BatchNorms, as training leaves them, use the batch (per member): the output is that of the
+    model with its BatchNorms in training mode; the stored statistics stay; an overwhelming prior gives back the
+    training statistics' output."""
     torch.manual_seed(0)
-    model = build_model(load_config(None, [*TINY, f"model.method={method}"], check_data=False), 10, 3).eval()
+    model = _as_if_trained(build_model(load_config(None, [*TINY, f"model.method={method}"], check_data=False), 10, 3))
     assert batch_norm_layers(model) and norm_stats_problem(model, "batch", "it") is None
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    x = 3 * torch.rand(6, 3, 16, 16)  # far from what the random init's statistics (0 and 1) expect
+    x = 3 * torch.rand(6, 3, 16, 16)  # far from the statistics the model keeps
     with torch.no_grad():
         train, batch = model(x), with_norm_stats(model, "batch")(x)
         prior = with_norm_stats(model, "batch", 1e9)(x)
+        torch.testing.assert_close(batch, _normalised_by_the_batch(model)(x), rtol=0, atol=1e-4)
         assert not torch.allclose(batch, train, atol=1e-3)
         torch.testing.assert_close(prior, train, rtol=0, atol=1e-4)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
