@@ -3,7 +3,8 @@ circle, no private name imported across packages, and nothing under evaluation/ 
 internals except through the methods interface.
 
 The import graph is the real one: every import of a module, at its top, inside functions, under ``TYPE_CHECKING``,
-in ``__main__.py`` files and in ``if __name__ == "__main__":`` blocks. No import runs up a floor: the command a
+in ``__main__.py`` files and in ``if __name__ == "__main__":`` blocks, and the modules imported by name at run time
+(``importlib.import_module``, as the lazy ``__init__``s do). No import runs up a floor: the command a
 launcher runs (``torchrun -m sigmanens_dist.train``) is a module of the command line's floor, apart from the trainer
 (``sigmanens_dist.trainer``), which imports nothing from ``cli/``.
 """
@@ -70,12 +71,24 @@ def _imported(name: str, path: Path, nodes: list[ast.stmt]) -> Iterator[str]:
                 yield from (f"{base}.{a.name}" for a in node.names)
 
 
+def _imported_lazily(tree: ast.Module, modules: set[str]) -> Iterator[str]:
+    """The package's modules a file imports by name at run time (``importlib.import_module``: the lazy ``__init__``s'
+    ``_LAZY`` tables, the strategies' ``_CLASSES``): every string of the file that names one, in a file that calls
+    ``import_module``."""
+    calls = any(isinstance(node, ast.Call) and (ast.unparse(node.func).split(".")[-1] == "import_module")
+                for node in ast.walk(tree))
+    if calls:
+        yield from (node.value for node in ast.walk(tree)
+                    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in modules)
+
+
 def _graph() -> dict[str, set[str]]:
-    """Module -> the package's modules it imports, anywhere in its file."""
+    """Module -> the package's modules it imports, anywhere in its file, by an import statement or by name."""
     modules = _modules()
     graph = {}
     for name, path in modules.items():
-        targets = set(_imported(name, path, parse_source(path).body))
+        tree = parse_source(path)
+        targets = {*_imported(name, path, tree.body), *_imported_lazily(tree, set(modules))}
         graph[name] = {t for t in targets if t in modules and t != name}
     return graph
 
@@ -84,6 +97,19 @@ def _floor(module: str) -> int | None:
     """The floor of a module: its top package's (or top module's) in :data:`FLOORS`."""
     parts = module.split(".")
     return FLOOR.get(parts[1]) if len(parts) > 1 else None
+
+
+def test_the_graph_holds_the_lazy_imports() -> None:
+    """The edges ``import_module`` makes at run time are in the graph the floors are checked on, and one that ran up
+    a floor would be seen."""
+    graph = _graph()
+    assert {"sigmanens_dist.evaluation.load", "sigmanens_dist.evaluation.run"} <= graph["sigmanens_dist.evaluation"]
+    assert "sigmanens_dist.export.program" in graph["sigmanens_dist.export"]
+    assert "sigmanens_dist.methods.sigma" in graph["sigmanens_dist"]
+    assert "sigmanens_dist.distributed.strategies.deepspeed" in graph["sigmanens_dist.distributed.strategies"]
+    upward = ast.parse('import importlib\n_LAZY = {"main": "sigmanens_dist.cli.train"}\n'
+                       'def f():\n    return importlib.import_module(_LAZY["main"])\n')
+    assert list(_imported_lazily(upward, set(_modules()))) == ["sigmanens_dist.cli.train"]
 
 
 def test_every_module_is_on_a_floor() -> None:
