@@ -149,10 +149,14 @@ def test_augmix_is_off_by_default_and_switched_on_by_true_or_a_mapping() -> None
 
 @needs_fashion_mnist
 def test_a_short_fashion_mnist_run_trains_with_augmix_and_records_it(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    run_train(run, *FMNIST, "model.name=test_resnet", "model.num_members=2", "train.max_steps=3",
-              "train.batch_size=16", "train.log_every_steps=1", "data.test_subset=32", "eval.at_end=false",
-              "train.augmix.severity=4")
+    """The run trains on augmixed samples: its first loss (same weights, same batch) is not the one of the same run
+    without AugMix, which it would be if the trainer dropped the option on its way to the data."""
+    run, plain = tmp_path / "run", tmp_path / "plain"
+    common = (*FMNIST, "model.name=test_resnet", "model.num_members=2", "train.max_steps=3", "train.batch_size=16",
+              "train.log_every_steps=1", "data.test_subset=32", "eval.at_end=false")
+    run_train(run, *common, "train.augmix.severity=4")
+    run_train(plain, *common)
     assert sorted(losses(run)) == [1, 2, 3] and all(math.isfinite(v) for v in losses(run).values())
+    assert losses(run)[1] != losses(plain)[1], "the first batch was not augmixed"
     saved = yaml.safe_load((run / "config.yaml").read_text())["train"]["augmix"]
     assert saved == {"severity": 4, "mixture_width": 3, "chain_depth": -1, "alpha": 1.0, "member_severity": None}
