@@ -1,5 +1,5 @@
-"""The README's demo excerpt, made by the demo itself: run ``sigmanens demo`` in a fresh folder, then check that every
-line of the README's excerpt is one the demo printed, in order (``--check``), or write the demo's table into the
+"""The README's demo excerpt, made by the demo itself: run ``sigmanens demo`` in a fresh folder, then check that the
+README's excerpt is the table the demo printed, line for line (``--check``), or write the demo's table into the
 README (``--write``). The timing row (``ms / image``) is the one line that differs from run to run; it is compared
 by its label only.
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import difflib
 import re
 import subprocess
 import sys
@@ -45,17 +46,17 @@ def demo_table(output: str) -> list[str]:
 
 
 def stale_lines(readme_lines: list[str], table: list[str]) -> list[str]:
-    """README lines the demo did not print (in order), each as 'README: …'; the timing row by its label only."""
+    """Where the README's excerpt and the demo's table differ, both ways: 'README: …' for a line the demo did not
+    print, 'demo: …' for a printed line the excerpt lacks (an emptied or cut excerpt is stale too); the timing row by
+    its label only. Empty when they are the same lines in the same order."""
     def key(line: str) -> str:
         return TIMING if TIMING in line else line.rstrip()
 
-    printed = [key(line) for line in table]
-    at, stale = 0, []
-    for line in readme_lines:
-        try:
-            at = printed.index(key(line), at) + 1
-        except ValueError:
-            stale.append(f"README: {line}")
+    ours, printed = [key(line) for line in readme_lines], [key(line) for line in table]
+    stale = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, ours, printed, autojunk=False).get_opcodes():
+        if op != "equal":
+            stale += [f"README: {line}" for line in readme_lines[i1:i2]] + [f"demo: {line}" for line in table[j1:j2]]
     return stale
 
 

@@ -239,6 +239,22 @@ def test_architecture_states_the_member_layout_the_code_has() -> None:
     assert not wrong, f"docs/architecture.md puts member-major rows inside the backbone: {wrong}"
 
 
+def test_the_excerpt_check_sees_a_stale_excerpt_both_ways() -> None:
+    """``readme_demo.py --check``'s comparison on the README's own excerpt: the same lines pass (the timing row by
+    its label); an emptied excerpt, a dropped row, a changed number fail, naming the lines."""
+    demo = runpy.run_path(str(REPO / "launch" / "readme_demo.py"))
+    readme = (REPO / "README.md").read_text()
+    start, end = demo["excerpt"](readme)
+    table = readme[start:end].splitlines()
+    stale = demo["stale_lines"]
+    retimed = [re.sub(r"\d", "9", line) if "ms / image" in line else line for line in table]
+    assert len(table) > 5 and stale(table, retimed) == []
+    assert stale([], table) == [f"demo: {line}" for line in table]
+    assert stale(table[:2] + table[3:], table) == [f"demo: {table[2]}"]
+    changed = [*table[:3], table[3].replace("0", "1"), *table[4:]]
+    assert stale(changed, table) == [f"README: {changed[3]}", f"demo: {table[3]}"]
+
+
 @pytest.mark.slow
 def test_readme_demo_excerpt_is_what_the_demo_prints() -> None:
     """The README's demo table is the demo's own output on this build (timing row by label): a stale excerpt makes a
