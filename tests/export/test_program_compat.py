@@ -1,5 +1,5 @@
 """Every program of format version 1 reads: ``tests/fixtures/program_v1`` is a ``sigmanens-program/1`` ``.pt2``
-written by release 0.3.0 (its README.md says how), which ``sigmanens predict``'s loader must keep vetting, reading and
+written at version 0.3.0 (its README.md says how), which ``sigmanens predict``'s loader must keep vetting, reading and
 running to the outputs it gave when written."""
 
 from __future__ import annotations
