@@ -95,12 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             score = parse_score(args.conformal_score, alpha)
             prior = parse_prior(args.norm_stats_prior, args.norm_stats)
         if args.register is not None:
-            from sigmanens_dist.registry import check_alias, check_name, check_store, recorded_tracking_uri
+            from sigmanens_dist.registry import check_alias, check_name, recorded_tracking_uri
 
             check_name(args.register, "--register")
             check_alias(args.alias)
-            if args.tracking_uri is not None:
-                check_store(args.tracking_uri)
         checkpoint, which = resolve_checkpoint(args.checkpoint, "checkpoint")
         if args.register is not None:
             uri = args.tracking_uri or recorded_tracking_uri(checkpoint)

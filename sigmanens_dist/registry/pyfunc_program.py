@@ -79,8 +79,28 @@ def _onnx(path: Path) -> tuple[Runner, Any]:
     return run, meta
 
 
+class Refusal(MlflowException):
+    """A refused request. ``mlflow models serve`` prefixes the message with the whole request
+    (``Failed to predict data '…'``, 168 lines for a batch of 7 small images): what it repeats is cut to
+    :data:`ECHO` characters, the reason (the last line) kept whole."""
+
+    @property
+    def message(self) -> str:
+        return self._text
+
+    @message.setter
+    def message(self, text: str) -> None:
+        head, _, reason = str(text).rpartition("\n")
+        if len(head) > ECHO:
+            head = f"{head[:ECHO]}… ({len(head) - ECHO} characters of the request left out)"
+        self._text = f"{head}\n{reason}" if head else reason
+
+
+ECHO = 200  # characters of the request a refusal repeats
+
+
 def _refuse(message: str) -> MlflowException:
-    return MlflowException(f"sigmanens program: {message}", INVALID_PARAMETER_VALUE)
+    return Refusal(f"sigmanens program: {message}", INVALID_PARAMETER_VALUE)
 
 
 class SigmanensProgram(mlflow.pyfunc.PythonModel):

@@ -241,7 +241,7 @@ def test_force_replaces_only_the_parts_its_manifest_names(program: Path, tmp_pat
                  "--force"]) == 0
     kept = _files(out)
     assert {name: kept[name] for name in users} == users
-    assert sorted(kept) == sorted([*users, "manifest.json", "summary.json", "parts/000000-images.jsonl"])
+    assert sorted(kept) == sorted([*users, ".lock", "manifest.json", "summary.json", "parts/000000-images.jsonl"])
     assert len(kept["parts/000000-images.jsonl"].splitlines()) == 3  # its header and both images
     capsys.readouterr()
 
