@@ -36,7 +36,11 @@ from sigmanens_dist.data.sst2 import TextDataset
 from sigmanens_dist.errors import MissingPathError, UnsupportedError, UsageError
 from sigmanens_dist.progress import progress
 
-__all__ = ["FFCVLoader", "FFCVTextLoader", "check_beton", "write_beton", "write_text_beton"]
+__all__ = ["EVAL_CROP_RATIO", "FFCVLoader", "FFCVTextLoader", "check_beton", "write_beton", "write_text_beton"]
+
+# the evaluation crop: the centre 0.875 of the shorter side (FFCV's and timm's default), what an exported program of an
+# FFCV-trained run applies to an image file (sigmanens_dist/export/image_input.py)
+EVAL_CROP_RATIO = 0.875
 
 
 def _ffcv() -> Any:
@@ -368,7 +372,7 @@ class FFCVLoader(_BetonStream):
 
     def __init__(self, path: Path | str, batch_size: int, rank: int, world_size: int, num_workers: int, seed: int,
                  train: bool, img_size: int, mean: Sequence[float], std: Sequence[float],
-                 device: torch.device | str = "cpu", crop_ratio: float = 0.875, batches_ahead: int = 3,
+                 device: torch.device | str = "cpu", crop_ratio: float = EVAL_CROP_RATIO, batches_ahead: int = 3,
                  stock_decoder: bool = False, randaugment: str | None = None) -> None:
         super().__init__(path, "image", batch_size, rank, world_size, num_workers, seed, train)
         from ffcv.fields.basics import IntDecoder

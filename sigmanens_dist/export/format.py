@@ -46,7 +46,9 @@ class LaterFormatError(ProgramMetaError):
 
 @dataclass(frozen=True)
 class ProgramInput:
-    """What the program takes: ``shape`` ``["B", C, H, W]``, float32 images in ``range`` (before normalisation)."""
+    """What the program takes: ``shape`` ``["B", C, H, W]``, float32 images in ``range`` (before normalisation);
+    ``crop_ratio``: how an image file of any size is made one (``image_input.py``: the centre ``crop_ratio`` of the
+    shorter side, resized), None for a program exported before it was recorded (its exact size only)."""
 
     shape: list[Any]
     channels: int
@@ -54,6 +56,7 @@ class ProgramInput:
     name: str = "images"
     dtype: str = "float32"
     range: tuple[float, float] = (0.0, 1.0)
+    crop_ratio: float | None = None
 
     @property
     def chw(self) -> tuple[int, int, int]:
@@ -63,7 +66,8 @@ class ProgramInput:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape), "channels": self.channels, "size": self.size,
-                "dtype": self.dtype, "range": list(self.range)}
+                "dtype": self.dtype, "range": list(self.range),
+                **({} if self.crop_ratio is None else {"crop_ratio": self.crop_ratio})}
 
 
 @dataclass(frozen=True)
@@ -218,6 +222,9 @@ def _problem(meta: ProgramMeta) -> str | None:
                               or not all(isinstance(n, str) for n in names)):
         return (f"class_names {str(names)[:80]!r}: null or a list of num_classes={meta.num_classes} strings is "
                 "allowed")
+    crop = meta.input.crop_ratio
+    if crop is not None and (isinstance(crop, bool) or not isinstance(crop, int | float) or not 0 < crop <= 1):
+        return f"input.crop_ratio {crop!r}: null or a number in (0, 1] is allowed"
     if stats.mode not in NORM_STATS:
         return f"norm_stats.mode {stats.mode!r}: one of {', '.join(NORM_STATS)} is allowed"
     if isinstance(stats.prior, bool) or not isinstance(stats.prior, int | float) or not 0 <= stats.prior < math.inf:
@@ -234,7 +241,8 @@ def _record(raw: dict[str, Any], version: int) -> ProgramMeta:
         input=ProgramInput(shape=shape, channels=int(given.get("channels", shape[1])),
                            size=int(given.get("size", shape[-1])), name=str(given.get("name", "images")),
                            dtype=str(given.get("dtype", "float32")),
-                           range=tuple(float(v) for v in given.get("range", (0.0, 1.0)))),
+                           range=tuple(float(v) for v in given.get("range", (0.0, 1.0))),
+                           crop_ratio=given.get("crop_ratio")),
         normalisation=Normalisation(**raw["normalisation"]), members=list(raw["members"]),
         trained_members=int(raw["trained_members"]), method=str(raw["method"]), tau=raw.get("tau"),
         run_id=raw.get("run_id"), step=int(raw["step"]), dataset=str(raw["dataset"]),

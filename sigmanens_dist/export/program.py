@@ -236,6 +236,7 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
     not keep, batch statistics for a model without BatchNorm and a fit that would read the test set are refused
     before anything is computed."""
     import sigmanens_dist
+    from sigmanens_dist.data.ffcv_io import EVAL_CROP_RATIO
     from sigmanens_dist.evaluation.load import load_for_eval, method_of
     from sigmanens_dist.evaluation.norm_stats import describe, norm_stats_problem, with_norm_stats
     from sigmanens_dist.evaluation.run import sub_ensemble
@@ -268,7 +269,8 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
     size = cfg.data.img_size or _default_size(cfg)
     meta = ProgramMeta(
         program_format=fmt, num_classes=num_classes, class_names=class_names(cfg, num_classes),
-        input=ProgramInput(shape=["B", in_chans, size, size], channels=in_chans, size=size),
+        input=ProgramInput(shape=["B", in_chans, size, size], channels=in_chans, size=size,
+                           crop_ratio=EVAL_CROP_RATIO if cfg.data.format == "ffcv" else 1.0),
         normalisation=Normalisation(mean, std), members=chosen, trained_members=full.num_members, weights=weights,
         norm_stats=NormStats(**describe(norm_stats, norm_stats_prior)), method=method_of(cfg), tau=cfg.reg.tau,
         run_id=loaded.run_id, step=loaded.step, dataset=cfg.data.dataset,

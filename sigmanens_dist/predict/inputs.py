@@ -26,13 +26,13 @@ from PIL import Image, UnidentifiedImageError
 
 from sigmanens_dist.data.tar_samples import tar_samples
 from sigmanens_dist.errors import MissingPathError, UsageError
+from sigmanens_dist.export.image_input import CONVERTIBLE, MODES, ImageError, describe, pixels
 
 __all__ = ["IMAGE_EXTENSIONS", "SHARD_IMAGE_EXTENSIONS", "BadInput", "Sample", "Unit", "check_shapes", "decode",
            "discover", "inputs_digest", "read_unit"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".bmp", ".webp", ".tif", ".tiff")
 SHARD_IMAGE_EXTENSIONS = ("jpg", "png", "jpeg", "ppm", "webp")  # a shard sample's image member, first found wins
-_MODES = {1: "L", 3: "RGB"}  # channels -> the PIL mode a program with that many channels takes
 _DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
@@ -222,45 +222,36 @@ def read_unit(unit: Unit) -> Iterator[Sample]:
 # Decoding and the shape check.
 
 
-def decode(sample: Sample, channels: int, size: tuple[int, int]) -> torch.Tensor:
-    """``(C, H, W)`` float32 in [0, 1], as the recipe's loader has it before normalising; :class:`BadInput` when
-    the sample cannot be read or is not a ``size`` image of ``channels`` channels."""
+def decode(sample: Sample, channels: int, size: tuple[int, int], crop_ratio: float | None = None) -> torch.Tensor:
+    """``(C, H, W)`` float32 in [0, 1], as the recipe's loader has it before normalising, made by the program's own
+    transform (``image_input.pixels``, which the registered pyfunc runs too); :class:`BadInput` when the sample
+    cannot be read or made what the program takes."""
     if sample.payload is None:
         raise BadInput(sample.error)
-    if isinstance(sample.payload, np.ndarray):
-        pixels = sample.payload
-        mode = "RGB"
-    else:
-        try:
-            with Image.open(io.BytesIO(sample.payload)) as image:
-                image.load()
-                mode = image.mode
-                pixels = np.asarray(image)
-        except _DECODE_ERRORS as err:
-            raise BadInput(f"cannot decode {sample.ext or 'the image'} ({type(err).__name__}: {err})") from None
-    height, width = pixels.shape[:2]
-    if mode != _MODES[channels] or (height, width) != size:
-        raise BadInput(f"a {width}×{height} {mode} image; the program takes {_wanted(channels, size)}")
-    tensor = torch.from_numpy(pixels.copy())
-    tensor = tensor.unsqueeze(0) if tensor.ndim == 2 else tensor.permute(2, 0, 1)
-    return tensor.float().div_(255)
+    try:
+        array = pixels(sample.payload, channels, size, crop_ratio, sample.ext or "the image")
+    except ImageError as err:
+        raise BadInput(str(err)) from None
+    return torch.from_numpy(np.ascontiguousarray(array)).float().div_(255)
 
 
-def _wanted(channels: int, size: tuple[int, int]) -> str:
-    return f"{size[1]}×{size[0]} {_MODES[channels]} images"
-
-
-def _refuse(where: str, width: int, height: int, mode: str, channels: int, size: tuple[int, int]) -> None:
-    if mode != _MODES[channels] or (height, width) != size:
+def _refuse(where: str, width: int, height: int, mode: str, channels: int, size: tuple[int, int],
+            crop_ratio: float | None) -> None:
+    """Refuse an image the program's transform cannot make one it takes: of another size or mode without a
+    transform (a program exported before ``input.crop_ratio``), of a mode that is not 8-bit pixels with one."""
+    fits = (mode in CONVERTIBLE) if crop_ratio is not None else (mode == MODES[channels] and (height, width) == size)
+    if not fits:
+        hint = "" if crop_ratio is not None else " (resize or convert the inputs first)"
         raise UsageError(f"INPUT {where}: a {width}×{height} {mode} image; the program takes "
-                         f"{_wanted(channels, size)} (resize or convert the inputs first)")
+                         f"{describe(channels, size, crop_ratio)}{hint}")
 
 
-def check_shapes(units: Sequence[Unit], channels: int, size: tuple[int, int]) -> None:
-    """Refuse, before any work, inputs of another size or channel count than the program's: every image file's
-    header (no decoding), the first decodable image of each shard, every FFCV sample's metadata. What cannot be
-    read here is left to the run, which records it as skipped."""
-    if channels not in _MODES:
+def check_shapes(units: Sequence[Unit], channels: int, size: tuple[int, int], crop_ratio: float | None = None
+                 ) -> None:
+    """Refuse, before any work, inputs the program's transform cannot make what it takes (:func:`_refuse`): every
+    image file's header (no decoding), the first decodable image of each shard, every FFCV sample's metadata. What
+    cannot be read here is left to the run, which records it as skipped."""
+    if channels not in MODES:
         raise UsageError(f"PROGRAM: takes {channels}-channel images; predict reads 1-channel (L) or 3-channel (RGB)")
     for unit in units:
         if unit.kind == "images":
@@ -270,7 +261,7 @@ def check_shapes(units: Sequence[Unit], channels: int, size: tuple[int, int]) ->
                         header = (*image.size, image.mode)
                 except _DECODE_ERRORS:
                     continue
-                _refuse(str(path), *header, channels, size)
+                _refuse(str(path), *header, channels, size, crop_ratio)
         elif unit.kind == "shard":
             for sample in _shard_samples(unit.source):
                 try:
@@ -278,16 +269,19 @@ def check_shapes(units: Sequence[Unit], channels: int, size: tuple[int, int]) ->
                         image.load()
                 except _DECODE_ERRORS:
                     continue
-                _refuse(f"{sample.id} (the first image of {unit.source})", *image.size, image.mode, channels, size)
+                _refuse(f"{sample.id} (the first image of {unit.source})", *image.size, image.mode, channels, size,
+                        crop_ratio)
                 break
         elif unit.start == 0:  # an FFCV file, once
             images = _beton(unit.source).images
-            if channels != 3:
+            if channels != 3 and crop_ratio is None:
                 raise UsageError(f"INPUT {unit.source}: FFCV stores RGB images; the program takes "
-                                 f"{_wanted(channels, size)}")
+                                 f"{describe(channels, size, None)}")
+            if crop_ratio is not None:
+                continue
             wrong = np.flatnonzero((images["height"] != size[0]) | (images["width"] != size[1]))
             if len(wrong):
                 i = int(wrong[0])
                 raise UsageError(f"INPUT {unit.source}: {len(wrong)} of its images are not {size[1]}×{size[0]} "
                                  f"(sample {i} is {images['width'][i]}×{images['height'][i]}); the program takes "
-                                 f"{_wanted(channels, size)}")
+                                 f"{describe(channels, size, None)}")

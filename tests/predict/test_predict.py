@@ -180,21 +180,68 @@ def _refusal(program: Path, inputs: list[Path], out: Path, capsys: pytest.Captur
     return err
 
 
+def _without_transform(program: Path, tmp_path: Path) -> Path:
+    """``program`` as one exported before ``input.crop_ratio`` was recorded: it takes its exact size only."""
+    reader = torch._C.PyTorchFileReader(str(program))
+    name = next(n for n in reader.get_all_records() if n.endswith("extra/sigmanens.json"))
+    meta = json.loads(reader.get_record(name))
+    meta["input"].pop("crop_ratio")
+    return _rewrite(program, tmp_path / "exact.pt2", {name: json.dumps(meta).encode()})
+
+
 def test_wrong_size_channels_or_type_is_one_line_before_any_work(program: Path, tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A program without an input transform (exported before ``input.crop_ratio``) takes its exact size and mode
+    only; any program refuses what is not an image, and an image of 16-bit pixels."""
+    exact = _without_transform(program, tmp_path)
     good = _images(tmp_path / "ok", ["a.png"])
     (tmp_path / "big.png").write_bytes(_png(0, size=20))
-    err = _refusal(program, [*good, tmp_path / "big.png"], tmp_path / "o1", capsys)
+    err = _refusal(exact, [*good, tmp_path / "big.png"], tmp_path / "o1", capsys)
     assert "big.png: a 20×20 RGB image; the program takes 16×16 RGB images" in err
     (tmp_path / "gray.png").write_bytes(_png(0, mode="L"))
-    err = _refusal(program, [tmp_path / "gray.png"], tmp_path / "o2", capsys)
+    err = _refusal(exact, [tmp_path / "gray.png"], tmp_path / "o2", capsys)
     assert "gray.png: a 16×16 L image; the program takes 16×16 RGB images" in err
     shard = _shard(tmp_path / "s.tar", {"000": b"not an image", "001": _png(1, size=8)})
-    err = _refusal(program, [shard], tmp_path / "o3", capsys)
+    err = _refusal(exact, [shard], tmp_path / "o3", capsys)
     assert "s.tar:001 (the first image of" in err and "8×8 RGB" in err
     (tmp_path / "notes.txt").write_text("hello")
     err = _refusal(program, [*good, tmp_path / "notes.txt"], tmp_path / "o4", capsys)
     assert "notes.txt: not an image (.jpg" in err and "(.tar) or an FFCV file (.beton)" in err
+    Image.fromarray(np.full((16, 16), 40000, np.uint16)).save(tmp_path / "deep.png")
+    err = _refusal(program, [tmp_path / "deep.png"], tmp_path / "o5", capsys)
+    assert "deep.png: a 16×16 I;16 image; the program takes RGB images of any size (centre 1 of the shorter side, " \
+        "resized to 16×16)" in err
+
+
+def test_images_of_any_size_and_mode_are_made_what_the_program_takes(program: Path, tmp_path: Path) -> None:
+    """Issue 53: a program carries its input transform (``input.crop_ratio``); predict makes every image what the
+    program takes with it: the centre square of the shorter side, resized bilinearly, the mode converted. Checked
+    against PIL by hand."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    rng = np.random.default_rng(5)
+    wide = rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)  # 40×30: its centre 30×30, then 16×16
+    Image.fromarray(wide).save(folder / "a_wide.png")
+    Image.fromarray(wide).save(folder / "b_wide.jpg", quality=95)
+    Image.fromarray(rng.integers(0, 256, (16, 16), dtype=np.uint8), "L").save(folder / "c_gray.png")
+    rgba = rng.integers(0, 256, (20, 20, 4), dtype=np.uint8)
+    Image.fromarray(rgba, "RGBA").save(folder / "d_rgba.png")
+    assert main(["predict", str(program), str(folder), "--out", str(tmp_path / "out")]) == 0
+    rows = _parts(tmp_path / "out")
+
+    def by_hand(path: Path) -> np.ndarray:
+        with Image.open(path) as image:
+            image = image.convert("RGB")
+            side = min(image.size)
+            left, top = (image.size[0] - side) // 2, (image.size[1] - side) // 2
+            image = image.crop((left, top, left + side, top + side))
+            return np.asarray(image.resize((16, 16), Image.Resampling.BILINEAR) if side != 16 else image)
+
+    paths = sorted(folder.iterdir())
+    want = _direct(program, [by_hand(p) for p in paths])
+    got = np.array([rows[p.as_posix()]["probabilities"] for p in paths])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    assert not np.allclose(got[0], _direct(program, [wide[7:23, 12:28]])[0], atol=1e-4)  # resized, not cut
 
 
 def test_another_program_in_the_same_dir_is_refused_unless_force(run: Path, program: Path, tmp_path: Path,
