@@ -68,7 +68,7 @@ GROUPS: dict[str, Group] = {
         ("tests/evaluation/test_posthoc.py", "tests/evaluation/test_mutants_posthoc.py")),
     "norm_stats": Group(
         ("sigmanens_dist/evaluation/norm_stats.py",),
-        ("tests/evaluation/test_norm_stats.py",)),
+        ("tests/evaluation/test_norm_stats.py", "tests/evaluation/test_mutants_norm_stats.py")),
     "program": Group(
         ("sigmanens_dist/export/program.py", "sigmanens_dist/export/format.py"),
         ("tests/export/test_format.py", "tests/export/test_export_program.py")),

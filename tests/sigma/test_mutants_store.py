@@ -1,0 +1,64 @@
+"""The σ store's own bookkeeping against the members it came from: a sub-ensemble keeps exactly the chosen members'
+rows, statistics and outputs, in the order asked; a checkpoint of another layout is refused saying what differs
+(checks/mutation.py's survivors in sigma/layers/store.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from sigmanens_dist import convert_to_sigma_ensemble
+
+
+def _net(width: int = 4) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, width, 3), nn.BatchNorm2d(width), nn.ReLU(), nn.Conv2d(width, width, 1),
+                         nn.GroupNorm(2, width), nn.Flatten(), nn.Linear(width * 36, 3))
+
+
+def _trained(m: int, width: int = 4) -> nn.Module:
+    torch.manual_seed(0)
+    ens = convert_to_sigma_ensemble(_net(width), m)
+    with torch.no_grad():
+        ens.sigma.flat.copy_(torch.randn_like(ens.sigma.flat))
+    ens.train()
+    for _ in range(2):
+        ens(torch.randn(6, 1, 8, 8))
+    return ens.eval()
+
+
+def test_a_sub_ensemble_is_its_members_in_the_order_asked() -> None:
+    ens = _trained(4)
+    sub = ens.sub_ensemble([3, 1])
+    assert sub.sigma.num_members == 2
+    torch.testing.assert_close(sub.sigma.flat, ens.sigma.flat[[3, 1]], rtol=0, atol=0)
+    for (_, before), (_, after) in zip(ens.sigma_layers(), sub.sigma_layers(), strict=True):
+        if before.keeps_running_stats():
+            for theirs, ours in zip(ens.sigma.stats(before._slot.stats, before.num_features),
+                                    sub.sigma.stats(after._slot.stats, after.num_features), strict=True):
+                torch.testing.assert_close(ours, theirs[[3, 1]], rtol=0, atol=0)
+    x = torch.randn(5, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(sub(x), ens(x)[[3, 1]], rtol=1e-5, atol=1e-6)
+
+
+def test_the_same_layout_loads_and_another_is_refused_saying_what_differs() -> None:
+    ens = _trained(2)
+    state = ens.state_dict()
+    twin = convert_to_sigma_ensemble(_net(), 2)
+    twin.load_state_dict(state)
+    torch.testing.assert_close(twin.sigma.flat, ens.sigma.flat, rtol=0, atol=0)
+    with pytest.raises(RuntimeError) as caught:
+        convert_to_sigma_ensemble(_net(), 3).load_state_dict(state)
+    assert ("cannot load σN-Ens state: the checkpoint has num_members=2, this ensemble has num_members=3; convert the "
+            "model with the checkpoint's M") in str(caught.value)
+    with pytest.raises(RuntimeError) as caught:
+        convert_to_sigma_ensemble(_net(6), 2).load_state_dict(state)
+    message = str(caught.value)
+    assert "cannot load σN-Ens state: the checkpoint comes from a different architecture or conversion (" in message
+    assert "num_gamma: checkpoint 8 vs model 12" in message and "num_columns: checkpoint 24 vs model 36" in message
+    # same sizes, other layer kinds: only the checksum tells them apart
+    swapped = nn.Sequential(nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4), nn.ReLU(), nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4),
+                            nn.Flatten(), nn.Linear(4 * 36, 3))
+    with pytest.raises(RuntimeError, match="same sizes but the σ layers differ in name, kind or order"):
+        convert_to_sigma_ensemble(swapped, 2).load_state_dict(state, strict=False)
