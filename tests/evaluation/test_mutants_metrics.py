@@ -196,3 +196,11 @@ def test_diagnosis_needs_both_passes_for_its_auroc() -> None:
     assert "mi_auroc" not in diagnosis(values, 2, clean_mi=torch.tensor([0.1, 0.2]))
     assert "mi_auroc" not in diagnosis(values, 2, shifted_mi=torch.tensor([0.1, 0.2]))
     assert math.isclose(diagnosis(values, 2, torch.tensor([0.1]), torch.tensor([0.2]))["mi_auroc"], 1.0)
+
+
+def test_fpr95_takes_the_first_threshold_detecting_exactly_95_percent() -> None:
+    score_out = torch.cat([torch.arange(2.0, 21.0), torch.tensor([0.0])])  # 19 of 20 OOD above 1, one at 0
+    score_in = torch.tensor([0.5, 0.1, 1.5])
+    # at threshold 2, 19/20 = 95 % detected and no in-distribution sample is above: FPR 0 (not the 100 % that
+    # detecting all 20 would cost)
+    assert ood_detection(score_in, score_out)["fpr95"] == 0.0

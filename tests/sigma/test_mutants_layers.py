@@ -1,0 +1,107 @@
+"""σ layers against M independent copies of their source where the usual cases cannot tell: a large ε (so every call
+must pass the layer's own), several training steps of a cumulative BatchNorm, bfloat16 activations, the row layout
+after a pass, timm's drop and act kept (checks/mutation.py's survivors in sigma/layers/)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from timm.layers import norm as timm_norm
+from timm.layers import norm_act as timm_norm_act
+from torch import nn
+
+from sigmanens_dist import convert_to_sigma_ensemble
+from sigmanens_dist.sigma.layers import SigmaBatchNorm
+from tests.sigma_cases import CASES, randomised
+
+M, B = 3, 4
+EPS = 0.3  # far from every default: a call that drops the layer's ε shows
+WIDE_EPS = {
+    "BatchNorm2d": (lambda: nn.BatchNorm2d(6, eps=EPS), (6, 5, 5)),
+    "BatchNorm2d-cumulative": (lambda: nn.BatchNorm2d(6, eps=EPS, momentum=None), (6, 5, 5)),
+    "GroupNorm": (lambda: nn.GroupNorm(3, 6, eps=EPS), (6, 4, 4)),
+    "LayerNorm": (lambda: nn.LayerNorm(8, eps=EPS), (5, 8)),
+    "timm.LayerNorm2d": (lambda: timm_norm.LayerNorm2d(6, eps=EPS), (6, 4, 4)),
+    "RMSNorm": (lambda: nn.RMSNorm(8, eps=EPS), (5, 8)),
+    "timm.RmsNorm": (lambda: timm_norm.RmsNorm(8, eps=EPS), (5, 8)),
+    "timm.RmsNorm2d": (lambda: timm_norm.RmsNorm2d(6, eps=EPS), (6, 4, 4)),
+}
+
+
+def _copies(make) -> tuple[nn.Module, nn.Module, list[nn.Module]]:
+    src = randomised(make)
+    ens = convert_to_sigma_ensemble(nn.Sequential(src), M, seed=3)
+    layer = ens.backbone[0]
+    with torch.no_grad():
+        ens.sigma.flat.add_(torch.randn(ens.sigma.flat.shape, generator=torch.Generator().manual_seed(2)) * 0.3)
+    scale, shift = layer.gated_affine()
+    refs = []
+    for m in range(M):
+        ref = copy.deepcopy(src)
+        with torch.no_grad():
+            ref.weight.copy_(scale[m].reshape(ref.weight.shape))
+            if shift is not None:
+                ref.bias.copy_(shift[m].reshape(ref.bias.shape))
+        refs.append(ref)
+    return ens, layer, refs
+
+
+@pytest.mark.parametrize("name", list(WIDE_EPS))
+def test_a_large_eps_reaches_every_path(name: str) -> None:
+    make, feat = WIDE_EPS[name]
+    g = torch.Generator().manual_seed(4)
+    for interleaved in (False, True):
+        ens, layer, refs = _copies(make)
+        for step in range(3):  # training steps (a cumulative BatchNorm averages them 1/n), then eval
+            train = step < 2
+            ens.train(train)
+            for r in refs:
+                r.train(train)
+            x = torch.randn(B, *feat, generator=g)
+            with torch.no_grad():
+                # the ensemble's pass (interleaved rows) or the layer alone on member-major rows
+                y = ens(x) if interleaved else layer(x.repeat(M, *[1] * len(feat))).view(M, B, *feat)
+                for m, r in enumerate(refs):
+                    torch.testing.assert_close(y[m], r(x), atol=1e-5, rtol=1e-5)
+        if isinstance(layer, SigmaBatchNorm):
+            for m, r in enumerate(refs):
+                torch.testing.assert_close(layer.running_mean[m], r.running_mean, atol=1e-6, rtol=1e-5)
+                torch.testing.assert_close(layer.running_var[m], r.running_var, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bfloat16_activations_stay_bfloat16(name: str) -> None:
+    make, feat = CASES[name]
+    ens, layer, _ = _copies(make)
+    x = torch.randn(M * B, *feat, generator=torch.Generator().manual_seed(4)).bfloat16()
+    for train in (True, False):
+        ens.train(train)
+        with torch.no_grad():
+            y, want = layer(x), layer(x.float())
+        assert y.dtype == torch.bfloat16, (name, train)
+        torch.testing.assert_close(y.float(), want, atol=0.1, rtol=0.05)
+        with torch.no_grad():
+            out = ens(x[:B])
+        assert out.dtype == torch.bfloat16, (name, train)
+
+
+def test_a_pass_leaves_member_major_rows_and_the_regularised_gamma_by_default() -> None:
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4))
+    ens = convert_to_sigma_ensemble(net, 2, regularize=["1"])
+    with torch.no_grad():
+        ens(torch.randn(3, 1, 6, 6))
+    assert ens.sigma.plan.interleaved is False and ens.sigma.pass_affine("1") is None
+    assert ens.sigma.gamma().shape == (2, 4) and ens.sigma.gamma(regularized_only=False).shape == (2, 8)
+    assert torch.equal(ens.sigma.gamma(), ens.sigma.flat[:, :4])
+
+
+def test_timm_drop_and_act_are_kept() -> None:
+    src = timm_norm_act.BatchNormAct2d(6, act_layer=nn.SiLU, drop_layer=nn.Dropout)
+    ens = convert_to_sigma_ensemble(nn.Sequential(src), 2)
+    layer = ens.backbone[0]
+    assert isinstance(layer.drop, nn.Dropout) and layer.drop.p == src.drop.p  # the conversion copies the model
+    assert isinstance(layer.act, nn.SiLU)
+    assert layer.eps == src.eps and not layer.fp32
+    assert convert_to_sigma_ensemble(nn.Sequential(timm_norm.LayerNormFp32(8)), 2).backbone[0].fp32
