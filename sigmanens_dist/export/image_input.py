@@ -62,8 +62,8 @@ def pixels(image: bytes | np.ndarray, channels: int, size: tuple[int, int], crop
             raise ImageError(f"a {mode} image (not 8-bit pixels); the program takes "
                              f"{describe(channels, size, crop_ratio)}")
         picture = _centre(picture.convert(wanted) if mode != wanted else picture, crop_ratio, size)
-    array = np.asarray(picture)
-    return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
+    array = np.asarray(picture)  # PIL's buffer, read-only: the one copy below makes it channels-first and writable
+    return np.array(array[None] if array.ndim == 2 else array.transpose(2, 0, 1), order="C")
 
 
 def _centre(picture: Image.Image, crop_ratio: float, size: tuple[int, int]) -> Image.Image:

@@ -232,7 +232,7 @@ def decode(sample: Sample, channels: int, size: tuple[int, int], crop_ratio: flo
         array = pixels(sample.payload, channels, size, crop_ratio, sample.ext or "the image")
     except ImageError as err:
         raise BadInput(str(err)) from None
-    return torch.from_numpy(np.ascontiguousarray(array)).float().div_(255)
+    return torch.from_numpy(array).float().div_(255)
 
 
 def _refuse(where: str, width: int, height: int, mode: str, channels: int, size: tuple[int, int],

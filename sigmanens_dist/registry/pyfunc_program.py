@@ -6,11 +6,13 @@ vetted by ``program_check.py`` (logged beside this file as the model's code, the
 before torch loads it; an ``.onnx`` runs in onnxruntime, with no torch at all. The metadata is read and checked by
 ``format.py`` (sigmanens_dist/export/format.py, logged beside this file too: the one definition ``predict`` reads
 with), so a program of a later format version is refused here as there. ``predict`` takes float32 images
-``(B, C, H, W)`` in [0, 1] (B ≥ 2 for a program normalising each batch by its own statistics alone:
-``NormStats.min_batch``) and returns the program's outputs, a dict of arrays named as its metadata's ``outputs``.
-A request of another shape or dtype is refused by MLflow's check of the model's signature, one with a value that is
-not finite or outside [0, 1] here: both are INVALID_PARAMETER_VALUE, which ``mlflow models serve`` answers with HTTP
-400, the reason in the message's last line.
+``(B, C, H, W)`` in [0, 1], or a table of one column of image files (bytes; base64 text in JSON), decoded and made
+what the program takes by ``image_input.py`` (logged beside this file: the transform ``sigmanens predict`` runs), and
+returns the program's outputs, a dict of arrays named as its metadata's ``outputs``, one row per image. B ≥ 2 for a
+program normalising each batch by its own statistics alone (``NormStats.min_batch``), at most :data:`MAX_IMAGES`.
+The model has no input signature (no one signature describes both forms): every input is checked here instead, and
+what the program cannot take is INVALID_PARAMETER_VALUE, which ``mlflow models serve`` answers with HTTP 400, the
+reason in the message's last line.
 """
 
 from __future__ import annotations
@@ -111,23 +113,91 @@ class SigmanensProgram(mlflow.pyfunc.PythonModel):
         self.run, self.meta = _onnx(path) if path.suffix == ".onnx" else _torch(path)
         self.low, self.high = self.meta.input.range
 
-    # model_input has no annotation: MLflow reads predict's type hints as a signature, and this model has its own
-    def predict(self, context: Any, model_input, params: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
-        """The program's outputs for a batch of images. MLflow has checked the signature's shape and dtype before
-        this runs; what it cannot check is refused here in one line."""
+    # model_input is annotated np.ndarray, a type MLflow infers no schema from: it then neither wraps predict nor
+    # warns that type hints are missing. A table of image files (a pandas DataFrame) is taken too: no one signature
+    # describes both forms, so both are checked here.
+    def predict(self, context: Any, model_input: np.ndarray, params: dict[str, Any] | None = None
+                ) -> dict[str, np.ndarray]:
+        """The program's outputs, one row per image in the order given, for float images ``(B, C, H, W)`` or a
+        table of one column of image files (bytes, or base64 text as JSON carries them). What the program cannot
+        take is refused in one line: the whole request, naming the first rows at fault."""
+        if len(model_input) > MAX_IMAGES:
+            raise _refuse(f"{len(model_input)} images in one request; at most {MAX_IMAGES} (split the request)")
+        images = self._files(model_input) if _is_table(model_input) else self._floats(model_input)
         least = self.meta.norm_stats.min_batch
-        if len(model_input) < least:  # one image by its own statistics: every image would get one answer
-            raise _refuse(f"{len(model_input)} image in the request, and this program normalises each batch by that "
+        if len(images) < least:  # one image by its own statistics: every image would get one answer
+            raise _refuse(f"{len(images)} image in the request, and this program normalises each batch by that "
                           f"batch's own BatchNorm statistics (exported with --norm-stats batch, prior 0), which one "
                           f"image cannot give: send {least} or more images per request, or register a program "
                           "exported with --norm-stats-prior N > 0 or --norm-stats train")
-        finite = np.isfinite(model_input)
+        return self.run(images)
+
+    def _floats(self, model_input: Any) -> np.ndarray:
+        """Float images as given, checked: shape, a number type, finite, in the program's range."""
+        array = np.asarray(model_input)
+        chw = tuple(self.meta.input.chw)
+        if array.ndim != 4 or tuple(array.shape[1:]) != chw:
+            raise _refuse(f"images of shape {array.shape}; the program takes (B, {', '.join(map(str, chw))}) float "
+                          "images, or a column of image files")
+        if array.dtype.kind not in "fiu":
+            raise _refuse(f"values of type {array.dtype}; give float32 images in [{self.low:g}, {self.high:g}]")
+        finite = np.isfinite(array)
         if not finite.all():
             raise _refuse(f"{int((~finite).sum())} of {finite.size} values are NaN or infinite; give images in "
                           f"[{self.low:g}, {self.high:g}]")
-        if model_input.min() < self.low or model_input.max() > self.high:
-            raise _refuse(f"values from {model_input.min():g} to {model_input.max():g}; give images in "
+        if array.min() < self.low or array.max() > self.high:
+            raise _refuse(f"values from {array.min():g} to {array.max():g}; give images in "
                           f"[{self.low:g}, {self.high:g}] (e.g. 8-bit pixels divided by 255)")
-        return self.run(np.ascontiguousarray(model_input))
+        return np.ascontiguousarray(array, dtype=np.float32)
+
+    def _files(self, table: Any) -> np.ndarray:
+        """A table's image files decoded and made what the program takes by ``image_input.py`` (the transform
+        ``sigmanens predict`` runs), as float32 in [0, 1]."""
+        import image_input  # logged beside this file (the model's code_paths)
+
+        column = table["image"] if "image" in table.columns else table.iloc[:, 0]
+        if "image" not in table.columns and len(table.columns) != 1:
+            raise _refuse(f"a table of columns {list(table.columns)[:5]}; give one column 'image' of image files "
+                          "(bytes, or base64 text)")
+        channels, height, width = self.meta.input.chw
+        images, bad = [], []
+        for row, value in enumerate(column):
+            try:
+                data = value if isinstance(value, bytes | bytearray) else _base64(value)
+                images.append(image_input.pixels(bytes(data), channels, (height, width), self.meta.input.crop_ratio,
+                                                 f"row {row}"))
+            except image_input.ImageError as err:
+                bad.append(f"row {row}: {err}")
+        if bad:
+            more = f" (and {len(bad) - 3} more rows)" if len(bad) > 3 else ""
+            raise _refuse(f"{len(bad)} of {len(column)} images cannot be used, so none is predicted: "
+                          f"{'; '.join(bad[:3])}{more}")
+        return np.stack(images).astype(np.float32) / 255 if images else np.zeros((0, channels, height, width),
+                                                                                  np.float32)
+
+
+MAX_IMAGES = 1024  # images one request may hold: a larger batch is refused (400), the server keeps answering
+
+
+def _is_table(model_input: Any) -> bool:
+    """A pandas DataFrame (``dataframe_split`` over HTTP, a Spark batch), not an array of floats."""
+    return hasattr(model_input, "columns") and hasattr(model_input, "iloc")
+
+
+def _base64(value: Any) -> bytes:
+    """An image file sent as base64 text (JSON has no bytes)."""
+    import base64
+    import binascii
+
+    import image_input
+
+    if not isinstance(value, str):
+        raise image_input.ImageError(f"a {type(value).__name__}, not an image file (bytes, or base64 text)")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise image_input.ImageError("text that is not base64 (give the image file's bytes base64-encoded)") \
+            from None
+
 
 mlflow.models.set_model(SigmanensProgram())

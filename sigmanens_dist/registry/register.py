@@ -10,14 +10,11 @@ under a name with the metadata as the version's tags and description, and points
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import json
 import logging
 import os
 import re
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +25,7 @@ from sigmanens_dist import program_check
 from sigmanens_dist.atomic import file_sha256
 from sigmanens_dist.errors import UnavailableError, UsageError
 from sigmanens_dist.export import format as program_format
+from sigmanens_dist.export import image_input
 from sigmanens_dist.export.format import ProgramMeta
 from sigmanens_dist.predict.backends import load_program
 from sigmanens_dist.training.tracking import RUN_ID_FILE, check_server
@@ -37,7 +35,7 @@ __all__ = ["MODEL_URI", "check_alias", "check_name", "check_registration", "chec
 
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_program.py")  # the model's code (models from code)
 # what the pyfunc imports, logged beside it (code_paths): standalone files, no sigmanens_dist where it is served
-CODE_FILES = (program_check.__file__, program_format.__file__)
+CODE_FILES = (program_check.__file__, program_format.__file__, image_input.__file__)
 PROGRAM_ARTIFACT = "program"  # pyfunc_program.PROGRAM: the artifact the pyfunc loads
 # the logged model's name inside its run (MLflow allows fewer characters there than in a registered name, '.' not)
 LOGGED_MODEL = "sigmanens-program"
@@ -122,15 +120,15 @@ def _client(uri: str) -> Any:
 
 
 def _signature(program: Any, example: np.ndarray) -> Any:
-    """Input ``(-1, C, H, W)`` float32; one named output per program output, its dtype and shape what the program
-    returns for ``example`` (the batch axis free)."""
+    """No input schema (the model takes float images or a column of image files, and checks both itself: see
+    pyfunc_program.py); one named output per program output, its dtype and shape what the program returns for
+    ``example`` (the batch axis free)."""
     from mlflow.models import ModelSignature
     from mlflow.types import Schema, TensorSpec
 
     outputs = program(torch.from_numpy(example))
-    return ModelSignature(Schema([TensorSpec(example.dtype, (-1, *example.shape[1:]))]),
-                          Schema([TensorSpec(value.dtype, (-1, *value.shape[1:]), name)
-                                  for name, value in outputs.items()]))
+    return ModelSignature(None, Schema([TensorSpec(value.dtype, (-1, *value.shape[1:]), name)
+                                        for name, value in outputs.items()]))
 
 
 def _tags(meta: dict[str, Any]) -> dict[str, str]:
@@ -204,12 +202,11 @@ def register_program(program: Path, name: str, *, uri: str, run_id: str | None, 
     left = f"nothing registered; maybe a logged model {LOGGED_MODEL!r} left PENDING in run {run_id}"
     try:
         mlflow.set_experiment(experiment_id=run.info.experiment_id)
-        with _quiet_type_hint_warning():
-            info = mlflow.models.Model.log(
-                None, name=LOGGED_MODEL, flavor=mlflow.pyfunc, run_id=run_id, python_model=str(PYFUNC_FILE),
-                artifacts={PROGRAM_ARTIFACT: str(program)}, code_paths=list(CODE_FILES),
-                signature=_signature(loaded, example), input_example=example,
-                metadata={"sigmanens": meta.to_dict()}, pip_requirements=requirements)
+        info = mlflow.models.Model.log(
+            None, name=LOGGED_MODEL, flavor=mlflow.pyfunc, run_id=run_id, python_model=str(PYFUNC_FILE),
+            artifacts={PROGRAM_ARTIFACT: str(program)}, code_paths=list(CODE_FILES),
+            signature=_signature(loaded, example), input_example=example, metadata={"sigmanens": meta.to_dict()},
+            pip_requirements=requirements)
         left = f"the model logged as {info.model_uri} in run {run_id}, no version of {name} registered"
         try:
             client.create_registered_model(name)
@@ -236,15 +233,6 @@ def _gone(uri: str, when: str, err: BaseException) -> None:
         check_server(uri)
     except UnavailableError as down:
         raise UnavailableError(f"{down} (it stopped answering {when})") from err
-
-
-@contextlib.contextmanager
-def _quiet_type_hint_warning() -> Iterator[None]:
-    """MLflow warns (twice, in colour) that the logged code's ``predict`` lacks type hints: this model declares its
-    signature instead (pyfunc_program.py), so the advice does not apply."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*Add type hints to the `predict` method")
-        yield
 
 
 def fetch_program(model_uri: str, tracking_uri: str | None, dest: Path) -> Path:

@@ -7,6 +7,7 @@ validation NLL, never on a test metric; ``sigmanens predict models:/NAME@ALIAS``
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import itertools
@@ -209,8 +210,10 @@ def test_the_files_logged_beside_the_pyfunc_import_alone(tmp_path: Path) -> None
 def test_mlflow_models_serve_answers_a_batch_and_refuses_bad_requests(registered: dict[str, tuple[Path, str]],
                                                                       store: str, tmp_path: Path) -> None:
     """``mlflow models serve -m models:/tiny-pt2@champion --env-manager local``: a POST of 7 images gets the
-    program's outputs; a wrong shape, a NaN, values above 1 or below 0 and a value that is not a number are each a
-    400 whose message ends with the reason, and the server keeps serving."""
+    program's outputs, and one of 3 PNG files (16×16, 40×40, 23×23) base64 in a ``dataframe_split`` column what
+    ``sigmanens predict`` gives for those files (issue 53); a wrong shape, a NaN, values above 1 or below 0, a value
+    that is not a number, a row that is not an image or not base64 and more than 1024 images are each a 400 whose
+    message ends with the reason (naming the rows at fault), and the server keeps serving."""
     import requests
 
     port = free_port()
@@ -231,11 +234,33 @@ def test_mlflow_models_serve_answers_a_batch_and_refuses_bad_requests(registered
         np.testing.assert_array_equal(np.array(got["conformal_set"]), want["conformal_set"])
         nan = x.copy()
         nan[3, 1, 2, 5] = np.nan
-        bad = {"Shape of input (7, 3, 8, 16) does not match": {"inputs": x[:, :, :8].tolist()},
+        # image files as clients have them: base64 in a dataframe_split column, as `sigmanens predict` reads them
+        photos = tmp_path / "photos"
+        photos.mkdir()
+        files = [_png(10 + i, side) for i, side in enumerate((16, 40, 23))]
+        for i, data in enumerate(files):
+            (photos / f"{i}.png").write_bytes(data)
+        table = {"dataframe_split": {"columns": ["image"], "data": [[base64.b64encode(f).decode()] for f in files]}}
+        answer = requests.post(url, json=table, timeout=60)
+        assert answer.status_code == 200, answer.text[-2000:]
+        assert main(["predict", str(registered["pt2"][0]), str(photos), "--out", str(tmp_path / "preds")]) == 0
+        rows = _rows(tmp_path / "preds")
+        np.testing.assert_allclose(np.array(answer.json()["predictions"]["probabilities"]),
+                                   [rows[f"{photos.as_posix()}/{i}.png"]["probabilities"] for i in range(3)],
+                                   atol=1e-6, rtol=0)
+        nan = x.copy()
+        nan[3, 1, 2, 5] = np.nan
+        broken = [[base64.b64encode(files[0]).decode()], [base64.b64encode(b"garbage").decode()], ["%%%"]]
+        bad = {"images of shape (7, 3, 8, 16); the program takes (B, 3, 16, 16)": {"inputs": x[:, :, :8].tolist()},
                "1 of 5376 values are NaN or infinite": {"inputs": nan.tolist()},
                "values from 0 to 2; give images in [0, 1]": {"inputs": (2 * np.round(x)).tolist()},
                "values from -1 to -1; give images in [0, 1]": {"inputs": (0 * x - 1).tolist()},
-               "could not convert string to float": {"inputs": [[[["a"] * 16] * 16] * 3]}}
+               "values of type <U1; give float32 images": {"inputs": [[[["a"] * 16] * 16] * 3]},
+               "2 of 3 images cannot be used, so none is predicted: row 1: cannot decode row 1": {
+                   "dataframe_split": {"columns": ["image"], "data": broken}},
+               "row 2: text that is not base64": {"dataframe_split": {"columns": ["image"], "data": broken}},
+               "1025 images in one request; at most 1024": {
+                   "dataframe_split": {"columns": ["image"], "data": [["x"]] * 1025}}}
         for reason, payload in bad.items():
             answer = requests.post(url, data=json.dumps(payload), headers={"Content-Type": "application/json"},
                                    timeout=60)
@@ -354,8 +379,8 @@ def test_register_of_a_run_not_in_the_store_is_refused_before_the_program_is_wri
     assert not out.exists()
 
 
-def _png(seed: int) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, (16, 16, 3)).astype(np.uint8)
+def _png(seed: int, side: int = 16) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (side, side, 3)).astype(np.uint8)
     buf = io.BytesIO()
     Image.fromarray(pixels, "RGB").save(buf, format="PNG")
     return buf.getvalue()
@@ -497,3 +522,46 @@ def test_the_pyfunc_refuses_one_image_for_a_program_of_batch_statistics_alone(
         model.predict(x[:1])
     np.testing.assert_allclose(model.predict(x)["probabilities"], _program_outputs(program, x)["probabilities"],
                                rtol=0, atol=1e-6)
+
+
+def _rows(out: Path) -> dict[str, dict]:
+    """``sigmanens predict``'s rows in ``out``, by id."""
+    import pyarrow.parquet as pq
+
+    parts = sorted((out / "parts").glob("*.parquet"))
+    return {row["id"]: row for part in parts for row in pq.read_table(part).to_pylist()}
+
+
+@pytest.mark.parametrize(("recipe", "channels", "side"), [("grayscale", 1, 28), ("rgb", 3, 224)])
+def test_the_pyfunc_takes_image_files_as_predict_does(registered: dict[str, tuple[Path, str]], store: str,
+                                                      tmp_path: Path, recipe: str, channels: int, side: int) -> None:
+    """Issue 53: a registered program of a 28 × 28 grayscale recipe and of a 224 × 224 RGB one takes a column of
+    image files (bytes from pandas or Spark, base64 text from JSON) of any size and 8-bit mode and returns, in order,
+    what ``sigmanens predict`` returns for the same files."""
+    from sigmanens_dist.registry import fetch_program
+
+    run = untrained_run(tmp_path / "run", [*BATCHNORM_RUN[:3], f"data.img_size={side}", f"model.in_chans={channels}",
+                                           *BATCHNORM_RUN[4:]])
+    program = fetch_program("models:/tiny-onnx@champion", store, tmp_path / "model")  # its code files, this program
+    export_program(run / "checkpoints" / "step_00000000.pt", program, fmt="onnx")
+    model = mlflow.pyfunc.load_model(str(program.parent.parent))
+    rng = np.random.default_rng(side)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    images = {"a.png": Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)),
+              "b.jpg": Image.fromarray(rng.integers(0, 256, (side + 9, side // 2 + 5, 3), dtype=np.uint8)),
+              "c.png": Image.fromarray(rng.integers(0, 256, (side // 2, side, 4), dtype=np.uint8), "RGBA"),
+              "d.webp": Image.fromarray(rng.integers(0, 256, (side, side), dtype=np.uint8), "L")}
+    for name, image in images.items():
+        image.save(photos / name)
+    files = [(photos / name).read_bytes() for name in images]
+    import pandas as pd
+
+    raw = model.predict(pd.DataFrame({"image": files}))
+    text = model.predict(pd.DataFrame({"content": [base64.b64encode(f).decode() for f in files]}))
+    assert main(["predict", str(program), str(photos), "--out", str(tmp_path / "preds")]) == 0
+    rows = _rows(tmp_path / "preds")
+    want = np.array([rows[f"{photos.as_posix()}/{name}"]["probabilities"] for name in images])
+    np.testing.assert_allclose(raw["probabilities"], want, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(text["probabilities"], want, rtol=0, atol=1e-6)
+    assert raw["probabilities"].shape == (4, 10) and not np.allclose(want[0], want[1], atol=1e-4)
