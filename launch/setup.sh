@@ -7,8 +7,9 @@ VENV="${SIGMANENS_VENV:-$ROOT/.venv}"
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
 
 # System packages: Fashion-MNIST (the demo's data, shipped by Debian); FFCV's build needs turbojpeg and OpenCV;
-# nginx serves shards over HTTP in tests/data/test_remote_shards.py (its own config, started and stopped by the test).
-APT_PACKAGES=(dataset-fashion-mnist pkg-config libturbojpeg0-dev libopencv-dev nginx)
+# nginx serves shards over HTTP in tests/data/test_remote_shards.py (its own config, started and stopped by the test);
+# Java runs the local Spark session of the spark extra (tests/registry/test_registry.py: spark_udf).
+APT_PACKAGES=(dataset-fashion-mnist pkg-config libturbojpeg0-dev libopencv-dev nginx openjdk-17-jre-headless)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then
@@ -40,12 +41,12 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     *) TORCH=(torch==2.14.1 torchvision==0.29.1)
        [ "$CONSTRAINTS" = none ] || PINS=(-c "$CONSTRAINTS") ;;
   esac
-  echo "[setup] installing ${TORCH[*]} and sigmanens-dist[dev,mlflow,ffcv,webdataset,deepspeed,deploy] into $VENV" \
+  echo "[setup] installing ${TORCH[*]} and sigmanens-dist[dev,mlflow,ffcv,webdataset,deepspeed,deploy,spark] into $VENV" \
     "(${PINS[1]:+held to }${PINS[1]:-newest releases: no constraints on $(uname -m)}; a few minutes the first time)"
   "$VENV/bin/pip" install -q --disable-pip-version-check "${TORCH[@]}" "${PINS[@]}" 2>&1 | grep -v "^WARNING: Location" || true
-  "$VENV/bin/pip" install -q --disable-pip-version-check "${PINS[@]}" -e "$ROOT[dev,mlflow,ffcv,webdataset,deepspeed,deploy]" \
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${PINS[@]}" -e "$ROOT[dev,mlflow,ffcv,webdataset,deepspeed,deploy,spark]" \
     2>&1 | grep -v "^WARNING: Location" || true
-  "$VENV/bin/python" -c "import torch, torchvision, timm, ffcv, webdataset, mlflow, deepspeed, onnxruntime, pyarrow, sigmanens_dist" \
+  "$VENV/bin/python" -c "import torch, torchvision, timm, ffcv, webdataset, mlflow, deepspeed, onnxruntime, pyarrow, pyspark, sigmanens_dist" \
     || { echo "[setup] install failed: see pip output above (pins that do not resolve here: SIGMANENS_CONSTRAINTS=none)" >&2
          exit 1; }
   echo "$want" > "$stamp"

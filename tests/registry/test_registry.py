@@ -565,3 +565,37 @@ def test_the_pyfunc_takes_image_files_as_predict_does(registered: dict[str, tupl
     np.testing.assert_allclose(raw["probabilities"], want, rtol=0, atol=1e-6)
     np.testing.assert_allclose(text["probabilities"], want, rtol=0, atol=1e-6)
     assert raw["probabilities"].shape == (4, 10) and not np.allclose(want[0], want[1], atol=1e-4)
+
+
+@pytest.mark.slow  # a local Spark session: about a minute
+def test_spark_udf_over_a_folder_of_image_files_equals_predict(registered: dict[str, tuple[Path, str]], store: str,
+                                                               tmp_path: Path) -> None:
+    """Issue 53: offline scoring on an engine a user already has. ``mlflow.pyfunc.spark_udf`` of the registered
+    program over a Spark DataFrame of 1,000 image files (``binaryFile``, sizes 16–20 × 16) gives, file by file, what
+    ``sigmanens predict`` gives for the same folder."""
+    pyspark = pytest.importorskip("pyspark")  # the spark extra: installed by launch/setup.sh
+    from pyspark.sql import SparkSession
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(9)
+    for i in range(1000):
+        Image.fromarray(rng.integers(0, 256, (16 + i % 5, 16, 3), dtype=np.uint8)).save(photos / f"{i:04d}.png")
+    assert main(["predict", str(registered["pt2"][0]), str(photos), "--out", str(tmp_path / "preds")]) == 0
+    rows = _rows(tmp_path / "preds")
+    spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+    try:
+        mlflow.set_tracking_uri(store)
+        udf = mlflow.pyfunc.spark_udf(spark, "models:/tiny-pt2@champion", env_manager="local",
+                                      result_type="prediction long, confidence float, probabilities array<float>")
+        frame = spark.read.format("binaryFile").load(str(photos))
+        scored = frame.select("path", udf("content").alias("p")).select("path", "p.*").toPandas()
+    finally:
+        spark.stop()
+    assert pyspark.__version__ and len(scored) == 1000
+    got = {Path(path.removeprefix("file:")).as_posix(): row for path, row in zip(
+        scored["path"], scored[["prediction", "confidence", "probabilities"]].to_dict("records"), strict=True)}
+    assert sorted(got) == sorted(rows)
+    for key, want in rows.items():
+        assert got[key]["prediction"] == want["prediction"], key
+        np.testing.assert_allclose(np.asarray(got[key]["probabilities"]), want["probabilities"], rtol=0, atol=1e-6)
