@@ -155,10 +155,10 @@ class SigmanensProgram(mlflow.pyfunc.PythonModel):
         ``sigmanens predict`` runs), as float32 in [0, 1]."""
         import image_input  # logged beside this file (the model's code_paths)
 
-        column = table["image"] if "image" in table.columns else table.iloc[:, 0]
         if "image" not in table.columns and len(table.columns) != 1:
             raise _refuse(f"a table of columns {list(table.columns)[:5]}; give one column 'image' of image files "
                           "(bytes, or base64 text)")
+        column = table["image"] if "image" in table.columns else table.iloc[:, 0]
         channels, height, width = self.meta.input.chw
         images, bad = [], []
         for row, value in enumerate(column):
