@@ -44,6 +44,9 @@ def _copies(make) -> tuple[nn.Module, nn.Module, list[nn.Module]]:
             ref.weight.copy_(scale[m].reshape(ref.weight.shape))
             if shift is not None:
                 ref.bias.copy_(shift[m].reshape(ref.bias.shape))
+            if isinstance(layer, SigmaBatchNorm) and layer.track_running_stats:
+                ref.running_mean.copy_(layer.running_mean[m])
+                ref.running_var.copy_(layer.running_var[m])
         refs.append(ref)
     return ens, layer, refs
 
@@ -105,3 +108,33 @@ def test_timm_drop_and_act_are_kept() -> None:
     assert isinstance(layer.act, nn.SiLU)
     assert layer.eps == src.eps and not layer.fp32
     assert convert_to_sigma_ensemble(nn.Sequential(timm_norm.LayerNormFp32(8)), 2).backbone[0].fp32
+
+
+PLAIN = {**CASES,
+         "BatchNorm2d-no-affine": (lambda: nn.BatchNorm2d(6, affine=False), (6, 5, 5)),
+         "LayerNorm-no-affine": (lambda: nn.LayerNorm(8, elementwise_affine=False), (5, 8)),
+         "timm.BatchNormAct2d-PReLU": (lambda: timm_norm_act.BatchNormAct2d(6, act_layer=nn.PReLU), (6, 5, 5))}
+
+
+@pytest.mark.parametrize("name", list(PLAIN))
+def test_a_plain_member_is_that_member(name: str) -> None:
+    make, feat = PLAIN[name]
+    src = randomised(make)
+    ens = convert_to_sigma_ensemble(nn.Sequential(src), M, seed=3)
+    layer = ens.backbone[0]
+    with torch.no_grad():
+        ens.sigma.flat.add_(torch.randn(ens.sigma.flat.shape, generator=torch.Generator().manual_seed(2)) * 0.3)
+    x = torch.randn(B, *feat, generator=torch.Generator().manual_seed(4))
+    for train in (False, True):
+        ens.train(train)
+        with torch.no_grad():
+            whole = layer(x.repeat(M, *[1] * len(feat))).view(M, B, *feat)
+        for m in range(M):
+            plain = layer.plain_member(m)
+            assert type(plain) is type(src) and plain.training == train
+            assert plain.weight is not None and (getattr(plain, "bias", None) is not None) == layer.has_bias
+            for flag in ("affine", "elementwise_affine"):
+                assert getattr(plain, flag, True) is True
+            with torch.no_grad():
+                torch.testing.assert_close(plain(x), whole[m], atol=1e-5, rtol=1e-5)
+    assert layer._template[0].weight is None or layer._template[0].weight.is_meta  # the template stays weightless

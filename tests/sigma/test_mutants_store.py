@@ -62,3 +62,39 @@ def test_the_same_layout_loads_and_another_is_refused_saying_what_differs() -> N
                             nn.Flatten(), nn.Linear(4 * 36, 3))
     with pytest.raises(RuntimeError, match="same sizes but the σ layers differ in name, kind or order"):
         convert_to_sigma_ensemble(swapped, 2).load_state_dict(state, strict=False)
+
+
+def test_a_sub_ensemble_saves_as_a_fresh_conversion_of_its_size() -> None:
+    ens = _trained(4)
+    sub = ens.sub_ensemble([2, 0])
+    fresh = convert_to_sigma_ensemble(_net(), 2)
+    fresh.load_state_dict(sub.state_dict())  # same layout: sizes, offsets and checksum
+    fresh.eval()
+    x = torch.randn(5, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x), sub(x), rtol=0, atol=0)
+    assert ens.double().sub_ensemble([1]).sigma.flat.dtype == torch.float64
+
+
+def test_a_mismatch_names_every_field_that_differs() -> None:
+    state = _trained(2).state_dict()
+    deeper = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 1), nn.GroupNorm(2, 4),
+                           nn.Conv2d(4, 4, 1), nn.GroupNorm(2, 4), nn.Flatten(), nn.Linear(4 * 36, 3))
+    with pytest.raises(RuntimeError) as caught:
+        convert_to_sigma_ensemble(deeper, 2).load_state_dict(state, strict=False)
+    model = convert_to_sigma_ensemble(deeper, 2).sigma.layout.tolist()
+    theirs = state["sigma.layout"].tolist()
+    assert str(caught.value) == (
+        "cannot load σN-Ens state: the checkpoint comes from a different architecture or conversion (num_layers: "
+        f"checkpoint 2 vs model 3; num_gamma: checkpoint 8 vs model 12; num_regularized: checkpoint 8 vs model 12; "
+        f"num_columns: checkpoint 24 vs model 36; crc: checkpoint {theirs[-1]} vs model {model[-1]})")
+
+
+def test_the_store_reports_missing_unexpected_and_misshapen_entries() -> None:
+    state = _trained(2).state_dict()
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\) in state_dict: \"sigma\.flat\""):
+        convert_to_sigma_ensemble(_net(), 2).load_state_dict({k: v for k, v in state.items() if k != "sigma.flat"})
+    with pytest.raises(RuntimeError, match=r"Unexpected key\(s\) in state_dict: \"sigma\.extra\""):
+        convert_to_sigma_ensemble(_net(), 2).load_state_dict({**state, "sigma.extra": torch.zeros(1)})
+    with pytest.raises(RuntimeError, match=r"size mismatch for sigma\.running_stats"):
+        convert_to_sigma_ensemble(_net(), 2).load_state_dict({**state, "sigma.running_stats": torch.zeros(3)})
