@@ -13,7 +13,7 @@ from timm.layers import norm_act as timm_norm_act
 from torch import nn
 
 from sigmanens_dist import convert_to_sigma_ensemble
-from sigmanens_dist.sigma.layers import SigmaBatchNorm
+from sigmanens_dist.sigma.layers import SigmaBatchNorm, SigmaLayerNorm
 from tests.sigma_cases import CASES, randomised
 
 M, B = 3, 4
@@ -23,6 +23,7 @@ WIDE_EPS = {
     "BatchNorm2d-cumulative": (lambda: nn.BatchNorm2d(6, eps=EPS, momentum=None), (6, 5, 5)),
     "GroupNorm": (lambda: nn.GroupNorm(3, 6, eps=EPS), (6, 4, 4)),
     "LayerNorm": (lambda: nn.LayerNorm(8, eps=EPS), (5, 8)),
+    "LayerNorm-eps0": (lambda: nn.LayerNorm(8, eps=0.0), (5, 8)),  # ε = 0 is kept, not replaced by a default
     "timm.LayerNorm2d": (lambda: timm_norm.LayerNorm2d(6, eps=EPS), (6, 4, 4)),
     "RMSNorm": (lambda: nn.RMSNorm(8, eps=EPS), (5, 8)),
     "timm.RmsNorm": (lambda: timm_norm.RmsNorm(8, eps=EPS), (5, 8)),
@@ -135,6 +136,53 @@ def test_a_plain_member_is_that_member(name: str) -> None:
             assert plain.weight is not None and (getattr(plain, "bias", None) is not None) == layer.has_bias
             for flag in ("affine", "elementwise_affine"):
                 assert getattr(plain, flag, True) is True
+            if isinstance(layer, SigmaBatchNorm) and layer.track_running_stats:
+                assert int(plain.num_batches_tracked) == int(layer.num_batches_tracked)
+                torch.testing.assert_close(plain.running_var, layer.running_var[m], rtol=0, atol=0)
             with torch.no_grad():
                 torch.testing.assert_close(plain(x), whole[m], atol=1e-5, rtol=1e-5)
     assert layer._template[0].weight is None or layer._template[0].weight.is_meta  # the template stays weightless
+
+
+@pytest.mark.parametrize("stats", [True, False])
+@pytest.mark.parametrize("prior", [1.0, 7.0])
+def test_prediction_statistics_on_member_major_rows_by_hand(prior: float, stats: bool) -> None:
+    ens = convert_to_sigma_ensemble(nn.Sequential(randomised(lambda: nn.BatchNorm2d(6, track_running_stats=stats))),
+                                    M, seed=3)
+    layer = ens.backbone[0].eval()
+    layer.prediction_prior = prior
+    x = torch.randn(M * B, 6, 5, 5, generator=torch.Generator().manual_seed(4))  # B = 4 rows, C = 6 channels
+    with torch.no_grad():
+        y = layer(x)
+        scale, shift = layer.gated_affine()
+        for m in range(M):
+            rows = x[m * B: (m + 1) * B]
+            mean, var = rows.mean((0, 2, 3)), rows.var((0, 2, 3), unbiased=False)
+            if stats:  # mixed with member m's running statistics, the prior against the B rows
+                mean = (prior * layer.running_mean[m] + B * mean) / (prior + B)
+                var = (prior * layer.running_var[m] + B * var) / (prior + B)
+            want = (rows - mean[:, None, None]) / torch.sqrt(var[:, None, None] + layer.eps)
+            want = want * scale[m][:, None, None] + shift[m][:, None, None]
+            torch.testing.assert_close(y[m * B: (m + 1) * B], want, atol=1e-5, rtol=1e-5)
+        assert layer(x.bfloat16()).dtype == torch.bfloat16
+
+
+class _Transpose(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2)  # not contiguous: the LayerNorm after it cannot take the fused view
+
+
+def test_a_layernorm_on_non_contiguous_rows_equals_its_copies() -> None:
+    ens, layer, refs = _copies(lambda: nn.LayerNorm(8))
+    ens.backbone = nn.Sequential(_Transpose(), layer)
+    ens.eval()
+    x = torch.randn(B, 8, 5)
+    with torch.no_grad():
+        y = ens(x)
+        for m, r in enumerate(refs):
+            torch.testing.assert_close(y[m], r(x.transpose(1, 2)), atol=1e-5, rtol=1e-5)
+
+
+def test_an_unbound_layer_says_so() -> None:
+    with pytest.raises(RuntimeError, match="is not bound to a SigmaStore"):
+        SigmaLayerNorm(nn.LayerNorm(4), 2).store  # noqa: B018

@@ -98,3 +98,9 @@ def test_the_store_reports_missing_unexpected_and_misshapen_entries() -> None:
         convert_to_sigma_ensemble(_net(), 2).load_state_dict({**state, "sigma.extra": torch.zeros(1)})
     with pytest.raises(RuntimeError, match=r"size mismatch for sigma\.running_stats"):
         convert_to_sigma_ensemble(_net(), 2).load_state_dict({**state, "sigma.running_stats": torch.zeros(3)})
+
+
+def test_running_statistics_are_saved_once_in_the_store() -> None:
+    keys = list(_trained(2).state_dict())
+    assert "sigma.running_stats" in keys
+    assert not [k for k in keys if k.endswith(("running_mean", "running_var"))]  # the layers' views are not saved
