@@ -68,7 +68,8 @@ class TorchProgram:
 
 
 class OnnxProgram:
-    """An ``.onnx`` file in onnxruntime, on the GPU when ``device`` is cuda (and onnxruntime has CUDA)."""
+    """An ``.onnx`` file in onnxruntime, on the GPU when ``device`` is cuda (and onnxruntime has CUDA), on as many
+    CPU threads as torch's (``OMP_NUM_THREADS``, ``torch.set_num_threads``)."""
 
     def __init__(self, path: Path, device: torch.device) -> None:
         try:
@@ -79,8 +80,10 @@ class OnnxProgram:
         providers = ["CPUExecutionProvider"]
         if device.type == "cuda" and "CUDAExecutionProvider" in onnxruntime.get_available_providers():
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": device.index or 0}))
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()  # one knob for both formats: OMP_NUM_THREADS
         try:
-            self.session = onnxruntime.InferenceSession(str(path), providers=providers)
+            self.session = onnxruntime.InferenceSession(str(path), options, providers=providers)
         except Exception as err:  # onnxruntime's own error types share no public base class
             raise UsageError(f"PROGRAM {path}: not a loadable ONNX model ({str(err).splitlines()[0][:200]})") from None
         props = self.session.get_modelmeta().custom_metadata_map

@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -20,13 +20,13 @@ import torch
 
 from sigmanens_dist.atomic import file_sha256
 from sigmanens_dist.errors import UsageError
+from sigmanens_dist.export.image_input import ImageError, pixels
 from sigmanens_dist.predict.backends import Program, load_program
 from sigmanens_dist.predict.inputs import (
     BadInput,
     Sample,
     Unit,
     check_shapes,
-    decode,
     discover,
     inputs_digest,
     read_unit,
@@ -72,7 +72,7 @@ def predict(program_path: Path, inputs: Sequence[Path], out: Path, *, batch_size
     check_norm_stats(program_path, program.meta, norm_stats, batch_size)
     check_enough_inputs(program_path, program.meta, units)
     channels, height, width = program.meta.input.chw
-    check_shapes(units, channels, (height, width))
+    check_shapes(units, channels, (height, width), program.meta.input.crop_ratio)
     manifest = {"format": FORMAT, "program": {"path": source or str(program_path), "sha256": file_sha256(program_path)},
                 "inputs": [str(p) for p in inputs], "inputs_sha256": inputs_digest(units),
                 "chunk_size": chunk_size, "output_format": fmt, "units": [u.describe() for u in units]}
@@ -125,14 +125,34 @@ def _agree(out: Path, manifest: dict[str, Any], force: bool, rank: int, env: Any
 
 def _run_units(program: Program, mine: list[Unit], out: Path, fmt: str, batch_size: int,
                shape: tuple[int, int, int], rank: int) -> dict[str, int]:
-    """This rank's units without a part, each predicted and written; counts for the summary's throughput."""
+    """This rank's units without a part, each predicted and written; counts for the summary's throughput. Reading and
+    decoding run on threads beside the program (:class:`_Feed`): the next batch, and the next unit's first, are read
+    and decoded while the program runs on this one."""
     todo = [u for u in mine if not part_path(out, u.id, fmt).exists()]
     names = program.meta.class_names
     predicted = skipped = 0
     bar = progress(total=len(todo), desc=f"predict (rank {rank})", unit="unit", disable=rank != 0)
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool, bar:
-        for unit in todo:
-            ids, outputs, bad = _predict_unit(program, unit, batch_size, shape, pool)
+    workers = min(8, os.cpu_count() or 1)
+    channels, height, width = shape
+    crop_ratio = program.meta.input.crop_ratio
+
+    def load(sample: Sample) -> np.ndarray:
+        """inputs.decode stopped at the program's (C, H, W) uint8 pixels: _Stack makes floats once per batch, equal
+        to decode's ``.float().div_(255)`` to the bit."""
+        if sample.payload is None:
+            raise BadInput(sample.error)
+        try:
+            return pixels(sample.payload, channels, (height, width), crop_ratio, sample.ext or "the image")
+        except ImageError as err:
+            raise BadInput(str(err)) from None
+
+    with ThreadPoolExecutor(max_workers=1) as reader, ThreadPoolExecutor(max_workers=workers) as pool, bar:
+        stack = _Stack()
+        feeds = [_Feed(unit, batch_size, load, reader, pool, workers) for unit in todo[:1]]
+        for i, unit in enumerate(todo):
+            if i + 1 < len(todo):  # the next unit's first batch read and decoded while this one runs
+                feeds.append(_Feed(todo[i + 1], batch_size, load, reader, pool, workers))
+            ids, outputs, bad = _predict_unit(program, feeds.pop(0), shape, stack)
             write_part(part_path(out, unit.id, fmt), unit.id, ids, outputs, bad, names)
             predicted, skipped = predicted + len(ids), skipped + len(bad)
             bar.update(1)
@@ -140,27 +160,74 @@ def _run_units(program: Program, mine: list[Unit], out: Path, fmt: str, batch_si
     return {"units": len(todo), "predicted": predicted, "skipped": skipped}
 
 
-def _predict_unit(program: Program, unit: Unit, batch_size: int, shape: tuple[int, int, int],
-                  pool: ThreadPoolExecutor) -> tuple[list[str], dict[str, np.ndarray], list[dict[str, str]]]:
+class _Feed:
+    """A unit's batches in order, each with its images as ``load`` decodes them (or why it refused), one batch
+    ahead of the program: the single ``reader`` thread reads a batch (in order, so a unit's samples are read as
+    one stream) and hands its decoding to ``pool`` in ``workers`` slices; iterating waits for a batch's images and
+    starts reading the next before handing them out."""
+
+    def __init__(self, unit: Unit, batch_size: int, load: Callable[[Sample], np.ndarray],
+                 reader: ThreadPoolExecutor, pool: ThreadPoolExecutor, workers: int) -> None:
+        self.samples, self.batch_size, self.load = read_unit(unit), batch_size, load
+        self.reader, self.pool, self.workers = reader, pool, workers
+        self.ahead: Future[tuple[list[Sample], list[Future[list[np.ndarray | str]]]]] = reader.submit(self._read)
+
+    def _read(self) -> tuple[list[Sample], list[Future[list[np.ndarray | str]]]]:
+        batch = list(islice(self.samples, self.batch_size))
+        step = max(1, -(-len(batch) // self.workers))
+        return batch, [self.pool.submit(self._decode, batch[i:i + step]) for i in range(0, len(batch), step)]
+
+    def _decode(self, samples: list[Sample]) -> list[np.ndarray | str]:
+        images: list[np.ndarray | str] = []
+        for sample in samples:
+            try:
+                images.append(self.load(sample))
+            except BadInput as err:
+                images.append(str(err))
+        return images
+
+    def __iter__(self) -> Iterator[tuple[list[Sample], list[np.ndarray | str]]]:
+        while True:
+            batch, parts = self.ahead.result()
+            if not batch:
+                return
+            self.ahead = self.reader.submit(self._read)
+            yield batch, [image for part in parts for image in part.result()]
+
+
+class _Stack:
+    """A batch of ``(C, H, W)`` uint8 images as the program takes it, ``(B, C, H, W)`` float32 in [0, 1], in one
+    copy and one division into buffers kept across batches (grown when a batch is larger): no per-image tensors, and
+    a batch of large images costs no fresh allocation, whose pages the kernel would zero each time. The programs copy
+    nothing of their input into their outputs, so the buffers are free again once the program returns."""
+
+    def __init__(self) -> None:
+        self.pixels: np.ndarray | None = None
+        self.floats: torch.Tensor | None = None
+
+    def __call__(self, images: list[np.ndarray]) -> torch.Tensor:
+        n, shape = len(images), images[0].shape
+        if self.pixels is None or len(self.pixels) < n or self.pixels.shape[1:] != shape:
+            self.pixels = np.empty((n, *shape), np.uint8)
+            self.floats = torch.empty(n, *shape)
+        np.stack(images, out=self.pixels[:n])
+        return torch.div(torch.from_numpy(self.pixels[:n]), 255, out=self.floats[:n])
+
+
+def _predict_unit(program: Program, feed: Iterable[tuple[list[Sample], list[np.ndarray | str]]],
+                  shape: tuple[int, int, int], stack: _Stack
+                  ) -> tuple[list[str], dict[str, np.ndarray], list[dict[str, str]]]:
     """The unit's predicted ids with the program's outputs, and its skipped inputs with their reason."""
     channels, height, width = shape
-    samples = read_unit(unit)
     ids: list[str] = []
     batches: list[dict[str, np.ndarray]] = []
     bad: list[dict[str, str]] = []
-
-    def load(sample: Sample) -> torch.Tensor | str:
-        try:
-            return decode(sample, channels, (height, width))
-        except BadInput as err:
-            return str(err)
-
     least = program.meta.norm_stats.min_batch
-    previous: list[torch.Tensor] = []  # the last batch predicted: company for a lone image (min_batch 2)
-    held: list[torch.Tensor] = []  # a lone image with no batch before it: predicted with the next one
-    while batch := list(islice(samples, batch_size)):
+    previous: list[np.ndarray] = []  # the last batch predicted: company for a lone image (min_batch 2)
+    held: list[np.ndarray] = []  # a lone image with no batch before it: predicted with the next one
+    for batch, decoded in feed:
         images = held
-        for sample, image in zip(batch, pool.map(load, batch), strict=True):
+        for sample, image in zip(batch, decoded, strict=True):
             if isinstance(image, str):
                 log.warning("skipping %s: %s", sample.id, image)
                 bad.append({"id": sample.id, "reason": image})
@@ -169,10 +236,10 @@ def _predict_unit(program: Program, unit: Unit, batch_size: int, shape: tuple[in
                 images.append(image)
         held = []
         if len(images) >= least:
-            batches.append(program(torch.stack(images)))
+            batches.append(program(stack(images)))
             previous = images
         elif images and previous:  # normalised among the batch before it, not by itself
-            outputs = program(torch.stack([*previous[1:], *images]))
+            outputs = program(stack([*previous[1:], *images]))
             batches.append({k: v[-len(images):] for k, v in outputs.items()})
         else:
             held = images
