@@ -175,7 +175,7 @@ def end_to_end(args: argparse.Namespace) -> None:
             if fmt == "pt2":
                 what = image_files(root / "images", args.images, chw)
             samples = [s for u in discover([root / "images"], 1024) for s in read_unit(u)]
-            images = [decode(s, chw[0], chw[1:]) for s in samples]
+            images = [torch.from_numpy(decode(s, chw[0], chw[1:])).float().div_(255) for s in samples]
             batches = [torch.stack(images[i:i + args.batch]) for i in range(0, len(images), args.batch)]
             program(batches[0])  # warm-up: first-call allocations, onnxruntime's arena
             raw = loop = whole = 0.0

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import torch
 from PIL import Image, UnidentifiedImageError
 
 from sigmanens_dist.data.tar_samples import tar_samples
@@ -222,17 +221,16 @@ def read_unit(unit: Unit) -> Iterator[Sample]:
 # Decoding and the shape check.
 
 
-def decode(sample: Sample, channels: int, size: tuple[int, int], crop_ratio: float | None = None) -> torch.Tensor:
-    """``(C, H, W)`` float32 in [0, 1], as the recipe's loader has it before normalising, made by the program's own
-    transform (``image_input.pixels``, which the registered pyfunc runs too); :class:`BadInput` when the sample
-    cannot be read or made what the program takes."""
+def decode(sample: Sample, channels: int, size: tuple[int, int], crop_ratio: float | None = None) -> np.ndarray:
+    """``(C, H, W)`` uint8 pixels, made by the program's own transform (``image_input.pixels``, which the registered
+    pyfunc runs too); a batch of them divided by 255 is what the recipe's loader has before normalising.
+    :class:`BadInput` when the sample cannot be read or made what the program takes."""
     if sample.payload is None:
         raise BadInput(sample.error)
     try:
-        array = pixels(sample.payload, channels, size, crop_ratio, sample.ext or "the image")
+        return pixels(sample.payload, channels, size, crop_ratio, sample.ext or "the image")
     except ImageError as err:
         raise BadInput(str(err)) from None
-    return torch.from_numpy(array).float().div_(255)
 
 
 def _refuse(where: str, width: int, height: int, mode: str, channels: int, size: tuple[int, int],

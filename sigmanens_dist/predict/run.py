@@ -20,13 +20,13 @@ import torch
 
 from sigmanens_dist.atomic import file_sha256
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.export.image_input import ImageError, pixels
 from sigmanens_dist.predict.backends import Program, load_program
 from sigmanens_dist.predict.inputs import (
     BadInput,
     Sample,
     Unit,
     check_shapes,
+    decode,
     discover,
     inputs_digest,
     read_unit,
@@ -137,14 +137,8 @@ def _run_units(program: Program, mine: list[Unit], out: Path, fmt: str, batch_si
     crop_ratio = program.meta.input.crop_ratio
 
     def load(sample: Sample) -> np.ndarray:
-        """inputs.decode stopped at the program's (C, H, W) uint8 pixels: _Stack makes floats once per batch, equal
-        to decode's ``.float().div_(255)`` to the bit."""
-        if sample.payload is None:
-            raise BadInput(sample.error)
-        try:
-            return pixels(sample.payload, channels, (height, width), crop_ratio, sample.ext or "the image")
-        except ImageError as err:
-            raise BadInput(str(err)) from None
+        """The program's (C, H, W) uint8 pixels: _Stack makes floats once per batch."""
+        return decode(sample, channels, (height, width), crop_ratio)
 
     with ThreadPoolExecutor(max_workers=1) as reader, ThreadPoolExecutor(max_workers=workers) as pool, bar:
         stack = _Stack()
