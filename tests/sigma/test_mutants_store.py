@@ -104,3 +104,19 @@ def test_running_statistics_are_saved_once_in_the_store() -> None:
     keys = list(_trained(2).state_dict())
     assert "sigma.running_stats" in keys
     assert not [k for k in keys if k.endswith(("running_mean", "running_var"))]  # the layers' views are not saved
+
+
+def test_a_sub_ensemble_of_two_batchnorms_reads_each_layers_own_statistics() -> None:
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 5, 1), nn.BatchNorm2d(5),
+                        nn.Flatten(), nn.Linear(5 * 36, 3))
+    ens = convert_to_sigma_ensemble(net, 3)
+    ens.train()
+    for _ in range(2):
+        ens(torch.randn(6, 1, 8, 8))
+    ens.eval()
+    sub = ens.sub_ensemble([2, 1])  # the second layer's statistics sit after the first's, at a k-member offset
+    x = torch.randn(5, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(sub(x), ens(x)[[2, 1]], rtol=1e-5, atol=1e-6)
+    assert [s.stats for s in sub.sigma.slots] == [0, 2 * 2 * 4]
