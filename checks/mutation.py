@@ -1,7 +1,7 @@
 """Mutation testing of the modules a wrong answer would come from: mutmut 3 over each module, against a few fast test
 files per module, printing the surviving mutants per module (CONTRIBUTING.md, "Mutation testing").
 
-    .venv/bin/python checks/mutation.py                 # every group (about 40 min on 2 cores), then the report
+    .venv/bin/python checks/mutation.py                 # every group, then the report (the five of the report: ~22 min)
     .venv/bin/python checks/mutation.py sigma scores    # some groups; --list names them
     .venv/bin/python checks/mutation.py --report-only   # re-read the last runs' results, no mutating
 
