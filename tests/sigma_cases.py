@@ -3,6 +3,7 @@ a factory of the source layer and the per-sample input shape it takes."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
@@ -48,3 +49,29 @@ def randomised(make: Callable[[], nn.Module]) -> nn.Module:
             src.running_mean.copy_(torch.randn(src.running_mean.shape, generator=g) * 0.3)
             src.running_var.copy_(torch.rand(src.running_var.shape, generator=g) + 0.5)
     return src
+
+
+def member_copies(make: Callable[[], nn.Module], members: int) -> tuple[nn.Module, nn.Module, list[nn.Module]]:
+    """A σ ensemble of one layer made by ``make`` with random member state, its σ layer, and ``members`` plain copies
+    of the source, each holding one member's state: the reference a σ layer must equal."""
+    from sigmanens_dist import convert_to_sigma_ensemble
+    from sigmanens_dist.sigma.layers import SigmaBatchNorm
+
+    src = randomised(make)
+    ens = convert_to_sigma_ensemble(nn.Sequential(src), members, seed=3)
+    layer = ens.backbone[0]
+    with torch.no_grad():  # make the members really different, beyond the γ compensation
+        ens.sigma.flat.add_(torch.randn(ens.sigma.flat.shape, generator=torch.Generator().manual_seed(2)) * 0.3)
+    scale, shift = layer.gated_affine()
+    refs = []
+    for m in range(members):
+        ref = copy.deepcopy(src)
+        with torch.no_grad():
+            ref.weight.copy_(scale[m].reshape(ref.weight.shape))
+            if shift is not None:
+                ref.bias.copy_(shift[m].reshape(ref.bias.shape))
+            if isinstance(layer, SigmaBatchNorm) and layer.track_running_stats:
+                ref.running_mean.copy_(layer.running_mean[m])
+                ref.running_var.copy_(layer.running_var[m])
+        refs.append(ref)
+    return ens, layer, refs

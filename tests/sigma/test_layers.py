@@ -13,31 +13,13 @@ from torch import nn
 
 from sigmanens_dist import convert_to_sigma_ensemble
 from sigmanens_dist.sigma.layers import SUPPORTED, SigmaBatchNorm, SigmaNorm
-from tests.sigma_cases import CASES, randomised
+from tests.sigma_cases import CASES, member_copies
 
 M, B = 3, 4
 
 def _build(name: str) -> tuple[nn.Module, SigmaNorm, list[nn.Module]]:
     """The σ layer with random member state, and M plain copies of the source holding each member's state."""
-    make, _ = CASES[name]
-    src = randomised(make)
-    ens = convert_to_sigma_ensemble(nn.Sequential(src), M, seed=3)
-    layer = ens.backbone[0]
-    with torch.no_grad():  # make the members really different, beyond the γ compensation
-        ens.sigma.flat.add_(torch.randn(ens.sigma.flat.shape, generator=torch.Generator().manual_seed(2)) * 0.3)
-    scale, shift = layer.gated_affine()
-    refs = []
-    for m in range(M):
-        ref = copy.deepcopy(src)
-        with torch.no_grad():
-            ref.weight.copy_(scale[m].reshape(ref.weight.shape))
-            if shift is not None:
-                ref.bias.copy_(shift[m].reshape(ref.bias.shape))
-            if isinstance(layer, SigmaBatchNorm) and layer.track_running_stats:
-                ref.running_mean.copy_(layer.running_mean[m])
-                ref.running_var.copy_(layer.running_var[m])
-        refs.append(ref)
-    return ens, layer, refs
+    return member_copies(CASES[name][0], M)
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])

@@ -4,8 +4,6 @@ after a pass, timm's drop and act kept (checks/mutation.py's survivors in sigma/
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from timm.layers import norm as timm_norm
@@ -14,7 +12,7 @@ from torch import nn
 
 from sigmanens_dist import convert_to_sigma_ensemble
 from sigmanens_dist.sigma.layers import SigmaBatchNorm, SigmaLayerNorm
-from tests.sigma_cases import CASES, randomised
+from tests.sigma_cases import CASES, member_copies, randomised
 
 M, B = 3, 4
 EPS = 0.3  # far from every default: a call that drops the layer's ε shows
@@ -32,24 +30,7 @@ WIDE_EPS = {
 
 
 def _copies(make) -> tuple[nn.Module, nn.Module, list[nn.Module]]:
-    src = randomised(make)
-    ens = convert_to_sigma_ensemble(nn.Sequential(src), M, seed=3)
-    layer = ens.backbone[0]
-    with torch.no_grad():
-        ens.sigma.flat.add_(torch.randn(ens.sigma.flat.shape, generator=torch.Generator().manual_seed(2)) * 0.3)
-    scale, shift = layer.gated_affine()
-    refs = []
-    for m in range(M):
-        ref = copy.deepcopy(src)
-        with torch.no_grad():
-            ref.weight.copy_(scale[m].reshape(ref.weight.shape))
-            if shift is not None:
-                ref.bias.copy_(shift[m].reshape(ref.bias.shape))
-            if isinstance(layer, SigmaBatchNorm) and layer.track_running_stats:
-                ref.running_mean.copy_(layer.running_mean[m])
-                ref.running_var.copy_(layer.running_var[m])
-        refs.append(ref)
-    return ens, layer, refs
+    return member_copies(make, M)
 
 
 @pytest.mark.parametrize("name", list(WIDE_EPS))
