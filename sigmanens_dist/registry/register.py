@@ -10,11 +10,13 @@ under a name with the metadata as the version's tags and description, and points
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import logging
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +106,7 @@ def check_store(uri: str) -> str:
 
 
 def _client(uri: str) -> Any:
-    """MLflow pointed at ``uri`` (checked by :func:`check_store`) for this process (the fluent calls that log a
-    model read the global URI), failing fast on a server that does not answer: one
+    """A client of ``uri`` (checked by :func:`check_store`), failing fast on a server that does not answer: one
     :class:`~sigmanens_dist.errors.UnavailableError` line, not a traceback of MLflow's retry loop."""
     check_store(uri)
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
@@ -114,9 +115,31 @@ def _client(uri: str) -> Any:
     check_server(uri)
     import mlflow
 
+    return mlflow.MlflowClient(uri)
+
+
+@contextlib.contextmanager
+def _fluent_uri(uri: str) -> Iterator[None]:
+    """MLflow's global tracking and registry URI at ``uri`` while the fluent calls that log a model run, then back as
+    they were: MLflow also exports them (and the experiment set meanwhile) as MLFLOW_TRACKING_URI,
+    MLFLOW_REGISTRY_URI and MLFLOW_EXPERIMENT_ID, which every later subprocess of this process (a trainer, a Slurm
+    job) would inherit."""
+    import mlflow
+
+    saved = {name: os.environ.get(name) for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI",
+                                                     "MLFLOW_EXPERIMENT_ID")}  # set_experiment exports it too
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
-    return mlflow.MlflowClient(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(saved["MLFLOW_TRACKING_URI"])
+        mlflow.set_registry_uri(saved["MLFLOW_REGISTRY_URI"])
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _signature(program: Any, example: np.ndarray) -> Any:
@@ -201,12 +224,13 @@ def register_program(program: Path, name: str, *, uri: str, run_id: str | None, 
     requirements = [f"{dist}=={importlib.metadata.version(dist)}" for dist in ("mlflow", "numpy", runtime)]
     left = f"nothing registered; maybe a logged model {LOGGED_MODEL!r} left PENDING in run {run_id}"
     try:
-        mlflow.set_experiment(experiment_id=run.info.experiment_id)
-        info = mlflow.models.Model.log(
-            None, name=LOGGED_MODEL, flavor=mlflow.pyfunc, run_id=run_id, python_model=str(PYFUNC_FILE),
-            artifacts={PROGRAM_ARTIFACT: str(program)}, code_paths=list(CODE_FILES),
-            signature=_signature(loaded, example), input_example=example, metadata={"sigmanens": meta.to_dict()},
-            pip_requirements=requirements)
+        with _fluent_uri(uri):
+            mlflow.set_experiment(experiment_id=run.info.experiment_id)
+            info = mlflow.models.Model.log(
+                None, name=LOGGED_MODEL, flavor=mlflow.pyfunc, run_id=run_id, python_model=str(PYFUNC_FILE),
+                artifacts={PROGRAM_ARTIFACT: str(program)}, code_paths=list(CODE_FILES),
+                signature=_signature(loaded, example), input_example=example,
+                metadata={"sigmanens": meta.to_dict()}, pip_requirements=requirements)
         left = f"the model logged as {info.model_uri} in run {run_id}, no version of {name} registered"
         try:
             client.create_registered_model(name)
@@ -252,8 +276,9 @@ def fetch_program(model_uri: str, tracking_uri: str | None, dest: Path) -> Path:
     level = quiet.level
     quiet.setLevel(logging.WARNING)
     try:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dest),
-                                                         tracking_uri=uri))
+        with _fluent_uri(uri):  # a models:/ URI is resolved by the global registry URI
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dest),
+                                                             tracking_uri=uri))
     except MlflowException as err:
         if err.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             _gone(uri, f"while {model_uri} was downloaded", err)

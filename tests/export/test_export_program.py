@@ -172,7 +172,8 @@ def test_program_equals_the_eager_ensemble(run: Path, calibrated: Path, batch: i
     assert meta["val_nll_after"] <= meta["val_nll_before"]
     assert meta["program_format"] == "torch" and meta["class_names"] is None  # synthetic data: no names to give
     assert meta["input"] | {"shape": None} == {"name": "images", "shape": None, "channels": 3, "size": 16,
-                                               "dtype": "float32", "range": [0.0, 1.0]}
+                                               "dtype": "float32", "range": [0.0, 1.0],
+                                               "crop_ratio": 1.0}  # a raw-format run: the whole shorter side
     x = _images(batch)
     out = _run_program(calibrated, x)
     expected = _eager_probs(run, x, [0, 1], meta["temperature"])

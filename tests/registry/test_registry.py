@@ -483,6 +483,16 @@ def test_a_server_that_goes_away_during_the_registration_is_one_line_exit_1(
         "'sigmanens-program' left PENDING in run" in err, err
 
 
+def test_registering_leaves_mlflow_pointed_where_it_was(store: str, tmp_path: Path) -> None:
+    """A registration points MLflow's global URI (and MLFLOW_TRACKING_URI, which subprocesses inherit) at its store
+    only while it logs the model: a later trainer or Slurm job of the same process must not write there."""
+    run = _tracked_copy(tmp_path, store, "globals")
+    names = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "MLFLOW_EXPERIMENT_ID")
+    before = [os.environ.get(name) for name in names]
+    assert main(["export", str(run), "--program", str(tmp_path / "model.pt2"), "--register", "globals"]) == 0
+    assert [os.environ.get(name) for name in names] == before
+
+
 def test_predict_of_a_version_whose_files_are_gone_is_one_line(store: str, store_dir: Path, tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 51, finding 7: a registered version whose artifacts were deleted from the store was a 29-line
@@ -584,6 +594,7 @@ def test_spark_udf_over_a_folder_of_image_files_equals_predict(registered: dict[
     assert main(["predict", str(registered["pt2"][0]), str(photos), "--out", str(tmp_path / "preds")]) == 0
     rows = _rows(tmp_path / "preds")
     spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+    before = os.environ.get("MLFLOW_TRACKING_URI")  # set_tracking_uri exports it to every later subprocess
     try:
         mlflow.set_tracking_uri(store)
         udf = mlflow.pyfunc.spark_udf(spark, "models:/tiny-pt2@champion", env_manager="local",
@@ -592,6 +603,7 @@ def test_spark_udf_over_a_folder_of_image_files_equals_predict(registered: dict[
         scored = frame.select("path", udf("content").alias("p")).select("path", "p.*").toPandas()
     finally:
         spark.stop()
+        mlflow.set_tracking_uri(before)
     assert pyspark.__version__ and len(scored) == 1000
     got = {Path(path.removeprefix("file:")).as_posix(): row for path, row in zip(
         scored["path"], scored[["prediction", "confidence", "probabilities"]].to_dict("records"), strict=True)}
