@@ -46,7 +46,9 @@ case "$budget" in
 esac
 out_arg="${1:-runs/shift_$budget}"
 shift $(($# > 0 ? 1 : 0))
-RESULTS="$ROOT/results/shift_$budget"
+# SHIFT_RESULTS (a folder under the repository) keeps another round's records and evaluations apart, e.g. the mixed-batch
+# round of issue 52 (results/shift_mixed), whose checkpoints are trained again from the same recipe and seeds.
+RESULTS="$ROOT/${SHIFT_RESULTS:-results/shift_$budget}"
 SEED_LIST=(${SEEDS:-0 1 2 3 4})
 declare -A LANE_ARGS=(
   [single]="--methods single"

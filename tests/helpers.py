@@ -318,17 +318,30 @@ def write_cifar_batches(root: Path, name: str, monkeypatch: pytest.MonkeyPatch
     return {split: (np.concatenate(images), labels) for split, (images, labels) in written.items()}
 
 
-def untrained_run(run: Path, overrides: list[str]) -> Path:
-    """A run directory holding one checkpoint of a freshly built model of ``overrides``, as the trainer writes it."""
+def untrained_run(run: Path, overrides: list[str], in_chans: int = 3, spread: float = 0.0) -> Path:
+    """A run directory holding one checkpoint of a freshly built model of ``overrides``, as the trainer writes it.
+    ``spread`` > 0 moves every parameter by that much noise (seeded) and sets the BatchNorm running statistics from
+    a few batches of noise: members that disagree, confident answers and running statistics unlike any batch of
+    images, as a trained model has, in no time."""
+    from sigmanens_dist.catalog.datasets import DATASETS
     from sigmanens_dist.config import load_config
     from sigmanens_dist.models import build_model
 
     cfg = load_config(None, [*overrides, f"run_dir={run}"])
     torch.manual_seed(0)
-    model = build_model(cfg, 10, 3)
+    model = build_model(cfg, 10, in_chans)
+    if spread:
+        size = cfg.data.img_size or DATASETS[cfg.data.dataset].size
+        with torch.no_grad():
+            for value in model.parameters():
+                value.add_(spread * torch.randn_like(value))
+            model.train()
+            for _ in range(3):
+                model(0.5 + 2 * torch.randn(16, in_chans, size, size))
+            model.eval()
     (run / "checkpoints").mkdir(parents=True)
     torch.save({"model": model.state_dict(), "position": {"step": 0, "epoch": 0, "batch": 0},
-                "config": cfg.model_dump(mode="json"), "model_args": {"num_classes": 10, "in_chans": 3,
+                "config": cfg.model_dump(mode="json"), "model_args": {"num_classes": 10, "in_chans": in_chans,
                                                                       "vocab_size": None}},
                run / "checkpoints" / "step_00000000.pt")
     return run

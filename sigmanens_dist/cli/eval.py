@@ -7,6 +7,8 @@
     sigmanens eval --checkpoint best.pt --shift-split val --corruptions all --severities 3,5   # for choices
     sigmanens eval --checkpoint best.pt --shift-split val --corruptions all --calibration temperature  # calib_split
     sigmanens eval --checkpoint best.pt --norm-stats batch --calibration member-temperature --corruptions all
+    sigmanens eval --checkpoint best.pt --corruptions all --shift-batches mixed --batch-size 8 --norm-stats batch \
+        --norm-stats-prior 16     # the shift as a deployment's batches mix it
 
 Writes eval.json, eval.md and PNG plots into --out (default: eval_<checkpoint name>/ beside the checkpoint) and logs
 them to the MLflow run that wrote the checkpoint. Under torchrun every rank scores its share of each pass (every
@@ -86,10 +88,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "scored split and shift); member-temperature: also one temperature per member (each on "
                          "its own NLL there, applied before averaging), reported beside the one")
     add_norm_stats_options(ap)
+    ap.add_argument("--shift-batches", choices=choices(EvalConfig, "shift_batches"), default="per-corruption",
+                    help="per-corruption: each corruption × severity scored in its own batches (default); mixed: "
+                         "every corruption × severity and the clean images in one stream shuffled under the run's "
+                         "seed, scored in batches of --batch-size, as a service or a batch job meets them (with "
+                         "--norm-stats batch this is what the batch statistics see)")
     ap.add_argument("--conformal", metavar="ALPHA",
                     help="split conformal sets (thr, aps, raps) calibrated where --calibration fits, at miscoverage "
                          "ALPHA in (0, 1), e.g. 0.1, or several (0.1,0.05): coverage and mean set size, clean, under "
                          "shift and per class")
+    ap.add_argument("--stream-images", type=Path, metavar="DIR",
+                    help="with --shift-batches mixed: also write the stream's images into DIR (new or empty) as PNG "
+                         "files whose sorted order is the stream's, with stream.csv (label, corruption, severity), "
+                         "to replay it through a deployment (sigmanens predict DIR --batch-size B)")
     ap.add_argument("--batch-size", type=int, help="default: the run's train.batch_size")
     ap.add_argument("--out", type=Path, help="output folder (default: eval_<checkpoint name>/ beside it)")
     ap.add_argument("--no-mlflow", action="store_true", help="do not log to the run's MLflow run")
@@ -146,11 +157,18 @@ def _run(args: argparse.Namespace) -> int:
         ood=args.ood, ood_root=args.ood_root, members=args.members, sub_ensembles=not args.no_sub_ensembles,
         batch_size=args.batch_size, imagenet_c=args.imagenet_c, calibration=args.calibration,
         conformal=parse_alphas(args.conformal), norm_stats=args.norm_stats,
-        norm_stats_prior=parse_prior(args.norm_stats_prior, args.norm_stats))
+        norm_stats_prior=parse_prior(args.norm_stats_prior, args.norm_stats), shift_batches=args.shift_batches)
     overrides = [kv if kv.startswith("data.") else f"data.{kv}" for kv in args.data]
     checkpoint, which = resolve_checkpoint(args.checkpoint, "--checkpoint")
     out = args.out or checkpoint.parent / f"eval_{checkpoint.stem}"
     check_writable_folder(out, "--out ")  # before the model is built
+    if args.stream_images is not None:
+        from sigmanens_dist.evaluation.mixed import check_stream_folder
+
+        if args.shift_batches != "mixed":
+            raise UsageError(f"--stream-images {args.stream_images}: writes the stream of --shift-batches mixed "
+                             f"(this run: {args.shift_batches})")
+        check_stream_folder(args.stream_images)
     logging.getLogger("sigmanens").info("evaluating %s", which)
     loaded = load_for_eval(checkpoint, overrides,
                            check_overrides=lambda trained, cfg: _check_split_overrides(args.data, trained, cfg))
@@ -170,7 +188,7 @@ def _run(args: argparse.Namespace) -> int:
     lock = own_run_containing(out / "eval.json", "eval", env)  # the default --out is beside the checkpoint
     try:
         report = run_eval(cfg, model, ema, options, out_dir=out, run_id=loaded.run_id, step=loaded.step,
-                          checkpoint=checkpoint.resolve(), env=env)
+                          checkpoint=checkpoint.resolve(), env=env, stream_images=args.stream_images)
     finally:
         if lock is not None:
             lock.release()

@@ -281,6 +281,10 @@ class EvalConfig(_Section):
     # (evaluation/norm_stats.py; N = 0: the batch's alone); export/format.py's NORM_STATS, for predict (a test)
     norm_stats: Literal["train", "batch"] = "train"
     norm_stats_prior: Float = Field(0.0, ge=0, allow_inf_nan=False)
+    # how the shift passes batch their images: per-corruption, each corruption × severity in its own batches; mixed,
+    # one shuffled stream of every corruption × severity and the clean images, as a deployment meets them
+    # (evaluation/mixed.py), at batch_size
+    shift_batches: Literal["per-corruption", "mixed"] = "per-corruption"
 
     @field_validator("conformal", mode="before")
     @classmethod

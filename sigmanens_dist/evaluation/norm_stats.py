@@ -25,7 +25,7 @@ from sigmanens_dist.errors import UsageError
 from sigmanens_dist.sigma.layers import SigmaBatchNorm
 from sigmanens_dist.sigma.layers.prediction_stats import prediction_moments
 
-__all__ = ["PredictionBatchNorm", "batch_norm_layers", "describe", "norm_stats_problem", "parse_prior",
+__all__ = ["PredictionBatchNorm", "batch_norm_layers", "describe", "min_batch", "norm_stats_problem", "parse_prior",
            "with_norm_stats"]
 
 
@@ -97,6 +97,13 @@ def parse_prior(text: str | None, mode: str) -> float:
 def describe(mode: str, prior: float) -> dict[str, object]:
     """The report's and a program's record of the statistics used."""
     return {"mode": mode} if mode == "train" else {"mode": mode, "prior": prior}
+
+
+def min_batch(mode: str, prior: float) -> int:
+    """The fewest images a prediction batch may hold: 2 for the batch's statistics alone (one image normalised by
+    its own statistics is every image alike), else 1; a program's ``NormStats.min_batch`` (export/format.py) is the
+    same rule."""
+    return 2 if mode == "batch" and prior == 0 else 1
 
 
 def with_norm_stats(model: nn.Module, mode: str, prior: float = 0.0) -> nn.Module:

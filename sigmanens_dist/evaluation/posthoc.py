@@ -78,6 +78,17 @@ class PostHoc:
                 else:
                     target["shift"].setdefault(corruption, {})[str(severity)] = {k: result[k] for k in CONFORMAL_KEYS}
 
+    def record_stream(self, metrics: dict[str, Metric], which: str) -> None:
+        """Put a mixed stream's results (``which``: its clean images, or all of them) into the parts' ``stream``."""
+        for name, metric in metrics.items():
+            values = metric.compute()
+            if name in ("calibration", "member_calibration"):
+                self.parts[name].setdefault("stream", {})[which] = {k: values[k] for k in SHIFT_KEYS}
+                continue
+            entry = self.parts["conformal"][int(name.split("/")[1])]
+            for method, result in values.items():
+                entry["methods"][method].setdefault("stream", {})[which] = {k: result[k] for k in CONFORMAL_KEYS}
+
     def finish_shift(self, severities: list[int]) -> None:
         """The mean over corruptions per severity, as ``part["shift"]["mean"]``."""
         tables = [self.parts[name]["shift"] for name in ("calibration", "member_calibration") if name in self.parts] + [

@@ -94,10 +94,12 @@ def diagnosis_rows(part: dict[str, Any], members: int, every: bool = True) -> li
     """The diagnosis table of one weights' part: clean (the test metrics; member-based columns undefined with one
     member, the MI AUROC undefined for clean against clean), the mean over corruptions per severity and, with
     ``every``, each corruption at each severity. Cells formatted, "—" where undefined."""
-    clean = dict(part["metrics"])
+    # the negatives of the MI AUROC: the clean pass, or the mixed stream's clean images
+    label, clean = ("clean (stream)", dict(part["shift_stream"]["clean"])) if "shift_stream" in part else (
+        "clean", dict(part["metrics"]))
     if members == 1:
         clean["disagreement"] = clean["mutual_information"] = None
-    rows = [("clean", [_fmt(clean.get(k)) for k in DIAGNOSIS_COLUMNS])]
+    rows = [(label, [_fmt(clean.get(k)) for k in DIAGNOSIS_COLUMNS])]
     tables = [("mean", part["shift"]["mean"])]
     tables += [(name, by_sev) for name, by_sev in part["shift"].items() if name != "mean"] if every else []
     for name, by_sev in tables:
@@ -148,6 +150,7 @@ def markdown(report: dict[str, Any]) -> str:
             for name, by_sev in part["shift"].items():
                 lines.append(f"| {name} | " + " | ".join(
                     " / ".join(_fmt(v[k]) for k in SHIFT_KEYS) for v in by_sev.values()) + " |")
+            lines += _stream_md(report, part)
             lines += _diagnosis_md(part, report["members"], report.get("shift_split", "test"))
         lines += _calibration_md(part.get("calibration"), part, report["split"])
         lines += _calibration_md(part.get("member_calibration"), part, report["split"])
@@ -164,6 +167,22 @@ def markdown(report: dict[str, Any]) -> str:
                              f"{_fmt(r['fpr95'])} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _stream_md(report: dict[str, Any], part: dict[str, Any]) -> list[str]:
+    """The mixed stream's clean images and all its images, plain and calibrated (acc / NLL / ECE)."""
+    if "shift_stream" not in part:
+        return []
+    protocol = report["shift_batches"]
+    lines = ["", f"Mixed stream ({protocol['images']} images, every corruption × severity and the clean ones shuffled "
+                 f"together, batches of {protocol['batch_size']}): the rows above are its predictions regrouped.", "",
+             "| stream | acc / NLL / ECE |" + (" calibrated |" if "calibration" in part else ""),
+             "|---|---|" + ("---|" if "calibration" in part else "")]
+    for which, v in part["shift_stream"].items():
+        calibrated = part.get("calibration", {}).get("stream", {}).get(which)
+        lines.append(f"| {which} | " + " / ".join(_fmt(v[k]) for k in SHIFT_KEYS) + " |"
+                     + (" " + " / ".join(_fmt(calibrated[k]) for k in SHIFT_KEYS) + " |" if calibrated else ""))
+    return lines
 
 
 def temperature_label(cal: dict[str, Any]) -> str:
@@ -230,6 +249,8 @@ def flat_metrics(report: dict[str, Any]) -> dict[str, float]:
         for name, by_sev in part.get("shift", {}).items():
             for severity, values in by_sev.items():
                 out |= {f"{base}/shift/{name}/s{severity}/{k}": v for k, v in values.items() if v is not None}
+        for which, values in part.get("shift_stream", {}).items():
+            out |= {f"{base}/shift_stream/{which}/{k}": v for k, v in values.items() if v is not None}
         if "ood" in part:
             for score in OOD_SCORES:
                 out |= {f"{base}/ood_{part['ood']['set']}/{score}/{k}": v for k, v in part["ood"][score].items()}
@@ -241,6 +262,8 @@ def flat_metrics(report: dict[str, Any]) -> dict[str, float]:
             out |= {f"{base}/calibrated/{k}": v for k, v in cal["metrics"].items()}
             for severity, values in cal["shift"].get("mean", {}).items():
                 out |= {f"{base}/calibrated/shift/mean/s{severity}/{k}": v for k, v in values.items()}
+            for which, values in cal.get("stream", {}).items():
+                out |= {f"{base}/calibrated/shift_stream/{which}/{k}": v for k, v in values.items()}
         if "member_calibration" in part:
             cal = part["member_calibration"]
             out |= {f"{base}/member_calibrated/temperature/{m}": t for m, t in enumerate(cal["temperatures"])}
@@ -253,6 +276,8 @@ def flat_metrics(report: dict[str, Any]) -> dict[str, float]:
                 out |= {f"{key}/{k}": r[k] for k in ("qhat", "coverage", "set_size")}
                 for severity, values in r["shift"].get("mean", {}).items():
                     out |= {f"{key}/shift/mean/s{severity}/{k}": v for k, v in values.items()}
+                for which, values in r.get("stream", {}).items():
+                    out |= {f"{key}/shift_stream/{which}/{k}": v for k, v in values.items()}
     return {k: float(v) for k, v in out.items()}
 
 

@@ -8,7 +8,8 @@ For each set of weights (raw, and EMA when the run kept one) :func:`run_eval` ru
 * corruptions (CIFAR-C style, applied to [0, 1] pixels before normalisation) at each severity, or a pre-generated
   ImageNet-C folder: the test corruptions on the test split, or the validation corruptions on the validation split
   (``shift_split``), each with the diagnosis (mean member NLL and ECE, disagreement, mutual information and the AUROC
-  of telling corrupted from clean inputs by it);
+  of telling corrupted from clean inputs by it); each corruption × severity in its own batches, or
+  (``shift_batches: mixed``) all of them and the clean images in one shuffled stream (:mod:`.mixed`);
 * OOD detection against an OOD set (OOD positive) for the max-softmax, entropy and mutual-information scores;
 * when asked, a temperature and conformal thresholds fitted on the calibration split (``data.calib_split``), else on
   the validation split (:mod:`.posthoc`), scored with the K-member ensemble on the scored split's clean and shift
@@ -37,7 +38,8 @@ from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation.load import method_of
 from sigmanens_dist.evaluation.metrics import SampleMetrics, diagnosis
-from sigmanens_dist.evaluation.norm_stats import describe, norm_stats_problem, with_norm_stats
+from sigmanens_dist.evaluation.mixed import CLEAN, Stream, build_stream, check_stream_folder, score_stream, write_stream
+from sigmanens_dist.evaluation.norm_stats import describe, min_batch, norm_stats_problem, with_norm_stats
 from sigmanens_dist.evaluation.ood import score_ood
 from sigmanens_dist.evaluation.posthoc import PostHoc, fit_posthoc_on
 from sigmanens_dist.evaluation.report import (
@@ -123,6 +125,18 @@ def check_options(cfg: Config, model: EnsembleMethod, options: EvalConfig) -> li
                                                                  f"(model.name={cfg.model.name!r})")
     if norm_problem is not None:
         problems.append(norm_problem)
+    batch = options.batch_size or cfg.train.batch_size
+    if batch < min_batch(options.norm_stats, options.norm_stats_prior):
+        problems.append(f"--batch-size {batch} with --norm-stats batch and prior 0: one image normalised by its own "
+                        "statistics alone maps every input alike; give a batch of 2 or more, or a prior "
+                        "(--norm-stats-prior N, e.g. 16)")
+    if options.shift_batches == "mixed":
+        if options.imagenet_c is not None:
+            problems.append("--shift-batches mixed corrupts the split's own images (--corruptions); a pre-generated "
+                            "--imagenet-c folder is scored per corruption only: drop one of them")
+        elif not names:
+            problems.append("--shift-batches mixed mixes the corruptions asked for with the clean images: give "
+                            "--corruptions (all, or names)")
     if (options.calibration != "none" or options.conformal) and not cfg.data.calib_split:
         # with a calibration split they fit on it, which neither the test nor the validation split overlaps
         asked = "--calibration/--conformal (fitted on the validation split)"
@@ -147,9 +161,12 @@ def _imagenet_c_problems(root: Path, names: list[str], severities: list[int]) ->
 # -- the evaluation ------------------------------------------------------------------------------------------------
 def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = None,
              options: EvalConfig | None = None, *, out_dir: Path, run_id: str | None = None, step: int = 0,
-             checkpoint: Path | None = None, env: DistEnv | None = None) -> dict[str, Any]:
+             checkpoint: Path | None = None, env: DistEnv | None = None, stream_images: Path | None = None
+             ) -> dict[str, Any]:
     """Evaluate ``model`` (and ``ema``) as ``options`` (default ``cfg.eval``) says; write ``eval.json``, ``eval.md``
-    and plots into ``out_dir``; log them to MLflow run ``run_id`` when tracking is on. Returns the report.
+    and plots into ``out_dir``; log them to MLflow run ``run_id`` when tracking is on. Returns the report. With
+    ``stream_images`` (a mixed stream on one process) the stream's images are written there as files, in its order
+    (:func:`~sigmanens_dist.evaluation.mixed.write_stream`).
 
     Single process by default (``env`` None: every sample on this rank, no cross-rank sync), which is what the end
     of training calls on rank 0. With a multi-rank ``env`` every rank must call it; each scores its own shard."""
@@ -159,6 +176,11 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
     device = next(model.parameters()).device
     env = env or DistEnv(0, 1, 0, device)
     names = check_options(cfg, model, options)
+    if stream_images is not None:
+        if options.shift_batches != "mixed" or env.world_size > 1:
+            raise UsageError(f"--stream-images {stream_images}: writes the one stream of --shift-batches mixed, on "
+                             "one process (not under torchrun)")
+        check_stream_folder(Path(stream_images))
     k_max = options.members or model.num_members
     batch = options.batch_size or cfg.train.batch_size
     data = build_data(cfg.data, batch, cfg.seed, env)
@@ -167,12 +189,25 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
     ood_batches = _ood_batches(cfg, options, batch) if options.ood else None
     sync = env.world_size > 1
     notes = _notes(cfg, options)
+    # the mixed stream: built once (the corrupted images of every cell), scored by each set of weights; its images
+    # are corrupted in batches of train.batch_size whatever the prediction batch (a corruption's noise is drawn per
+    # batch), so streams scored at different batch sizes hold the same images: the default per-corruption passes'
+    stream = None
+    if options.shift_batches == "mixed" and names:
+        source = data if batch == cfg.train.batch_size else build_data(cfg.data, cfg.train.batch_size, cfg.seed, env)
+        stream = build_stream(source.test if options.split == "test" else source.val, _cells(cfg, options, names),
+                              *_pixel_stats(cfg), _stream_seed(cfg, env), options.split)
+    if stream is not None and stream_images is not None:
+        write_stream(stream, Path(stream_images))
 
     report: dict[str, Any] = {"checkpoint": str(checkpoint) if checkpoint else None, "step": step,
                               "method": method_of(cfg), "dataset": cfg.data.dataset, "split": options.split,
                               "shift_split": options.shift if names or options.imagenet_c else None,
                               "num_members": model.num_members, "members": k_max, "notes": notes,
                               "norm_stats": describe(options.norm_stats, options.norm_stats_prior), "weights": {}}
+    if names or options.imagenet_c:
+        report["shift_batches"] = {"composition": options.shift_batches, "batch_size": batch} | (
+            {"images": len(stream) * env.world_size, "order_seed": cfg.seed} if stream is not None else {})
     plots: list[Path] = []
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -202,8 +237,12 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
                 part["metrics"], scored = values, metrics
         scores = scored.scores()
         if names or options.imagenet_c:
-            part["shift"] = _shift(cfg, options, names, full, eval_set, data.num_classes, device, variant, batch, sync,
-                                   posthoc, scores["mutual_information"])
+            if stream is not None:
+                part |= _mixed_shift(options, stream, full, data.num_classes, device, variant, batch, sync, posthoc,
+                                     *_pixel_stats(cfg))
+            else:
+                part["shift"] = _shift(cfg, options, names, full, eval_set, data.num_classes, device, variant, batch,
+                                       sync, posthoc, scores["mutual_information"])
         if posthoc is not None:
             part |= posthoc.parts
         if ood_batches is not None:
@@ -230,9 +269,30 @@ def _notes(cfg: Config, options: EvalConfig) -> list[str]:
         notes.append("scored on the validation split (carved from the training data), not the test set")
     if options.norm_stats == "batch":
         batch = options.batch_size or cfg.train.batch_size
+        composition = ("batches mixing every corruption × severity and clean images" if options.shift_batches == "mixed"
+                       else "the shift passes' batches each of one corruption at one severity")
         notes.append(f"BatchNorm statistics re-estimated from each batch of {batch} (prior N = "
-                     f"{options.norm_stats_prior:g}): the scores depend on the batch size and composition")
+                     f"{options.norm_stats_prior:g}; {composition}): the scores depend on the batch size and "
+                     "composition")
     return notes
+
+
+def _pixel_stats(cfg: Config) -> tuple[Sequence[float], Sequence[float]]:
+    """The mean and std the recipe normalises its [0, 1] pixels with."""
+    spec = DATASETS[cfg.data.dataset]
+    return spec.mean, spec.std
+
+
+def _cells(cfg: Config, options: EvalConfig, names: list[str]) -> list[tuple[str, int, Transform]]:
+    """Every corruption × severity asked for, with the transform its per-corruption pass applies."""
+    mean, std = _pixel_stats(cfg)
+    return [(name, severity, _corruption(name, severity, mean, std, cfg.seed))
+            for name in names for severity in options.severities]
+
+
+def _stream_seed(cfg: Config, env: DistEnv) -> int:
+    """The mixed stream's order: the run's seed (each rank shuffles its own shard, under its own seed)."""
+    return cfg.seed + 1_000_003 * env.rank
 
 
 def _shift(cfg: Config, options: EvalConfig, names: list[str], model: nn.Module, eval_set: Callable[[], Iterable],
@@ -254,24 +314,60 @@ def _shift(cfg: Config, options: EvalConfig, names: list[str], model: nn.Module,
             if posthoc is not None:
                 posthoc.record(extra, name, severity)
     else:
-        mean, std = DATASETS[cfg.data.dataset].mean, DATASETS[cfg.data.dataset].std
-        for name in names:
-            for severity in options.severities:
-                transform = _corruption(name, severity, mean, std, cfg.seed)
-                extra = posthoc.metrics(num_classes, members, sync) if posthoc is not None else {}
-                metrics, _ = score_pass(model, eval_set(), num_classes, device, f"{variant} {name} s{severity}",
-                                        transform, sync=sync, also=list(extra.values()))
-                out.setdefault(name, {})[str(severity)] = _cell(metrics, members, clean_mi)
-                if posthoc is not None:
-                    posthoc.record(extra, name, severity)
+        for name, severity, transform in _cells(cfg, options, names):
+            extra = posthoc.metrics(num_classes, members, sync) if posthoc is not None else {}
+            metrics, _ = score_pass(model, eval_set(), num_classes, device, f"{variant} {name} s{severity}",
+                                    transform, sync=sync, also=list(extra.values()))
+            out.setdefault(name, {})[str(severity)] = _cell(metrics, members, clean_mi)
+            if posthoc is not None:
+                posthoc.record(extra, name, severity)
     out["mean"] = shift_mean(out, options.severities)
     if posthoc is not None:
         posthoc.finish_shift(options.severities)
     return out
 
 
-def _cell(metrics: SampleMetrics, members: int, clean_mi: torch.Tensor) -> dict[str, float | None]:
-    """One corruption at one severity: accuracy, NLL, ECE and the diagnosis against the clean pass."""
+def _mixed_shift(options: EvalConfig, stream: Stream, model: nn.Module, num_classes: int, device: torch.device,
+                 variant: str, batch: int, sync: bool, posthoc: PostHoc | None, mean: Sequence[float],
+                 std: Sequence[float]) -> dict[str, Any]:
+    """The report's ``shift`` table (as :func:`_shift`'s) and ``shift_stream`` (its clean images and every image of
+    the stream) from one pass of the mixed stream; each prediction credited to its group and to the overall. The
+    diagnosis's mutual-information AUROC tells each group from the stream's clean images (scored in the same
+    batches), not from the clean pass."""
+    members = model.num_members
+    groups = [*stream.names, "overall"]
+    metrics = [SampleMetrics(num_classes, members, sync_on_compute=sync).to(device) for _ in groups]
+    extras = [posthoc.metrics(num_classes, members, sync) if posthoc is not None else {} for _ in groups]
+    extras = [{k: v.to(device) for k, v in extra.items()} for extra in extras]
+
+    def update(logits: torch.Tensor, target: torch.Tensor, group: torch.Tensor) -> None:
+        for g, rows in [(len(groups) - 1, None), *((g, group == g) for g in group.unique().tolist())]:
+            lg, y = (logits, target) if rows is None else (logits[:, rows], target[rows])
+            for metric in (metrics[g], *extras[g].values()):
+                metric.update(lg, y)
+
+    score_stream(model, stream, batch, min_batch(options.norm_stats, options.norm_stats_prior), mean, std, device,
+                 variant, update)
+    clean_mi = metrics[0].scores()["mutual_information"]
+    out: dict[str, Any] = {}
+    for name, metric, extra in zip(groups, metrics, extras, strict=True):
+        if isinstance(name, tuple):
+            corruption, severity = name
+            out.setdefault(corruption, {})[str(severity)] = _cell(metric, members, clean_mi)
+            if posthoc is not None:
+                posthoc.record(extra, corruption, severity)
+    out["mean"] = shift_mean(out, options.severities)
+    if posthoc is not None:
+        posthoc.finish_shift(options.severities)
+        for which, extra in ((CLEAN, extras[0]), ("overall", extras[-1])):
+            posthoc.record_stream(extra, which)
+    return {"shift": out, "shift_stream": {CLEAN: _cell(metrics[0], members, None),
+                                           "overall": _cell(metrics[-1], members, None)}}
+
+
+def _cell(metrics: SampleMetrics, members: int, clean_mi: torch.Tensor | None) -> dict[str, float | None]:
+    """One corruption at one severity: accuracy, NLL, ECE and the diagnosis against the clean images' mutual
+    information (none given: no AUROC)."""
     values = metrics.compute()
     return ({k: values[k] for k in SHIFT_KEYS}
             | diagnosis(values, members, clean_mi, metrics.scores()["mutual_information"]))

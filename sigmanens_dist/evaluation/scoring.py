@@ -17,7 +17,7 @@ from sigmanens_dist.evaluation.metrics import SampleMetrics
 from sigmanens_dist.methods.base import map_tensors
 from sigmanens_dist.progress import progress
 
-__all__ = ["Transform", "collect_logits", "score_pass"]
+__all__ = ["Transform", "collect_logits", "not_main", "score_pass"]
 
 Transform = Callable[[torch.Tensor, int], torch.Tensor]  # (normalised batch, batch index) -> batch
 
@@ -33,7 +33,7 @@ def score_pass(model: nn.Module, batches: Iterable[Any], num_classes: int, devic
     metrics = SampleMetrics(num_classes, model.num_members, sync_on_compute=sync).to(device)
     also = [extra.to(device) for extra in also]
     seconds = 0.0
-    for i, (x, y) in enumerate(progress(batches, desc=desc, unit="batch", leave=False, disable=_not_main())):
+    for i, (x, y) in enumerate(progress(batches, desc=desc, unit="batch", leave=False, disable=not_main())):
         x, y = map_tensors(x, lambda t: t.to(device)), y.to(device)
         if transform is not None:
             x = transform(x, i)
@@ -55,7 +55,7 @@ def collect_logits(model: nn.Module, batches: Iterable[Any], device: torch.devic
     from every rank in rank order, so that every rank fits the same numbers on the whole split."""
     model.eval()
     logits, targets = [], []
-    for x, y in progress(batches, desc=desc, unit="batch", leave=False, disable=_not_main()):
+    for x, y in progress(batches, desc=desc, unit="batch", leave=False, disable=not_main()):
         logits.append(model(map_tensors(x, lambda t: t.to(device))).float().cpu())
         targets.append(y.cpu())
     out = torch.cat(logits, 1), torch.cat(targets)
@@ -66,7 +66,7 @@ def collect_logits(model: nn.Module, batches: Iterable[Any], device: torch.devic
     return out
 
 
-def _not_main() -> bool:
+def not_main() -> bool:
     """One progress bar: rank 0's."""
     return dist.is_available() and dist.is_initialized() and dist.get_rank() != 0
 

@@ -66,14 +66,20 @@ def _run_dir(folder: Path, client: object, experiment_id: str, name: str, **tags
     """A copy of the fixture run whose checkpoint and mlflow_run.txt name a FINISHED MLflow run of ``experiment_id``
     in the test's store, as a tracked trainer leaves them; returns the folder and the run id."""
     run = shutil.copytree(FIXTURE, folder)
+    return run, _track(run, run / CKPT, client, experiment_id, name, **tags)
+
+
+def _track(run: Path, checkpoint: Path, client: object, experiment_id: str, name: str, **tags: str) -> str:
+    """Make ``run`` (its ``checkpoint``) a run tracked in a FINISHED MLflow run of the test's store, as a tracked
+    trainer leaves it; returns the run id."""
     mlflow_run = client.create_run(experiment_id, run_name=name, tags=tags)
     run_id = mlflow_run.info.run_id
-    state = load_file(run / CKPT, "checkpoint")
-    torch.save({**state, "mlflow_run_id": run_id}, run / CKPT)
+    state = load_file(checkpoint, "checkpoint")
+    torch.save({**state, "mlflow_run_id": run_id}, checkpoint)
     (run / RUN_ID_FILE).write_text(f"{client.tracking_uri}\n{run_id}\n")
     client.log_param(run_id, "run_dir", str(run))
     client.set_terminated(run_id)
-    return run, run_id
+    return run_id
 
 
 @pytest.fixture(scope="module")
@@ -611,3 +617,61 @@ def test_spark_udf_over_a_folder_of_image_files_equals_predict(registered: dict[
     for key, want in rows.items():
         assert got[key]["prediction"] == want["prediction"], key
         np.testing.assert_allclose(np.asarray(got[key]["probabilities"]), want["probabilities"], rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_served_one_image_per_request_gives_evals_mixed_numbers_at_batch_one(store: str, tmp_path: Path) -> None:
+    """Issue 52: ``eval --shift-batches mixed --batch-size 1 --norm-stats batch --norm-stats-prior 16`` scores the
+    stream as a service meets it, one image per prediction; the program of those statistics, registered and served
+    by ``mlflow models serve``, given the stream's PNG files one per request (base64, in order), answers each as
+    eval scored it: every cell, the stream's clean images and the overall."""
+    import csv
+
+    import requests
+
+    from sigmanens_dist.evaluation.metrics import calibration_error
+    from tests.evaluation.test_mixed import CELLS, FMNIST_RUN, SUBSET
+
+    client = mlflow.MlflowClient(store)
+    run = untrained_run(tmp_path / "run", FMNIST_RUN, in_chans=1, spread=0.1)
+    _track(run, run / "checkpoints" / "step_00000000.pt", client, client.create_experiment("mixed-serve"), "run")
+    prior = ["--norm-stats", "batch", "--norm-stats-prior", "16"]
+    assert main(["export", str(run), "--program", str(tmp_path / "prior16.pt2"), *prior, "--register", "mixed-prior",
+                 "--alias", "champion"]) == 0
+    stream = tmp_path / "stream"
+    assert main(["eval", "--checkpoint", str(run), "--corruptions", ",".join(CELLS), "--severities", "5", *prior,
+                 "--shift-batches", "mixed", "--batch-size", "1", "--no-sub-ensembles", "--no-mlflow", "--data",
+                 f"test_subset={SUBSET}", "--stream-images", str(stream), "--out", str(tmp_path / "eval")]) == 0
+    part = json.loads((tmp_path / "eval" / "eval.json").read_text())["weights"]["raw"]
+    with open(stream / "stream.csv") as f:
+        table = list(csv.DictReader(f))
+    port = free_port()
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/mixed-prior@champion",
+                             "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
+                            env={**env(), "MLFLOW_TRACKING_URI": store}, cwd=tmp_path, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT)
+    try:
+        assert wait_for_port(port, proc, 180), log.read_text()[-3000:]
+        probabilities = []
+        with requests.Session() as session:
+            for row in table:
+                image = base64.b64encode((stream / row["file"]).read_bytes()).decode()
+                answer = session.post(f"http://127.0.0.1:{port}/invocations", timeout=60,
+                                      json={"dataframe_split": {"columns": ["image"], "data": [[image]]}})
+                assert answer.status_code == 200, answer.text[-2000:]
+                probabilities += answer.json()["predictions"]["probabilities"]
+    finally:
+        stop_process(proc)
+    log_probs = torch.tensor(probabilities, dtype=torch.float64).log()
+    target = torch.tensor([int(row["label"]) for row in table])
+    groups = [row["corruption"] for row in table]
+    for name, want in (("overall", part["shift_stream"]["overall"]), ("", part["shift_stream"]["clean"]),
+                       *((n, part["shift"][n]["5"]) for n in CELLS)):
+        rows = torch.tensor([name in ("overall", g) for g in groups])
+        confidence, prediction = log_probs[rows].exp().max(-1)
+        correct = (prediction == target[rows]).float()
+        got = {"acc": float(correct.mean()), "nll": float(-log_probs[rows, target[rows]].mean()),
+               "ece": calibration_error(confidence.float(), correct)}
+        for key, value in got.items():
+            assert want[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (name or "clean", key)
