@@ -22,6 +22,16 @@
 #                                                       # chosen statistics: results/shift_<budget>/val_member_t/
 #   python research/shift_tables.py member-t            # their paired table
 #   SEEDS="0 1 2 3 4" bash research/long_shift.sh train runs/shift_long sigma single   # two lanes may share OUT
+# The mixed-batch round (issue 52; SHIFT_RESULTS=results/shift_mixed): the shift scored as one stream mixing every
+# corruption × severity with the clean images (`sigmanens eval --shift-batches mixed`), at the batch sizes a deployment
+# has (1, 8, 32) and the statistics it may use (training; each batch's mixed with the training ones by a prior N):
+#   bash research/long_shift.sh mixed_choose [OUT] [STUDY...]  # every configuration of MIXED_GRID on the validation
+#                                                       #   split and shift: results/shift_mixed/val/<study>_<config>
+#   python research/mixed_tables.py choose --write      # per model and batch size, the configuration of lowest
+#                                                       #   validation-shift NLL (results/shift_mixed/choice.json)
+#   bash research/long_shift.sh mixed_test [OUT]        # those, the training statistics and the per-corruption
+#                                                       #   protocol's batch statistics, once on the test set
+#   python research/mixed_tables.py test                # their tables (docs/results.md "Under mixed batches")
 # SHIFT_BUDGET=small uses the recipe's own 200 steps (a preview; OUT default runs/shift_small) instead of the long
 # budget (6,250 steps).
 set -euo pipefail
@@ -30,8 +40,9 @@ source "$ROOT/launch/setup.sh"
 cd "$ROOT"
 source "$ROOT/launch/studies.sh"
 phase="${1:-}"
-[[ $phase == train || $phase == choose || $phase == test || $phase == member_t ]] ||
-  { echo "long_shift: give a phase, train, choose, test or member_t (got '$phase')" >&2; exit 2; }
+[[ $phase =~ ^(train|choose|test|member_t|mixed_choose|mixed_test)$ ]] ||
+  { echo "long_shift: give a phase, train, choose, test, member_t, mixed_choose or mixed_test (got '$phase')" >&2
+    exit 2; }
 shift
 budget="${SHIFT_BUDGET:-long}"
 # At the long budget a calibration split of 2,000 images is carved beside the validation split (the pool grows by as
@@ -157,8 +168,56 @@ PY
   exit "$failed"
 fi
 
+# config_args CONFIG: the eval options of one mixed-round configuration: train (the training statistics: one stream at
+# batch 32 answers for every batch size), b<B>p<N> (batches of B mixed, each batch's statistics with prior N) or
+# h<B>p<N> (the per-corruption protocol's batches of B, each batch's statistics with prior N)
+MIXED_GRID=(train b32p0 b32p4 b32p16 b32p64 b8p0 b8p4 b8p16 b8p64 b1p4 b1p16 b1p64)
+config_args() {
+  case "$1" in
+    train) echo "--shift-batches mixed --batch-size 32 --norm-stats train" ;;
+    b*p*) local b="${1#b}"; echo "--shift-batches mixed --batch-size ${b%p*} --norm-stats batch --norm-stats-prior ${b#*p}" ;;
+    h*p*) local b="${1#h}"; echo "--batch-size ${b%p*} --norm-stats batch --norm-stats-prior ${b#*p}" ;;
+    *) echo "long_shift: unknown configuration $1 (train, b<B>p<N>, h<B>p<N>)" >&2; return 2 ;;
+  esac
+}
+
+if [ "$phase" = mixed_test ]; then
+  # The test set, once, for each family's choice at each batch size (choice.json), and beside it the training
+  # statistics and the per-corruption protocol at batch 32 with the batch's statistics (what the earlier round chose).
+  choice="$RESULTS/choice.json"
+  [ -s "$choice" ] || { echo "long_shift: no $choice: python research/mixed_tables.py choose --write" >&2; exit 2; }
+  while read -r family configs; do
+    for seed in "${SEED_LIST[@]}"; do
+      runs=("$OUT/${family}_s$seed"/*/final_metrics.json)
+      run="$(dirname "${runs[0]}")"
+      [ -e "${runs[0]}" ] || run=""
+      for config in $configs; do
+        # shellcheck disable=SC2046  # config_args prints several words
+        score test "${family}_s${seed}_$config" "$run" $(config_args "$config") "${CALIBRATION[@]}" "${CONFORMAL[@]}"
+      done
+    done
+  done < <(python - "$choice" <<'PY'
+import json, sys
+for family, by_batch in json.load(open(sys.argv[1])).items():
+    chosen = [by_batch[b]["config"] for b in ("32", "1") if b in by_batch]  # what the test tables compare
+    print(family, " ".join(dict.fromkeys(["train", "h32p0", *chosen])))
+PY
+)
+  exit "$failed"
+fi
+
 read -r -a STUDIES <<< "${*:-*_s*}"
 RUNS="$(trained_runs "${STUDIES[@]}")" || exit 1
+if [ "$phase" = mixed_choose ]; then
+  while read -r run; do
+    study="$(basename "$(dirname "$run")")"
+    for config in "${MIXED_GRID[@]}"; do
+      # shellcheck disable=SC2046  # config_args prints several words
+      score val "${study}_$config" "$run" --split val --shift-split val $(config_args "$config") "${CALIBRATION[@]}"
+    done
+  done <<< "$RUNS"
+  exit "$failed"
+fi
 if [ "$phase" = member_t ]; then
   # One evaluation per ensemble run gives both calibrations (`--calibration member-temperature` reports the ensemble's
   # one T beside the members' own), on the validation split and shift, at the statistics choice.json chose for it.
