@@ -33,19 +33,25 @@ class PredictionBatchNorm(nn.Module):
     """A plain BatchNorm (``nn.BatchNorm1d/2d/3d``, ``SyncBatchNorm``, timm's ``BatchNormAct2d``) that, in eval,
     normalises with the batch's statistics mixed with its running ones by ``prior``; in training it is ``source``."""
 
-    def __init__(self, source: _BatchNorm, prior: float) -> None:
+    def __init__(self, source: _BatchNorm, prior: float, per_sample: bool = False) -> None:
         super().__init__()
         self.source = source
         self.prior = prior
+        self.per_sample = per_sample  # each image's statistics alone, as if it were a batch of its own
         self.train(source.training)
 
     def forward(self, x: Tensor) -> Tensor:
         bn = self.source
         if self.training:
             return bn(x)
-        mean, var = prediction_moments(x, [0, *range(2, x.ndim)], bn.running_mean, bn.running_var, self.prior,
-                                       x.shape[0])
-        shape = (-1, *[1] * (x.ndim - 2))  # per channel, dim 1
+        if self.per_sample:  # (B, C) statistics over the spatial positions, against (1, C) running ones
+            running = [None if t is None else t.view(1, -1) for t in (bn.running_mean, bn.running_var)]
+            mean, var = prediction_moments(x, range(2, x.ndim), *running, self.prior, 1)
+            shape: tuple[int, ...] = (*mean.shape, *[1] * (x.ndim - 2))
+        else:
+            mean, var = prediction_moments(x, [0, *range(2, x.ndim)], bn.running_mean, bn.running_var, self.prior,
+                                           x.shape[0])
+            shape = (-1, *[1] * (x.ndim - 2))  # per channel, dim 1
         scale = torch.rsqrt(var + bn.eps) if bn.weight is None else bn.weight * torch.rsqrt(var + bn.eps)
         shift = -mean * scale if bn.bias is None else bn.bias - mean * scale
         y = x * scale.view(shape) + shift.view(shape)  # not F.batch_norm: eval mode takes no differentiable stats
@@ -55,7 +61,7 @@ class PredictionBatchNorm(nn.Module):
         return y
 
     def extra_repr(self) -> str:
-        return f"prior={self.prior:g}"
+        return f"prior={self.prior:g}" + (", per_sample=True" if self.per_sample else "")
 
 
 def _keeps_running_stats(module: nn.Module) -> bool:
@@ -106,9 +112,16 @@ def min_batch(mode: str, prior: float) -> int:
     return 2 if mode == "batch" and prior == 0 else 1
 
 
-def with_norm_stats(model: nn.Module, mode: str, prior: float = 0.0) -> nn.Module:
+def with_norm_stats(model: nn.Module, mode: str, prior: float = 0.0, per_sample: bool = False) -> nn.Module:
     """``model`` itself for ``train``; for ``batch`` a copy whose BatchNorm layers normalise, in eval, with the
-    prediction batch's statistics mixed with their running ones by ``prior`` (the running ones stay untouched)."""
+    prediction batch's statistics mixed with their running ones by ``prior`` (the running ones stay untouched).
+    ``per_sample``: with each image's statistics alone, as if every image were a batch of one (a prior > 0 only:
+    one image alone has no statistics worth the name): a batch predicted so is one image at a time, in one pass."""
+    if per_sample and prior <= 0:  # an invariant: eval refuses batches of one with the batch's statistics alone
+        raise ValueError(f"per-sample statistics need a prior > 0, got {prior}")
+    if per_sample and getattr(model, "pools_member_rows", False):  # an invariant: eval predicts these one by one
+        raise ValueError(f"{type(model).__name__}'s norms pool its members' rows of an image: per-sample statistics "
+                         "would take one row's")
     if mode == "train":
         return model
     adapted = copy.deepcopy(model)
@@ -117,8 +130,9 @@ def with_norm_stats(model: nn.Module, mode: str, prior: float = 0.0) -> nn.Modul
             continue
         if isinstance(module, SigmaBatchNorm):
             module.prediction_prior = float(prior)
+            module.prediction_per_sample = per_sample
         else:
             parent, _, attr = name.rpartition(".")
             setattr(adapted.get_submodule(parent) if parent else adapted, attr,
-                    PredictionBatchNorm(module, float(prior)))
+                    PredictionBatchNorm(module, float(prior), per_sample))
     return adapted

@@ -183,10 +183,15 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
         check_stream_folder(Path(stream_images))
     k_max = options.members or model.num_members
     batch = options.batch_size or cfg.train.batch_size
-    data = build_data(cfg.data, batch, cfg.seed, env)
+    # One image per prediction with a prior: each image normalised by its own statistics, computed for a batch of
+    # train.batch_size images at once (the same predictions as one at a time, in a fraction of the time;
+    # tests/evaluation/test_norm_stats.py); a model whose norms pool its members' rows is run one image at a time.
+    per_sample = options.norm_stats == "batch" and batch == 1 and not model.pools_member_rows
+    compute = cfg.train.batch_size if per_sample else batch  # the batches the model is called on
+    data = build_data(cfg.data, compute, cfg.seed, env)
     eval_set = data.test if options.split == "test" else data.val
     fit_split, fit_set = data.posthoc_split()  # calib when the run carved it, else val
-    ood_batches = _ood_batches(cfg, options, batch) if options.ood else None
+    ood_batches = _ood_batches(cfg, options, compute) if options.ood else None
     sync = env.world_size > 1
     notes = _notes(cfg, options)
     # the mixed stream: built once (the corrupted images of every cell), scored by each set of weights; its images
@@ -194,7 +199,7 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
     # batch), so streams scored at different batch sizes hold the same images: the default per-corruption passes'
     stream = None
     if options.shift_batches == "mixed" and names:
-        source = data if batch == cfg.train.batch_size else build_data(cfg.data, cfg.train.batch_size, cfg.seed, env)
+        source = data if compute == cfg.train.batch_size else build_data(cfg.data, cfg.train.batch_size, cfg.seed, env)
         stream = build_stream(source.test if options.split == "test" else source.val, _cells(cfg, options, names),
                               *_pixel_stats(cfg), _stream_seed(cfg, env), options.split)
     if stream is not None and stream_images is not None:
@@ -214,7 +219,7 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
     variants = {"raw": model} | ({"ema": ema} if ema is not None else {})
     for variant, weights in variants.items():
         # a prediction copy whose BatchNorms use each batch's statistics (--norm-stats batch), or the model itself
-        weights = with_norm_stats(weights, options.norm_stats, options.norm_stats_prior)
+        weights = with_norm_stats(weights, options.norm_stats, options.norm_stats_prior, per_sample)
         part: dict[str, Any] = {"sub_ensembles": []}
         scored = None
         full = sub_ensemble(weights, range(k_max))
@@ -238,10 +243,10 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
         scores = scored.scores()
         if names or options.imagenet_c:
             if stream is not None:
-                part |= _mixed_shift(options, stream, full, data.num_classes, device, variant, batch, sync, posthoc,
+                part |= _mixed_shift(options, stream, full, data.num_classes, device, variant, compute, sync, posthoc,
                                      *_pixel_stats(cfg))
             else:
-                part["shift"] = _shift(cfg, options, names, full, eval_set, data.num_classes, device, variant, batch,
+                part["shift"] = _shift(cfg, options, names, full, eval_set, data.num_classes, device, variant, compute,
                                        sync, posthoc, scores["mutual_information"])
         if posthoc is not None:
             part |= posthoc.parts
@@ -273,7 +278,8 @@ def _notes(cfg: Config, options: EvalConfig) -> list[str]:
                        else "the shift passes' batches each of one corruption at one severity")
         notes.append(f"BatchNorm statistics re-estimated from each batch of {batch} (prior N = "
                      f"{options.norm_stats_prior:g}; {composition}): the scores depend on the batch size and "
-                     "composition")
+                     "composition" + ("; each image alone, computed for batches of images at once" if batch == 1
+                                      else ""))
     return notes
 
 

@@ -45,6 +45,9 @@ class EnsembleMethod(nn.Module):
     regularized: ClassVar[bool] = False
     knobs: ClassVar[Mapping[str, str]] = MappingProxyType({})
     display: ClassVar[str] = ""  # the name people know it by (README, the terminal summaries of compare and eval)
+    # Whether a norm layer's statistics pool the M members' rows of one image (BatchEnsemble's shared norms): then
+    # one image's prediction-time statistics are not those of its single row (evaluation/norm_stats.py, per_sample).
+    pools_member_rows: ClassVar[bool] = False
 
     @property
     def num_members(self) -> int:

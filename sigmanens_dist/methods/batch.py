@@ -104,6 +104,7 @@ class BatchEnsemble(EnsembleMethod):
     name = "batch"
     display = "BatchEnsemble"
     knobs = MappingProxyType({"model.fast_weight_init_std": "init std", "optim.fast_weight_lr_scale": "fast lr×"})
+    pools_member_rows = True  # its norms are shared: they normalise every member's rows of a batch together
 
     def __init__(self, backbone: nn.Module, num_members: int) -> None:
         super().__init__()

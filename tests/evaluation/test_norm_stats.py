@@ -132,6 +132,32 @@ def test_every_batchnorm_method(method: str) -> None:
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_per_sample_statistics_predict_each_image_as_a_batch_of_its_own(method: str) -> None:
+    """``per_sample`` (eval's ``--batch-size 1`` with a prior, in one pass): every image's prediction is the one it
+    gets called alone, for every method as training leaves it, in both σ row layouts; not the batch's."""
+    torch.manual_seed(0)
+    model = _as_if_trained(build_model(load_config(None, [*TINY, f"model.method={method}"], check_data=False), 10, 3))
+    x = 3 * torch.rand(5, 3, 16, 16)
+    if model.pools_member_rows:  # BatchEnsemble: eval predicts its images one by one instead
+        with pytest.raises(ValueError, match="norms pool its members' rows of an image"):
+            with_norm_stats(model, "batch", 16.0, per_sample=True)
+        return
+    with torch.no_grad():
+        one = with_norm_stats(model, "batch", 16.0)
+        alone = torch.cat([one(x[i: i + 1]) for i in range(len(x))], dim=-2)
+        per_sample = with_norm_stats(model, "batch", 16.0, per_sample=True)
+        torch.testing.assert_close(per_sample(x), alone, rtol=0, atol=1e-5)
+        assert not torch.allclose(one(x), alone, atol=1e-3)
+        # member-major rows (each member its own copy of the batch), as in training
+        m = model.num_members
+        rows = x.repeat(m, 1, 1, 1)
+        alone = torch.cat([one(x[i: i + 1].repeat(m, 1, 1, 1), member_major=True) for i in range(len(x))], dim=-2)
+        torch.testing.assert_close(per_sample(rows, member_major=True), alone, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="per-sample statistics need a prior > 0"):
+        with_norm_stats(model, "batch", 0.0, per_sample=True)
+
+
 def test_a_model_without_batchnorm_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert norm_stats_problem(nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3)), "batch", "it") is not None
     run = shutil.copytree(FIXTURE, tmp_path / "run")  # a σN-Ens of a ViT: LayerNorms only

@@ -28,6 +28,9 @@ class SigmaBatchNorm(SigmaNorm):
     # its own rows of this batch, mixed with its running ones (prediction_stats.py; N = 0: the batch's alone). Set on
     # a prediction copy by sigmanens_dist.evaluation.norm_stats; training ignores it.
     prediction_prior: float | None = None
+    # With a prior: each image's statistics alone, as if every image were a batch of its own (what predicting one
+    # image at a time computes, for a whole batch in one pass); set by evaluation.norm_stats for --batch-size 1.
+    prediction_per_sample: bool = False
 
     def __init__(self, source: nn.modules.batchnorm._BatchNorm, num_members: int) -> None:
         super().__init__(source, num_members, source.num_features)
@@ -97,6 +100,8 @@ class SigmaBatchNorm(SigmaNorm):
         """Eval with each member's statistics re-estimated from its own rows of this batch (never written back to
         the running statistics); differentiable, as a plain BatchNorm in training is."""
         m, prior = self.num_members, float(self.prediction_prior)
+        if self.prediction_per_sample:
+            return self._per_sample_stats(x, scale, shift, prior)
         if self.store.plan.interleaved:  # the (B, M·C, …) view: channel m·C + c is member m's channel c
             rows, running = x.reshape(x.shape[0] // m, -1, *x.shape[2:]), self._flat_stats
             dims, samples = [0, *range(2, x.ndim)], x.shape[0] // m
@@ -108,6 +113,24 @@ class SigmaBatchNorm(SigmaNorm):
         mean, var = prediction_moments(rows, dims, *running, prior, samples)
         a = scale * torch.rsqrt(var.reshape(-1) + self.eps)
         return self.member_affine(x, a.to(x.dtype), (shift - mean.reshape(-1) * a).to(x.dtype))
+
+    def _per_sample_stats(self, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, prior: float
+                          ) -> torch.Tensor:
+        """Each member's statistics of each image alone (its own row, over the spatial positions), mixed with the
+        member's running ones by ``prior``: image b of a batch gets what a batch holding only image b gets."""
+        m, c = self.num_members, self.num_features
+        interleaved = self.store.plan.interleaved
+        rows = x.reshape(x.shape[0] // m, m, c, *x.shape[2:]) if interleaved else x.reshape(
+            m, x.shape[0] // m, c, *x.shape[2:])  # (B, M, C, …) or (M, B, C, …)
+        members = (1, m, c) if interleaved else (m, 1, c)
+        running = (tuple(t.view(members) for t in self.store.stats(self._slot.stats, c))
+                   if self.track_running_stats else (None, None))
+        mean, var = prediction_moments(rows, range(3, rows.ndim), *running, prior, 1)
+        a = scale.view(members) * torch.rsqrt(var + self.eps)
+        b = shift.view(members) - mean * a
+        spatial = [1] * (rows.ndim - 3)
+        y = rows * a.view(*a.shape, *spatial).to(x.dtype) + b.view(*b.shape, *spatial).to(x.dtype)
+        return y.reshape(x.shape)
 
     def _per_member(self, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, factor: float) -> torch.Tensor:
         """Member-major rows, batch statistics: one call per member on its contiguous chunk."""
