@@ -345,3 +345,22 @@ def untrained_run(run: Path, overrides: list[str], in_chans: int = 3, spread: fl
                                                                       "vocab_size": None}},
                run / "checkpoints" / "step_00000000.pt")
     return run
+
+
+# A 2-member σN-Ens on Fashion-MNIST (untrained_run(..., in_chans=1, spread=0.1)) and the mixed stream the shift tests
+# of issue 52 score: contrast and fog at severity 5 beside the clean images, of SUBSET test images each (81 images:
+# ten batches of 8 and one lone image)
+FMNIST_RUN = ["model.name=test_resnet", "model.num_members=2", "data.dataset=fashion_mnist", "train.batch_size=8",
+              "data.num_workers=0", "tracking.enabled=false"]
+MIXED_CELLS = ["contrast", "fog"]
+MIXED_SUBSET = 27
+
+
+def scored_cell(log_probs: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+    """Accuracy, NLL and ECE of an ensemble's log-probabilities ``(N, K)``, from their definitions."""
+    from sigmanens_dist.evaluation.metrics import calibration_error
+
+    confidence, prediction = log_probs.exp().max(-1)
+    correct = (prediction == target).float()
+    return {"acc": float(correct.mean()), "nll": float(-log_probs[torch.arange(len(target)), target].mean()),
+            "ece": calibration_error(confidence.float(), correct)}

@@ -20,7 +20,7 @@ from sigmanens_dist.cli.compare import main as compare_main
 from sigmanens_dist.cli.study import main as study_main
 from sigmanens_dist.config import load_config
 from sigmanens_dist.errors import EXIT_USAGE, UsageError
-from sigmanens_dist.experiments.study import DEFINITION, load_definition
+from sigmanens_dist.experiments.study import DEFINITION, read_definition
 
 RECIPE = "fmnist_small"
 
@@ -52,16 +52,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                          *args.overrides, *per_rank])
     if status != 0:
         return status
-    definition = load_definition(args.out / DEFINITION)
-    tracking = definition["tracking"]
-    if tracking["parent_run_id"] is None:  # tracking.enabled=false: nothing to compare from
+    definition = read_definition(args.out / DEFINITION)
+    tracking = definition.tracking
+    if tracking.parent_run_id is None:  # tracking.enabled=false: nothing to compare from
         return 0
-    status = compare_main(["--parent", tracking["parent_run_id"], "--uri", tracking["uri"],
+    status = compare_main(["--parent", tracking.parent_run_id, "--uri", tracking.uri,
                            "--out", str(args.out / "compare")])
     curves = {}
-    for child in definition["children"]:
-        pred = torch.load(Path(definition["out"]) / child["name"] / "val_predictions.pt", weights_only=True)
-        curves[child["name"]] = (pred["probs"], pred["targets"])
+    for child in definition.children:
+        pred = torch.load(Path(definition.out) / child.name / "val_predictions.pt", weights_only=True)
+        curves[child.name] = (pred["probs"], pred["targets"])
     plot = reliability_diagrams(curves, args.out / "reliability.png")
     print(f"reliability diagrams (validation split): {plot}")
     return status

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from sigmanens_dist.errors import EXIT_USAGE, UsageError
-from sigmanens_dist.experiments.study.bookkeeping import ensure_parent, load_definition, write_definition
+from sigmanens_dist.experiments.study.bookkeeping import ensure_parent, write_definition
+from sigmanens_dist.experiments.study.definition import read_definition
 from sigmanens_dist.experiments.study.grid import (
     AXES,
     DEFINITION,
@@ -64,11 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = ap.parse_args(argv[1:])
         path = args.study / DEFINITION if args.study.is_dir() else args.study
         try:
-            definition = load_definition(path)
+            definition = read_definition(path)
         except UsageError as err:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_USAGE
-        print(f"study {definition['name']}: resuming {len(definition['children'])} children from {path}", flush=True)
+        print(f"study {definition.name}: resuming {len(definition.children)} children from {path}", flush=True)
         return run_study(definition, path)
     if argv and argv[0] == "run-one":
         ap = argparse.ArgumentParser(prog="sigmanens study run-one", description="run one child of a study "
@@ -111,16 +112,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       out, nproc=args.nproc, lambda_policy=args.lambda_policy,
                                       max_backbone_batch=args.max_backbone_batch)
         path = write_definition(definition, args.config)
-        definition = load_definition(path)
+        definition = read_definition(path)
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    print(wrap(f"study {definition['name']}: {len(definition['children'])} children, definition {path}") + "\n"
-          + wrap(f"λ policy: {definition['lambda_policy_text']}; global batch {definition['global_batch']} at every M"),
+    print(wrap(f"study {definition.name}: {len(definition.children)} children, definition {path}") + "\n"
+          + wrap(f"λ policy: {definition.lambda_policy_text}; global batch {definition.global_batch} at every M"),
           flush=True)
     if args.prepare:
         ensure_parent(definition, path)
-        print(f"prepared; a Slurm array of {len(definition['children'])} elements runs it with\n"
+        print(f"prepared; a Slurm array of {len(definition.children)} elements runs it with\n"
               f"  sigmanens study run-one --definition {path} --index $SLURM_ARRAY_TASK_ID")
         return 0
     return run_study(definition, path)

@@ -18,17 +18,10 @@ from sigmanens_dist.cli import main
 from sigmanens_dist.config import EvalConfig
 from sigmanens_dist.evaluation import load_for_eval, run_eval
 from sigmanens_dist.evaluation import run as run_module
-from sigmanens_dist.evaluation.metrics import calibration_error, ensemble_log_probs
+from sigmanens_dist.evaluation.metrics import ensemble_log_probs
 from sigmanens_dist.evaluation.mixed import stream_batches
 from sigmanens_dist.export.program import export_program
-from tests.helpers import untrained_run
-
-# a 2-member σN-Ens on Fashion-MNIST whose weights and running statistics are spread (as a trained model's are not at
-# initialisation): members disagree, and batch statistics differ from the running ones
-FMNIST_RUN = ["model.name=test_resnet", "model.num_members=2", "data.dataset=fashion_mnist", "train.batch_size=8",
-              "data.num_workers=0", "tracking.enabled=false"]
-CELLS = ["contrast", "fog"]  # × severity 5, beside the clean images: 3 groups
-SUBSET = 27  # test images: a stream of 81, ten batches of 8 and one lone image
+from tests.helpers import FMNIST_RUN, MIXED_CELLS, MIXED_SUBSET, scored_cell, untrained_run
 
 
 @pytest.fixture(scope="module")
@@ -38,20 +31,12 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _options(**kwargs: object) -> EvalConfig:
-    return EvalConfig(corruptions=CELLS, severities=[5], sub_ensembles=False, shift_batches="mixed", **kwargs)
+    return EvalConfig(corruptions=MIXED_CELLS, severities=[5], sub_ensembles=False, shift_batches="mixed", **kwargs)
 
 
 def _eval(checkpoint: Path, options: EvalConfig, out: Path) -> dict:
-    loaded = load_for_eval(checkpoint, [f"data.test_subset={SUBSET}"])
+    loaded = load_for_eval(checkpoint, [f"data.test_subset={MIXED_SUBSET}"])
     return run_eval(loaded.cfg, loaded.model, options=options, out_dir=out)["weights"]["raw"]
-
-
-def _cell(log_probs: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
-    """Accuracy, NLL and ECE of the ensemble's log-probabilities, from their definitions."""
-    confidence, prediction = log_probs.exp().max(-1)
-    correct = (prediction == target).float()
-    return {"acc": float(correct.mean()), "nll": float(-log_probs[torch.arange(len(target)), target].mean()),
-            "ece": calibration_error(confidence.float(), correct)}
 
 
 def _close(got: dict, want: dict, what: object) -> None:
@@ -97,13 +82,13 @@ def test_the_mixed_stream_regroups_the_predictions_of_every_image_once(checkpoin
     part = _eval(checkpoint, _options(batch_size=8), tmp_path / "o")
     logits, target, group = (torch.cat(parts, dim) for parts, dim in zip(zip(*recorded, strict=True), (1, 0, 0),
                                                                          strict=True))
-    assert len(target) == 3 * SUBSET and [int((group == g).sum()) for g in range(3)] == [SUBSET] * 3
+    assert len(target) == 3 * MIXED_SUBSET and [int((group == g).sum()) for g in range(3)] == [MIXED_SUBSET] * 3
     assert min(len(g.unique()) for _, _, g in recorded[:-1]) >= 2  # the batches mix the groups
     log_probs = ensemble_log_probs(logits)
-    _close(part["shift_stream"]["overall"], _cell(log_probs, target), "overall")
-    _close(part["shift_stream"]["clean"], _cell(log_probs[group == 0], target[group == 0]), "clean")
-    for g, name in enumerate(CELLS, start=1):
-        _close(part["shift"][name]["5"], _cell(log_probs[group == g], target[group == g]), name)
+    _close(part["shift_stream"]["overall"], scored_cell(log_probs, target), "overall")
+    _close(part["shift_stream"]["clean"], scored_cell(log_probs[group == 0], target[group == 0]), "clean")
+    for g, name in enumerate(MIXED_CELLS, start=1):
+        _close(part["shift"][name]["5"], scored_cell(log_probs[group == g], target[group == g]), name)
     report = json.loads((tmp_path / "o" / "eval.json").read_text())
     assert report["shift_batches"] == {"composition": "mixed", "batch_size": 8, "images": 81, "order_seed": 0}
     md = (tmp_path / "o" / "eval.md").read_text()
@@ -116,13 +101,13 @@ def test_training_statistics_do_not_depend_on_the_batch_but_batch_statistics_do(
     alone, so batches of 8 or of 5 give the same cells.
     With each batch's statistics the cells depend on what the batches hold: mixed differs from per-corruption."""
     eight, five = (_eval(checkpoint, _options(batch_size=b), tmp_path / f"b{b}") for b in (8, 5))
-    for name in CELLS:
+    for name in MIXED_CELLS:
         _close(five["shift"][name]["5"], {k: eight["shift"][name]["5"][k] for k in ("acc", "nll", "ece")}, name)
     mixed = _eval(checkpoint, _options(batch_size=8, norm_stats="batch"), tmp_path / "mixed")
     alone = _eval(checkpoint, _options(batch_size=8, norm_stats="batch").model_copy(
         update={"shift_batches": "per-corruption"}), tmp_path / "alone")
     assert "shift_stream" not in alone
-    for name in CELLS:
+    for name in MIXED_CELLS:
         assert abs(mixed["shift"][name]["5"]["nll"] - alone["shift"][name]["5"]["nll"]) > 1e-3, name
 
 
@@ -139,9 +124,9 @@ def test_predict_over_the_written_stream_gives_evals_mixed_numbers(checkpoint: P
     statistics (each batch's alone, prior 0) given DIR through ``sigmanens predict --batch-size 8`` answers each
     image as eval scored it: every cell, the clean images and the overall, the lone last image included."""
     stream = tmp_path / "stream"
-    assert main(["eval", "--checkpoint", str(checkpoint), "--corruptions", ",".join(CELLS), "--severities", "5",
+    assert main(["eval", "--checkpoint", str(checkpoint), "--corruptions", ",".join(MIXED_CELLS), "--severities", "5",
                  "--shift-batches", "mixed", "--batch-size", "8", "--norm-stats", "batch", "--no-sub-ensembles",
-                 "--no-mlflow", "--data", f"test_subset={SUBSET}", "--stream-images", str(stream),
+                 "--no-mlflow", "--data", f"test_subset={MIXED_SUBSET}", "--stream-images", str(stream),
                  "--out", str(tmp_path / "eval")]) == 0
     part = json.loads((tmp_path / "eval" / "eval.json").read_text())["weights"]["raw"]
     export_program(checkpoint, tmp_path / "batch.pt2", norm_stats="batch")
@@ -150,14 +135,14 @@ def test_predict_over_the_written_stream_gives_evals_mixed_numbers(checkpoint: P
     probabilities = _rows(tmp_path / "pred")
     with open(stream / "stream.csv") as f:
         table = list(csv.DictReader(f))
-    assert [row["file"] for row in table] == sorted(probabilities) and len(table) == 3 * SUBSET
+    assert [row["file"] for row in table] == sorted(probabilities) and len(table) == 3 * MIXED_SUBSET
     log_probs = torch.tensor([probabilities[row["file"]] for row in table], dtype=torch.float64).log()
     target = torch.tensor([int(row["label"]) for row in table])
     groups = [row["corruption"] for row in table]
-    _close(part["shift_stream"]["overall"], _cell(log_probs, target), "overall")
-    for name, want in (("", part["shift_stream"]["clean"]), *((n, part["shift"][n]["5"]) for n in CELLS)):
+    _close(part["shift_stream"]["overall"], scored_cell(log_probs, target), "overall")
+    for name, want in (("", part["shift_stream"]["clean"]), *((n, part["shift"][n]["5"]) for n in MIXED_CELLS)):
         rows = torch.tensor([g == name for g in groups])
-        _close(want, _cell(log_probs[rows], target[rows]), name or "clean")
+        _close(want, scored_cell(log_probs[rows], target[rows]), name or "clean")
 
 
 @pytest.mark.parametrize(("args", "match"), [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,16 @@ from sigmanens_dist.experiments.compare import (
     select_split,
     write_report,
 )
-from sigmanens_dist.experiments.study import StudyError, build_definition, child_state, run_one, write_definition
+from sigmanens_dist.experiments.study import (
+    ChildSpec,
+    StudyError,
+    build_definition,
+    child_state,
+    read_definition,
+    run_one,
+    save_definition,
+    write_definition,
+)
 from sigmanens_dist.experiments.study.running import _command
 from tests.helpers import REPO, SYNTHETIC, TINY_VIT, mlflow_server, run_record
 
@@ -36,6 +46,7 @@ mlflow = pytest.importorskip("mlflow")
 
 BASE = [*TINY_VIT, *SYNTHETIC, "train.batch_size=16", "train.max_steps=2", "train.log_every_steps=1",
         "optim.name=adamw", "optim.lr=0.002", "tracking.experiment=study-tests", "reg.lambda=0.001"]
+STUDY_V1 = REPO / "tests" / "fixtures" / "study_v1"  # written by release 0.3.0's `sigmanens study --prepare`
 GRID = ["m-scaling", "--members", "1,2", "--taus", "0.25,1", "--seeds", "0"]
 NAMES = ["sigma-M1-tau0.25-lam0.001-s0", "sigma-M1-tau1-lam0.001-s0", "sigma-M2-tau0.25-lam0.001-s0",
          "sigma-M2-tau1-lam0.001-s0"]
@@ -142,7 +153,7 @@ def test_a_methods_own_knob_is_a_valid_study_override_for_that_method_only(tmp_p
     knob = [*BASE, "model.name=resnet10t", "model.packed_alpha=3"]
     definition = build_definition("methods", None, {"methods": ["packed"], "members": [4, 8], "seeds": [0]}, knob,
                                   tmp_path / "a3")
-    assert [c["name"] for c in definition["children"]] == ["packed-M4-s0", "packed-M8-s0"]
+    assert [c.name for c in definition.children] == ["packed-M4-s0", "packed-M8-s0"]
     with pytest.raises(StudyError, match=r"sigma-M4.*\n.*model.packed_alpha: applies to model.method=packed only"):
         build_definition("methods", None, {"methods": ["packed", "sigma"], "members": [4], "seeds": [0]}, knob,
                          tmp_path / "mixed")
@@ -163,16 +174,16 @@ def test_grid_collapses_axes_a_method_does_not_have_and_keeps_the_global_batch(t
     d = build_definition("methods", None, {"members": [2, 8], "seeds": [0, 1], "methods": ["sigma", "single"]},
                          [*BASE, "train.batch_size=16"], tmp_path / "s", lambda_policy="per-member",
                          max_backbone_batch=32)
-    names = [c["name"] for c in d["children"]]
+    names = [c.name for c in d.children]
     assert names == ["sigma-M2-tau0.5-lam0.001-s0", "sigma-M2-tau0.5-lam0.001-s1", "sigma-M8-tau0.5-lam0.001-s0",
                      "sigma-M8-tau0.5-lam0.001-s1", "single-s0", "single-s1"]
-    m8 = d["children"][2]["overrides"]
+    m8 = d.children[2].overrides
     assert "reg.lambda=0.000125" in m8  # per-member policy: λ / M
     assert "train.batch_size=4" in m8 and "train.grad_accum=4" in m8  # 16 × 8 > 32 images: split, same global batch
-    assert "model.method=single" in d["children"][4]["overrides"]
-    assert not any(o.startswith(("reg.", "model.num_members")) for o in d["children"][4]["overrides"])
-    d["nproc"], d["base_config"], d["tracking"]["parent_run_id"] = 2, "base_config.yaml", "abc"
-    cmd = _command(d, d["children"][0], tmp_path / "s" / "study.yaml")
+    assert "model.method=single" in d.children[4].overrides
+    assert not any(o.startswith(("reg.", "model.num_members")) for o in d.children[4].overrides)
+    d.nproc, d.base_config, d.tracking.parent_run_id = 2, "base_config.yaml", "abc"
+    cmd = _command(d, d.children[0], tmp_path / "s" / "study.yaml")
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     assert cmd[5:9] == ["-m", "sigmanens_dist.train", "--config", str(tmp_path / "s" / "base_config.yaml")]
     assert cmd[-2:] == ["tracking.parent_run_id=abc", "checkpoint.resume=auto"]
@@ -181,9 +192,9 @@ def test_grid_collapses_axes_a_method_does_not_have_and_keeps_the_global_batch(t
 def test_budget_axis_multiplies_the_steps_for_equal_compute(tmp_path: Path) -> None:
     d = build_definition("methods", None, {"methods": ["single"], "budgets": [1, 4], "seeds": [0]}, BASE,
                          tmp_path / "s")
-    assert [c["name"] for c in d["children"]] == ["single-s0", "single-x4-s0"]
-    assert "train.max_steps=8" in d["children"][1]["overrides"]  # BASE trains 2 steps
-    assert not any(o.startswith("train.max_steps") for o in d["children"][0]["overrides"])
+    assert [c.name for c in d.children] == ["single-s0", "single-x4-s0"]
+    assert "train.max_steps=8" in d.children[1].overrides  # BASE trains 2 steps
+    assert not any(o.startswith("train.max_steps") for o in d.children[0].overrides)
     with pytest.raises(StudyError, match=r"--budgets 1,2: multiplies train.max_steps, which the base config does not "
                                          r"set \(it trains train.epochs=1\)"):
         build_definition("methods", None, {"methods": ["single"], "budgets": [1, 2]},
@@ -193,14 +204,18 @@ def test_budget_axis_multiplies_the_steps_for_equal_compute(tmp_path: Path) -> N
 
 
 def test_child_state_skips_finished_and_resumes_interrupted(tmp_path: Path) -> None:
-    definition = {"out": str(tmp_path)}
+    definition = read_definition(STUDY_V1 / "study.yaml").model_copy(update={"out": str(tmp_path)})
     for name in ("done", "cut", "new"):
         (tmp_path / name / "checkpoints").mkdir(parents=True)
     (tmp_path / "done" / "final_metrics.json").write_text("{}")
     (tmp_path / "cut" / "checkpoints" / "step_00000004.pt").write_bytes(b"x")
-    states = {n: child_state(definition, {"name": n}, set()) for n in ("done", "cut", "new")}
+
+    def child(name: str) -> ChildSpec:
+        return ChildSpec(index=0, name=name, point={}, overrides=[])
+
+    states = {n: child_state(definition, child(n), set()) for n in ("done", "cut", "new")}
     assert states == {"done": "finished", "cut": "resume", "new": "start"}
-    assert child_state(definition, {"name": "new"}, {"new"}) == "finished"  # FINISHED in MLflow (another node)
+    assert child_state(definition, child("new"), {"new"}) == "finished"  # FINISHED in MLflow (another node)
 
 
 def test_paired_difference_is_a_t_interval_over_seeds() -> None:
@@ -409,12 +424,12 @@ def test_tau_sweep_refuses_lambda_zero_and_brings_its_strength(tmp_path: Path) -
                          tmp_path / "a")
     definition = build_definition("tau-sweep", None, {"taus": [0.1, 1.0], "seeds": [0]}, [*BASE, "reg.lambda=0"],
                                   tmp_path / "b")
-    assert definition["axes"]["lambdas"] == [0.01]
-    assert [c["name"] for c in definition["children"]] == ["sigma-M4-tau0.1-lam0.01-s0", "sigma-M4-tau1-lam0.01-s0"]
+    assert definition.axes["lambdas"] == [0.01]
+    assert [c.name for c in definition.children] == ["sigma-M4-tau0.1-lam0.01-s0", "sigma-M4-tau1-lam0.01-s0"]
     # a λ sweep keeps its unregularised reference point
     no_lambda = [o for o in BASE if not o.startswith("reg.lambda=")]
     lam = build_definition("lambda-sweep", None, {"lambdas": [0.0, 0.01], "seeds": [0]}, no_lambda, tmp_path / "c")
-    assert len(lam["children"]) == 2
+    assert len(lam.children) == 2
 
 
 def test_frontier_and_sharing_plots_from_a_tau_sweep(tmp_path: Path) -> None:
@@ -536,3 +551,40 @@ def test_records_files_compare_like_the_store_they_came_from(tmp_path: Path,
                           (["--records", str(tmp_path / "bad.jsonl")], "bad.jsonl, line 1: not a run record")):
         assert compare_main([*argv, "--out", str(tmp_path / "x")]) == 2
         assert message in capsys.readouterr().err
+
+
+# -- the definition record ------------------------------------------------------------------------------------------
+
+
+def test_a_version_1_definition_still_loads_and_drives_its_children(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The study.yaml of 0.3.0 (no version key) reads as version 1 and gives each child the trainer arguments it
+    gave then; rewritten by this code it says version 1 and reads back equal."""
+    definition = read_definition(STUDY_V1 / "study.yaml")
+    assert definition.version == 1 and definition.kind == "methods" and definition.global_batch == 32
+    assert [c.name for c in definition.children] == ["sigma-M2-tau0.5-lam0.01-s0", "single-s0"]
+    assert study_main(["run-one", "--definition", str(STUDY_V1 / "study.yaml"), "--index", "1", "--print-args"]) == 0
+    assert capsys.readouterr().out.split() == [
+        "--config", str(STUDY_V1 / "base_config.yaml"), "tracking.enabled=false", "train.max_steps=20",
+        "model.method=single", "seed=0", "run_dir=/tmp/sigmanens-study-v1/single-s0", "tracking.run_name=single-s0",
+        "checkpoint.resume=auto"]
+    save_definition(tmp_path / "study.yaml", definition)
+    assert yaml.safe_load((tmp_path / "study.yaml").read_text())["version"] == 1
+    assert read_definition(tmp_path / "study.yaml") == definition
+
+
+@pytest.mark.parametrize(("edit", "match"), [
+    ({"version": 2}, r"a study definition of version 2, written by a later sigmanens-dist; this one reads versions "
+                     r"1 to 1: upgrade it"),
+    ({"nproc": "two"}, r"is not a study definition of version 1 \(nproc: Input should be a valid integer"),
+    ({"surprise": 1}, r"is not a study definition of version 1 \(surprise: Extra inputs are not permitted"),
+])
+def test_a_definition_of_a_later_version_or_a_broken_one_is_one_line(tmp_path: Path, edit: dict[str, Any],
+                                                                      match: str,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    raw = yaml.safe_load((STUDY_V1 / "study.yaml").read_text())
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump({**raw, **edit}))
+    for argv in (["resume", str(tmp_path)], ["run-one", "--definition", str(tmp_path / "study.yaml"), "--index", "0"]):
+        assert study_main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and re.search(match, err[0]), err

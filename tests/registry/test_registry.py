@@ -629,8 +629,7 @@ def test_served_one_image_per_request_gives_evals_mixed_numbers_at_batch_one(sto
 
     import requests
 
-    from sigmanens_dist.evaluation.metrics import calibration_error
-    from tests.evaluation.test_mixed import CELLS, FMNIST_RUN, SUBSET
+    from tests.helpers import FMNIST_RUN, MIXED_CELLS, MIXED_SUBSET, scored_cell
 
     client = mlflow.MlflowClient(store)
     run = untrained_run(tmp_path / "run", FMNIST_RUN, in_chans=1, spread=0.1)
@@ -639,9 +638,9 @@ def test_served_one_image_per_request_gives_evals_mixed_numbers_at_batch_one(sto
     assert main(["export", str(run), "--program", str(tmp_path / "prior16.pt2"), *prior, "--register", "mixed-prior",
                  "--alias", "champion"]) == 0
     stream = tmp_path / "stream"
-    assert main(["eval", "--checkpoint", str(run), "--corruptions", ",".join(CELLS), "--severities", "5", *prior,
+    assert main(["eval", "--checkpoint", str(run), "--corruptions", ",".join(MIXED_CELLS), "--severities", "5", *prior,
                  "--shift-batches", "mixed", "--batch-size", "1", "--no-sub-ensembles", "--no-mlflow", "--data",
-                 f"test_subset={SUBSET}", "--stream-images", str(stream), "--out", str(tmp_path / "eval")]) == 0
+                 f"test_subset={MIXED_SUBSET}", "--stream-images", str(stream), "--out", str(tmp_path / "eval")]) == 0
     part = json.loads((tmp_path / "eval" / "eval.json").read_text())["weights"]["raw"]
     with open(stream / "stream.csv") as f:
         table = list(csv.DictReader(f))
@@ -667,11 +666,7 @@ def test_served_one_image_per_request_gives_evals_mixed_numbers_at_batch_one(sto
     target = torch.tensor([int(row["label"]) for row in table])
     groups = [row["corruption"] for row in table]
     for name, want in (("overall", part["shift_stream"]["overall"]), ("", part["shift_stream"]["clean"]),
-                       *((n, part["shift"][n]["5"]) for n in CELLS)):
+                       *((n, part["shift"][n]["5"]) for n in MIXED_CELLS)):
         rows = torch.tensor([name in ("overall", g) for g in groups])
-        confidence, prediction = log_probs[rows].exp().max(-1)
-        correct = (prediction == target[rows]).float()
-        got = {"acc": float(correct.mean()), "nll": float(-log_probs[rows, target[rows]].mean()),
-               "ece": calibration_error(confidence.float(), correct)}
-        for key, value in got.items():
+        for key, value in scored_cell(log_probs[rows], target[rows]).items():
             assert want[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (name or "clean", key)

@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_type_hints
 
 import numpy as np
-import yaml
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_config
 from pydantic_core import ErrorDetails
 
 from sigmanens_dist.atomic import write_text
 from sigmanens_dist.config import Config
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.experiments.study import DEFINITION, ROLE_TAG, method_table
+from sigmanens_dist.experiments.study import DEFINITION, ROLE_TAG, method_table, read_definition
 from sigmanens_dist.training.tracking import PARENT_TAG, check_server
 
 __all__ = ["RECORDS_FILE", "CompareError", "Group", "RunRecord", "load_runs", "method_variant", "mlflow_client",
@@ -233,8 +232,8 @@ def _expected_children(client: Any, parent: str) -> list[str] | None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             path = client.download_artifacts(parent, DEFINITION, tmp)
-            definition = yaml.safe_load(Path(path).read_text())
-        return [c["name"] for c in definition["children"]]
+            definition = read_definition(Path(path))
+        return [c.name for c in definition.children]
     except Exception:
         return None
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
@@ -14,12 +13,13 @@ import yaml
 
 from sigmanens_dist.config import Config, ConfigError, ModelConfig, RegConfig, load_config
 from sigmanens_dist.errors import UsageError
+from sigmanens_dist.experiments.study.definition import ChildSpec, StudyDefinition, StudyTracking
 from sigmanens_dist.training.tracking import default_tracking_uri
 
 log = logging.getLogger("sigmanens.study")
 
 __all__ = ["AXES", "BASE_CONFIG", "CHILD_TAG", "DEFINITION", "KINDS", "LAMBDA_POLICIES", "METHOD_NAMES", "ROLE_TAG",
-           "STUDY_TAG", "Child", "StudyError", "build_definition", "method_table"]
+           "STUDY_TAG", "StudyError", "build_definition", "method_table"]
 
 DEFINITION = "study.yaml"
 BASE_CONFIG = "base_config.yaml"
@@ -59,26 +59,16 @@ TAU_SWEEP_LAMBDA = 0.01
 AXES = ("methods", "members", "taus", "lambdas", "budgets", "seeds")
 
 
-@dataclass
-class Child:
-    """One grid point: its name (also its run directory and MLflow run name) and the trainer overrides."""
-
-    index: int
-    name: str
-    point: dict[str, Any]
-    overrides: list[str] = field(default_factory=list)
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Defining a study
 
 
 def build_definition(kind: str, config: Path | None, axes: dict[str, list[Any] | None], overrides: Sequence[str],
                      out: Path, *, nproc: int = 1, lambda_policy: str = "fixed",
-                     max_backbone_batch: int | None = None) -> dict[str, Any]:
-    """The study definition (a plain mapping, written as YAML): grid, base config, overrides and every child with
-    its trainer overrides. Raises :class:`StudyError` listing every bad grid value and every child config the
-    trainer would refuse, before anything is written."""
+                     max_backbone_batch: int | None = None) -> StudyDefinition:
+    """The study definition: grid, base config, overrides and every child with its trainer overrides. Raises
+    :class:`StudyError` listing every bad grid value and every child config the trainer would refuse, before
+    anything is written."""
     problems: list[str] = []
     if kind not in KINDS:
         raise StudyError(f"unknown study kind {kind!r}; choose one of: {', '.join(KINDS)}")
@@ -112,22 +102,12 @@ def build_definition(kind: str, config: Path | None, axes: dict[str, list[Any] |
     children = _children(grid, base, lambda_policy, max_backbone_batch, nproc, out, uri)
     _validate_children(config, overrides, children)
     normalize = getattr(base.reg, "normalize", None) if "normalize" in RegConfig.model_fields else None
-    return {
-        "kind": kind,
-        "name": out.name,
-        "out": str(out),
-        "base_config": BASE_CONFIG if config is not None else None,
-        "overrides": list(overrides),
-        "nproc": nproc,
-        "lambda_policy": lambda_policy,
-        "lambda_policy_text": LAMBDA_POLICIES[lambda_policy],
-        "reg_normalize": normalize,
-        "max_backbone_batch": max_backbone_batch,
-        "global_batch": base.train.batch_size * base.train.grad_accum * nproc,
-        "axes": grid,
-        "tracking": {"uri": uri, "experiment": base.tracking.experiment, "parent_run_id": None},
-        "children": [{"index": c.index, "name": c.name, "point": c.point, "overrides": c.overrides} for c in children],
-    }
+    return StudyDefinition(
+        kind=kind, name=out.name, out=str(out), base_config=BASE_CONFIG if config is not None else None,
+        overrides=list(overrides), nproc=nproc, lambda_policy=lambda_policy,
+        lambda_policy_text=LAMBDA_POLICIES[lambda_policy], reg_normalize=normalize,
+        max_backbone_batch=max_backbone_batch, global_batch=base.train.batch_size * base.train.grad_accum * nproc,
+        axes=grid, tracking=StudyTracking(uri=uri, experiment=base.tracking.experiment), children=children)
 
 
 _AXIS_KEYS = {"members": "model.num_members", "taus": "reg.tau", "lambdas": "reg.lambda"}
@@ -184,9 +164,9 @@ def _grid_axes(kind: str, axes: dict[str, list[Any] | None], base: Config, probl
 
 
 def _children(grid: dict[str, list[Any]], base: Config, policy: str, max_backbone_batch: int | None, nproc: int,
-              out: Path, uri: str | None) -> list[Child]:
+              out: Path, uri: str | None) -> list[ChildSpec]:
     """The product of the axes, with axes that do not apply to a method collapsed, in a stable order."""
-    children: list[Child] = []
+    children: list[ChildSpec] = []
     seen: set[str] = set()
     for method, m, tau, lam, budget, seed in itertools.product(*(grid[a] for a in AXES)):
         spec = method_table()[method]
@@ -209,7 +189,8 @@ def _children(grid: dict[str, list[Any]], base: Config, policy: str, max_backbon
         ov.update({"run_dir": str(out / name), "tracking.run_name": name})
         if uri is not None:
             ov["tracking.uri"] = uri
-        children.append(Child(len(children), name, point, [f"{k}={_yaml_value(v)}" for k, v in ov.items()]))
+        children.append(ChildSpec(index=len(children), name=name, point=point,
+                                  overrides=[f"{k}={_yaml_value(v)}" for k, v in ov.items()]))
     return children
 
 
@@ -243,7 +224,7 @@ def _yaml_value(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
-def _validate_children(config: Path | None, overrides: Sequence[str], children: list[Child]) -> None:
+def _validate_children(config: Path | None, overrides: Sequence[str], children: list[ChildSpec]) -> None:
     """Every child's config through the trainer's own validation; all problems of all children in one error."""
     problems = []
     for child in children:
