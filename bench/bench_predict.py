@@ -58,8 +58,8 @@ def backends(head: torch.nn.Module, example: torch.Tensor, folder: Path) -> dict
     """The head as eager module, loaded .pt2 program and onnxruntime session."""
     import onnxruntime
 
-    from sigmanens_dist.export.format import METADATA_FILE
     from sigmanens_dist.export.program_onnx import write_onnx
+    from sigmanens_dist.program_meta import METADATA_FILE
 
     batch = torch.export.Dim("batch", min=1)
     with torch.no_grad():

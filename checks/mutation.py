@@ -73,8 +73,8 @@ GROUPS: dict[str, Group] = {
         ("sigmanens_dist/evaluation/norm_stats.py",),
         ("tests/evaluation/test_norm_stats.py", "tests/evaluation/test_mutants_norm_stats.py")),
     "program": Group(
-        ("sigmanens_dist/export/program.py", "sigmanens_dist/export/format.py"),
-        ("tests/export/test_format.py", "tests/export/test_export_program.py")),
+        ("sigmanens_dist/export/program.py", "sigmanens_dist/program_meta.py"),
+        ("tests/export/test_program_meta.py", "tests/export/test_export_program.py")),
     "predict_writer": Group(
         ("sigmanens_dist/predict/writer.py",),
         ("tests/predict/test_predict.py",)),

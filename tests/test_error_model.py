@@ -53,7 +53,7 @@ ALLOWED = {
     "evaluation/norm_stats.py": ["per-sample statistics need a prior > 0", "norms pool its members' rows"],
     "evaluation/plots.py": ["expected probs (N, K) and target", "probs must be probabilities",
                             "target values must lie in"],
-    "export/format.py": ["name"],
+    "program_meta.py": ["name"],
     "methods/base.py": ["member-major batch of", "inputs must be a Tensor or a mapping",
                         "cannot find logits in the backbone output", "member index {index} out of range"],
     "methods/batch.py": ["BatchEnsembleLayer: batch of"],

@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "sigmanens_dist"
 
 # bottom first; modules on one floor may import each other (no circle: checked below)
 FLOORS = [
-    ("errors", "progress", "timm_names", "program_check"),
+    ("errors", "progress", "timm_names", "program_check", "program_meta"),
     ("atomic", "safe_load"),
     ("storage",),  # torch-free, what the config reads: local or remote paths, and the traffic count
     ("catalog",),  # torch-free, what the config reads: every dataset and corruption named once

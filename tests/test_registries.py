@@ -16,7 +16,7 @@ from sigmanens_dist.data import raw
 from sigmanens_dist.data.loaders import FORMATS
 from sigmanens_dist.data.raw import READERS
 from sigmanens_dist.distributed.strategies import CHECKPOINT_FORMATS, STRATEGIES, strategy_class
-from sigmanens_dist.export.format import NORM_STATS
+from sigmanens_dist.program_meta import NORM_STATS
 from tests.helpers import parse_source
 
 PACKAGE = Path(__file__).resolve().parent.parent / "sigmanens_dist"
@@ -37,7 +37,7 @@ def test_every_strategy_name_has_a_class_and_a_checkpoint_format() -> None:
 
 
 def test_predict_reads_the_norm_stats_modes_of_the_config() -> None:
-    """``sigmanens predict`` imports no pydantic: its --norm-stats choices are export/format.py's, held equal to
+    """``sigmanens predict`` imports no pydantic: its --norm-stats choices are program_meta.py's, held equal to
     ``eval.norm_stats`` here."""
     assert choices(EvalConfig, "norm_stats") == NORM_STATS
 

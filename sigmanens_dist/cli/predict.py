@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, UnavailableError, UsageError
-from sigmanens_dist.export.format import NORM_STATS
+from sigmanens_dist.program_meta import NORM_STATS
 
 __all__ = ["main"]
 

@@ -278,7 +278,7 @@ class EvalConfig(_Section):
     # miscoverages α of split conformal sets, fitted on the split calibration fits on (calib, else val)
     conformal: list[Alpha] = Field(default_factory=list)
     # the BatchNorm statistics at prediction: the training ones, or each batch's own mixed with them by the prior N
-    # (evaluation/norm_stats.py; N = 0: the batch's alone); export/format.py's NORM_STATS, for predict (a test)
+    # (evaluation/norm_stats.py; N = 0: the batch's alone); program_meta.py's NORM_STATS, for predict (a test)
     norm_stats: Literal["train", "batch"] = "train"
     norm_stats_prior: Float = Field(0.0, ge=0, allow_inf_nan=False)
     # how the shift passes batch their images: per-corruption, each corruption × severity in its own batches; mixed,

@@ -25,8 +25,7 @@ from sigmanens_dist.errors import UsageError
 from sigmanens_dist.sigma.layers import SigmaBatchNorm
 from sigmanens_dist.sigma.layers.prediction_stats import prediction_moments
 
-__all__ = ["PredictionBatchNorm", "batch_norm_layers", "describe", "min_batch", "norm_stats_problem", "parse_prior",
-           "with_norm_stats"]
+__all__ = ["PredictionBatchNorm", "batch_norm_layers", "norm_stats_problem", "parse_prior", "with_norm_stats"]
 
 
 class PredictionBatchNorm(nn.Module):
@@ -98,18 +97,6 @@ def parse_prior(text: str | None, mode: str) -> float:
                          "statistics alone; e.g. 16: the training statistics count as 16 samples)")
     from_options(EvalConfig, {"norm_stats_prior": text}, norm_stats=mode, norm_stats_prior=prior)
     return prior
-
-
-def describe(mode: str, prior: float) -> dict[str, object]:
-    """The report's and a program's record of the statistics used."""
-    return {"mode": mode} if mode == "train" else {"mode": mode, "prior": prior}
-
-
-def min_batch(mode: str, prior: float) -> int:
-    """The fewest images a prediction batch may hold: 2 for the batch's statistics alone (one image normalised by
-    its own statistics is every image alike), else 1; a program's ``NormStats.min_batch`` (export/format.py) is the
-    same rule."""
-    return 2 if mode == "batch" and prior == 0 else 1
 
 
 def with_norm_stats(model: nn.Module, mode: str, prior: float = 0.0, per_sample: bool = False) -> nn.Module:

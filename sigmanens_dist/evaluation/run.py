@@ -39,7 +39,7 @@ from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation.load import method_of
 from sigmanens_dist.evaluation.metrics import SampleMetrics, diagnosis
 from sigmanens_dist.evaluation.mixed import CLEAN, Stream, build_stream, check_stream_folder, score_stream, write_stream
-from sigmanens_dist.evaluation.norm_stats import describe, min_batch, norm_stats_problem, with_norm_stats
+from sigmanens_dist.evaluation.norm_stats import norm_stats_problem, with_norm_stats
 from sigmanens_dist.evaluation.ood import score_ood
 from sigmanens_dist.evaluation.posthoc import PostHoc, fit_posthoc_on
 from sigmanens_dist.evaluation.report import (
@@ -54,6 +54,7 @@ from sigmanens_dist.evaluation.report import (
 )
 from sigmanens_dist.evaluation.scoring import Transform, score_pass
 from sigmanens_dist.methods.base import EnsembleMethod
+from sigmanens_dist.program_meta import NormStats
 
 __all__ = ["OOD_SETS", "check_options", "flat_metrics", "markdown", "run_eval", "score_pass", "sub_ensemble"]
 
@@ -126,7 +127,7 @@ def check_options(cfg: Config, model: EnsembleMethod, options: EvalConfig) -> li
     if norm_problem is not None:
         problems.append(norm_problem)
     batch = options.batch_size or cfg.train.batch_size
-    if batch < min_batch(options.norm_stats, options.norm_stats_prior):
+    if batch < NormStats(options.norm_stats, options.norm_stats_prior).min_batch:
         problems.append(f"--batch-size {batch} with --norm-stats batch and prior 0: one image normalised by its own "
                         "statistics alone maps every input alike; give a batch of 2 or more, or a prior "
                         "(--norm-stats-prior N, e.g. 16)")
@@ -209,7 +210,8 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
                               "method": method_of(cfg), "dataset": cfg.data.dataset, "split": options.split,
                               "shift_split": options.shift if names or options.imagenet_c else None,
                               "num_members": model.num_members, "members": k_max, "notes": notes,
-                              "norm_stats": describe(options.norm_stats, options.norm_stats_prior), "weights": {}}
+                              "norm_stats": NormStats(options.norm_stats, options.norm_stats_prior).to_dict(),
+                              "weights": {}}
     if names or options.imagenet_c:
         report["shift_batches"] = {"composition": options.shift_batches, "batch_size": batch} | (
             {"images": len(stream) * env.world_size, "order_seed": cfg.seed} if stream is not None else {})
@@ -352,8 +354,8 @@ def _mixed_shift(options: EvalConfig, stream: Stream, model: nn.Module, num_clas
             for metric in (metrics[g], *extras[g].values()):
                 metric.update(lg, y)
 
-    score_stream(model, stream, batch, min_batch(options.norm_stats, options.norm_stats_prior), mean, std, device,
-                 variant, update)
+    least = NormStats(options.norm_stats, options.norm_stats_prior).min_batch
+    score_stream(model, stream, batch, least, mean, std, device, variant, update)
     clean_mi = metrics[0].scores()["mutual_information"]
     out: dict[str, Any] = {}
     for name, metric, extra in zip(groups, metrics, extras, strict=True):

@@ -6,7 +6,7 @@ The program maps a batch of raw images, float32 ``(B, C, H, W)`` in [0, 1] (what
 normalises), to the ensemble's prediction; the recipe's mean/std, the chosen members (a real sub-ensemble, not a
 mask), the temperature and the conformal threshold fitted on the calibration split (``data.calib_split``) when
 the run has one, else on the validation split, are inside it, and its metadata
-(:class:`~sigmanens_dist.export.format.ProgramMeta`, as JSON) is in the file. Above the evaluation floor: it reuses
+(:class:`~sigmanens_dist.program_meta.ProgramMeta`, as JSON) is in the file. Above the evaluation floor: it reuses
 eval's checkpoint rebuild, sub-ensembles, validation pass, metrics and post-hoc fits, so a program predicts what eval
 scores.
 """
@@ -30,7 +30,7 @@ from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation.conformal import METHODS, RAPS_LAMBDA, class_scores
 from sigmanens_dist.evaluation.metrics import ensemble_log_probs, entropy, mutual_information
 from sigmanens_dist.evaluation.posthoc import fit_posthoc
-from sigmanens_dist.export.format import (
+from sigmanens_dist.program_meta import (
     CONFORMAL_OUTPUT,
     METADATA_FILE,
     OUTPUTS,
@@ -238,7 +238,7 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
     import sigmanens_dist
     from sigmanens_dist.data.ffcv_io import EVAL_CROP_RATIO
     from sigmanens_dist.evaluation.load import load_for_eval, method_of
-    from sigmanens_dist.evaluation.norm_stats import describe, norm_stats_problem, with_norm_stats
+    from sigmanens_dist.evaluation.norm_stats import norm_stats_problem, with_norm_stats
     from sigmanens_dist.evaluation.run import sub_ensemble
 
     loaded = load_for_eval(checkpoint)
@@ -272,7 +272,7 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
         input=ProgramInput(shape=["B", in_chans, size, size], channels=in_chans, size=size,
                            crop_ratio=EVAL_CROP_RATIO if cfg.data.format == "ffcv" else 1.0),
         normalisation=Normalisation(mean, std), members=chosen, trained_members=full.num_members, weights=weights,
-        norm_stats=NormStats(**describe(norm_stats, norm_stats_prior)), method=method_of(cfg), tau=cfg.reg.tau,
+        norm_stats=NormStats(norm_stats, norm_stats_prior), method=method_of(cfg), tau=cfg.reg.tau,
         run_id=loaded.run_id, step=loaded.step, dataset=cfg.data.dataset,
         package_version=sigmanens_dist.__version__, calibration=calibration, temperature=fit.temperature,
         **fit.record, conformal=fit.conformal, outputs=list(head.outputs))

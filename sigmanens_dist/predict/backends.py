@@ -1,5 +1,5 @@
 """The program ``sigmanens predict`` runs, behind one small interface: ``meta`` (the program's ``sigmanens.json``
-as a checked :class:`~sigmanens_dist.export.format.ProgramMeta`) and ``__call__`` (a ``(B, C, H, W)`` float32 batch
+as a checked :class:`~sigmanens_dist.program_meta.ProgramMeta`) and ``__call__`` (a ``(B, C, H, W)`` float32 batch
 → its outputs as numpy arrays). Two kinds of file:
 
 * ``.pt2``, a ``torch.export`` program (``sigmanens export RUN --program``), vetted by
@@ -8,7 +8,7 @@ as a checked :class:`~sigmanens_dist.export.format.ProgramMeta`) and ``__call__`
 * ``.onnx``, run by onnxruntime: input ``images``, outputs named as the metadata's ``outputs``, the metadata in the
   model's ``metadata_props`` under ``sigmanens.json`` (ONNX holds no code to run).
 
-Of the exporter only the torch-free :mod:`sigmanens_dist.export.format` is imported: deploying needs no evaluation
+Of the exporter only the torch-free :mod:`sigmanens_dist.program_meta` is imported: deploying needs no evaluation
 code.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from sigmanens_dist.errors import MissingPathError, UsageError
-from sigmanens_dist.export.format import METADATA_FILE, LaterFormatError, ProgramMeta, ProgramMetaError
+from sigmanens_dist.program_meta import METADATA_FILE, LaterFormatError, ProgramMeta, ProgramMetaError
 
 __all__ = ["Program", "load_program"]
 

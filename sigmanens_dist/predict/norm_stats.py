@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.export.format import ProgramMeta
 from sigmanens_dist.predict.inputs import Unit
+from sigmanens_dist.program_meta import ProgramMeta
 
 __all__ = ["alone_reason", "check_enough_inputs", "check_norm_stats"]
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from sigmanens_dist.atomic import atomic_write, check_writable_folder, write_text
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.export.format import ProgramMeta
+from sigmanens_dist.program_meta import ProgramMeta
 from sigmanens_dist.training.run_lock import LOCK_FILE
 
 __all__ = ["FORMAT", "MANIFEST", "PARTS", "PART_KEY", "SUMMARY", "check_claimable", "check_out", "claim", "part_path",

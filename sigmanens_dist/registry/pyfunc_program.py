@@ -4,7 +4,7 @@ run by ``mlflow.pyfunc.load_model("models:/NAME@ALIAS")`` and ``mlflow models se
 It imports neither sigmanens_dist nor timm, so a service needs only MLflow and the program's runtime: a ``.pt2`` is
 vetted by ``program_check.py`` (logged beside this file as the model's code, the check ``sigmanens predict`` runs)
 before torch loads it; an ``.onnx`` runs in onnxruntime, with no torch at all. The metadata is read and checked by
-``format.py`` (sigmanens_dist/export/format.py, logged beside this file too: the one definition ``predict`` reads
+``format.py`` (sigmanens_dist/program_meta.py, logged beside this file too: the one definition ``predict`` reads
 with), so a program of a later format version is refused here as there. ``predict`` takes float32 images
 ``(B, C, H, W)`` in [0, 1], or a table of one column of image files (bytes; base64 text in JSON), decoded and made
 what the program takes by ``image_input.py`` (logged beside this file: the transform ``sigmanens predict`` runs), and
@@ -32,15 +32,15 @@ Runner = Callable[[np.ndarray], dict[str, np.ndarray]]
 
 
 def _format() -> Any:
-    """``format.py``, the metadata's one definition, logged beside this file (the model's code_paths); imported when
-    the model loads, not when MLflow reads this file to log it (the code paths are not importable then)."""
-    import format as program_format
+    """``program_meta.py``, the metadata's one definition, logged beside this file (the model's code_paths); imported
+    when the model loads, not when MLflow reads this file to log it (the code paths are not importable then)."""
+    import program_meta
 
-    return program_format
+    return program_meta
 
 
 def _meta(path: Path, text: str | None) -> Any:
-    """The program's metadata (a ``format.ProgramMeta``), refused unless it is of a format version this code reads
+    """The program's metadata (a ``program_meta.ProgramMeta``), refused unless it is of a format version this code reads
     and names the input shape and the outputs (what serving needs)."""
     try:
         return _format().ProgramMeta.from_json(text)

@@ -23,13 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from sigmanens_dist import program_check
+from sigmanens_dist import program_check, program_meta
 from sigmanens_dist.atomic import file_sha256
 from sigmanens_dist.errors import UnavailableError, UsageError
-from sigmanens_dist.export import format as program_format
 from sigmanens_dist.export import image_input
-from sigmanens_dist.export.format import ProgramMeta
 from sigmanens_dist.predict.backends import load_program
+from sigmanens_dist.program_meta import ProgramMeta
 from sigmanens_dist.training.tracking import RUN_ID_FILE, check_server
 
 __all__ = ["MODEL_URI", "check_alias", "check_name", "check_registration", "check_store", "fetch_program",
@@ -37,7 +36,7 @@ __all__ = ["MODEL_URI", "check_alias", "check_name", "check_registration", "chec
 
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_program.py")  # the model's code (models from code)
 # what the pyfunc imports, logged beside it (code_paths): standalone files, no sigmanens_dist where it is served
-CODE_FILES = (program_check.__file__, program_format.__file__, image_input.__file__)
+CODE_FILES = (program_check.__file__, program_meta.__file__, image_input.__file__)
 PROGRAM_ARTIFACT = "program"  # pyfunc_program.PROGRAM: the artifact the pyfunc loads
 # the logged model's name inside its run (MLflow allows fewer characters there than in a registered name, '.' not)
 LOGGED_MODEL = "sigmanens-program"

@@ -26,9 +26,9 @@ from sigmanens_dist.config import load_config
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation import load_for_eval
 from sigmanens_dist.evaluation.norm_stats import batch_norm_layers, norm_stats_problem, with_norm_stats
-from sigmanens_dist.export.format import OUTPUTS, ProgramMeta
 from sigmanens_dist.models import build_model
 from sigmanens_dist.predict.norm_stats import check_norm_stats
+from sigmanens_dist.program_meta import OUTPUTS, ProgramMeta
 from sigmanens_dist.sigma.layers import SigmaBatchNorm
 from tests.helpers import FIXTURE, REPO, env, torchrun, untrained_run
 

@@ -36,7 +36,6 @@ from sigmanens_dist.evaluation.calibration import fit_temperature
 from sigmanens_dist.evaluation.conformal import class_scores
 from sigmanens_dist.evaluation.posthoc import fit_posthoc_on
 from sigmanens_dist.evaluation.scoring import collect_logits
-from sigmanens_dist.export.format import METADATA_FILE, OUTPUTS
 from sigmanens_dist.export.program import (
     QUIET_EXPORT_WARNINGS,
     SATURATION_BAND,
@@ -49,6 +48,7 @@ from sigmanens_dist.export.program import (
 )
 from sigmanens_dist.export.program_onnx import TRANSLATIONS
 from sigmanens_dist.models import build_model
+from sigmanens_dist.program_meta import METADATA_FILE, OUTPUTS
 from tests.helpers import FIXTURE, import_blocking, untrained_run
 
 METHODS = ("sigma", "single", "deep", "batch", "packed", "film")

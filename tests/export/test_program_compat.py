@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from sigmanens_dist.export.format import OUTPUTS
 from sigmanens_dist.predict.backends import load_program
+from sigmanens_dist.program_meta import OUTPUTS
 from tests.helpers import REPO
 
 STORED = REPO / "tests" / "fixtures" / "program_v1"

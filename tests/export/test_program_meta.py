@@ -1,4 +1,4 @@
-"""A program's metadata as one typed, versioned record (sigmanens_dist/export/format.py): what the exporter writes
+"""A program's metadata as one typed, versioned record (sigmanens_dist/program_meta.py): what the exporter writes
 reads back as the same record; every program this project wrote in format version 1 reads, the oldest layout with
 the defaults it implied; a later version, another file's metadata, a missing output or input shape are refused in
 one line saying what."""
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from sigmanens_dist.export.format import (
+from sigmanens_dist.program_meta import (
     CONFORMAL_OUTPUT,
     OUTPUTS,
     ConformalFit,
