@@ -34,7 +34,7 @@ FLOORS = [
     ("training",),
     ("models",),
     ("evaluation",),
-    ("export",),  # a program reuses eval's rebuild, fits and metrics; predict reads its torch-free format.py
+    ("export",),  # a program reuses eval's rebuild, fits and metrics; predict reads program_meta.py, below
     ("trainer", "experiments", "predict", "registry"),
     ("cli", "train"),  # train: `python -m sigmanens_dist.train`, the command for launchers (torchrun, Slurm)
 ]

@@ -3,7 +3,7 @@ run was evaluated (the program's ``input.crop_ratio``), as ``(C, H, W)`` uint8 p
 transform, used by ``sigmanens predict`` and by a registered program's MLflow pyfunc.
 
 Standalone on purpose (PIL and numpy only, nothing of sigmanens_dist, no torch): the same file is logged beside a
-registered program (sigmanens_dist/registry/pyfunc_program.py), as ``format.py`` is.
+registered program (sigmanens_dist/registry/pyfunc_program.py), as ``program_meta.py`` is.
 
 The transform: the centre square whose side is ``crop_ratio`` × the shorter side (FFCV's evaluation crop; 1: the
 whole shorter side, which for a square image is all of it), resized to the program's side with PIL's bilinear filter

@@ -4,7 +4,7 @@ run by ``mlflow.pyfunc.load_model("models:/NAME@ALIAS")`` and ``mlflow models se
 It imports neither sigmanens_dist nor timm, so a service needs only MLflow and the program's runtime: a ``.pt2`` is
 vetted by ``program_check.py`` (logged beside this file as the model's code, the check ``sigmanens predict`` runs)
 before torch loads it; an ``.onnx`` runs in onnxruntime, with no torch at all. The metadata is read and checked by
-``format.py`` (sigmanens_dist/program_meta.py, logged beside this file too: the one definition ``predict`` reads
+``program_meta.py`` (logged beside this file too: the one definition ``predict`` reads
 with), so a program of a later format version is refused here as there. ``predict`` takes float32 images
 ``(B, C, H, W)`` in [0, 1], or a table of one column of image files (bytes; base64 text in JSON), decoded and made
 what the program takes by ``image_input.py`` (logged beside this file: the transform ``sigmanens predict`` runs), and

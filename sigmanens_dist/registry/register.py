@@ -1,7 +1,7 @@
 """A program (``sigmanens export RUN --program OUT``) as an MLflow Model in MLflow's Model Registry, and back.
 
 :func:`register_program` logs the program into the MLflow run that trained it as a pyfunc model (the code file
-``pyfunc_program.py`` with ``program_check.py`` and the metadata's ``format.py`` beside it, the ``.pt2`` or
+``pyfunc_program.py`` with ``program_check.py`` and the metadata's ``program_meta.py`` beside it, the ``.pt2`` or
 ``.onnx`` as its artifact, a signature and an input example, the program's metadata), registers a version of it
 under a name with the metadata as the version's tags and description, and points an alias at it.
 :func:`fetch_program` downloads the program a ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` URI names, for

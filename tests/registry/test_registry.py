@@ -173,8 +173,8 @@ def test_the_pyfunc_vets_a_pt2_as_predict_does(registered: dict[str, tuple[Path,
 
 def test_the_pyfunc_refuses_a_program_of_a_later_format(registered: dict[str, tuple[Path, str]], store: str,
                                                          tmp_path: Path) -> None:
-    """The pyfunc reads the metadata with the format.py logged beside it, as predict does: a registered .onnx whose
-    metadata says sigmanens-program/99 is refused at load in one line naming both versions."""
+    """The pyfunc reads the metadata with the program_meta.py logged beside it, as predict does: a registered .onnx
+    whose metadata says sigmanens-program/99 is refused at load in one line naming both versions."""
     import onnx
 
     from sigmanens_dist.registry import fetch_program
@@ -192,16 +192,16 @@ def test_the_pyfunc_refuses_a_program_of_a_later_format(registered: dict[str, tu
 # the code files a registered model carries, imported by name from their folder as MLflow's code path gives them
 IMPORT_CODE_FILES = import_blocking("sigmanens_dist", "timm") + """
 sys.path.insert(0, sys.argv[1])
-import format
-assert "torch" not in sys.modules and "numpy" not in sys.modules, "format.py imported more than the standard library"
+import program_meta
+assert "torch" not in sys.modules and "numpy" not in sys.modules, "program_meta.py imported beyond the standard library"
 import program_check
-print(format.FORMAT_VERSION, program_check.ZIP_MAGIC)
+print(program_meta.FORMAT_VERSION, program_check.ZIP_MAGIC)
 """
 
 
 def test_the_files_logged_beside_the_pyfunc_import_alone(tmp_path: Path) -> None:
-    """program_check.py and the metadata's format.py import where sigmanens_dist and timm cannot (format.py with
-    the standard library alone), as a served model imports them."""
+    """program_check.py and the metadata's program_meta.py import where sigmanens_dist and timm cannot
+    (program_meta.py with the standard library alone), as a served model imports them."""
     from sigmanens_dist.registry.register import CODE_FILES
 
     for path in CODE_FILES:
