@@ -37,7 +37,7 @@ from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, UnavailableError
 __all__ = ["main"]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="sigmanens export", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint", type=Path, help="step_N.pt file, a DCP / DeepSpeed step folder, or a run directory "
@@ -66,70 +66,104 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--alias", help="with --register: point this alias of NAME at the new version (e.g. champion)")
     ap.add_argument("--tracking-uri", metavar="URI", help="with --register: the MLflow store (default: the one the "
                                                           "run was tracked in, from its mlflow_run.txt)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        _check_flags(args)
+        return _program(args) if args.program is not None else _state_dict(args)
+    except UsageError as err:
+        return _usage(str(err))
+    except UnavailableError as err:  # a tracking server that does not answer: one line, exit 1 (errors.py)
+        print(f"sigmanens export: error: {err}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Which flags go together: a state dict (OUT, optionally --member) or a program (--program and its flags,
+    --register and its)."""
     if (args.out is None) == (args.program is None) or (args.program is not None and args.member is not None):
-        return _usage("give OUT (a state dict, optionally --member K) or --program OUT, one of the two")
+        raise UsageError("give OUT (a state dict, optionally --member K) or --program OUT, one of the two")
     program_only = (args.members, args.format, args.conformal, args.conformal_score, args.norm_stats_prior)
     if args.program is None and (any(v is not None for v in program_only) or args.calibration != "none"
                                  or args.weights != "raw" or args.norm_stats != "train"):
-        return _usage("--members, --calibration, --format, --conformal(-score), --weights and --norm-stats(-prior) "
-                      "go with --program OUT")
+        raise UsageError("--members, --calibration, --format, --conformal(-score), --weights and "
+                         "--norm-stats(-prior) go with --program OUT")
     registry_flags = args.alias is not None or args.tracking_uri is not None
     if (args.register is None and registry_flags) or (args.register is not None and args.program is None):
-        return _usage("--register NAME goes with --program OUT, and --alias and --tracking-uri with --register")
-    out = args.out or args.program
-    from sigmanens_dist.atomic import torch_save  # after parsing: `sigmanens export --help` answers without torch
+        raise UsageError("--register NAME goes with --program OUT, and --alias and --tracking-uri with --register")
+
+
+def _program(args: argparse.Namespace) -> int:
+    """``--program OUT [--register NAME]``: every flag checked before the checkpoint is read, then the checkpoint
+    read once, the registration checked once (before the program is written: a refused one leaves nothing behind),
+    the program written and registered."""
+    from sigmanens_dist.checkpoint import resolve_checkpoint  # here, not at the top: `--help` answers without torch
+    from sigmanens_dist.evaluation.conformal import parse_alphas
+    from sigmanens_dist.evaluation.load import load_for_eval
+    from sigmanens_dist.evaluation.norm_stats import parse_prior
+    from sigmanens_dist.export.program import export_program, parse_score, program_format
+    from sigmanens_dist.training.run_lock import own_run_containing
+
+    out = args.program
+    fmt = program_format(args.format, out)
+    alpha = next(iter(parse_alphas(args.conformal, single=True)), None)
+    score = parse_score(args.conformal_score, alpha)
+    prior = parse_prior(args.norm_stats_prior, args.norm_stats)
+    uri = None
+    if args.register is not None:
+        from sigmanens_dist.registry import check_alias, check_name, recorded_tracking_uri
+
+        check_name(args.register, "--register")
+        check_alias(args.alias)
+    checkpoint, which = resolve_checkpoint(args.checkpoint, "checkpoint")
+    if args.register is not None:
+        uri = args.tracking_uri or recorded_tracking_uri(checkpoint)
+        if uri is None:
+            raise UsageError(f"--register: {args.checkpoint} has no mlflow_run.txt (a run trained with tracking on "
+                             "has one); give the store with --tracking-uri")
+    _check_out(out, checkpoint, args.force)
+    loaded = load_for_eval(checkpoint)
+    run = None
+    if args.register is not None:
+        from sigmanens_dist.registry import check_registration
+
+        run = check_registration(uri, loaded.run_id, args.register, args.alias)
+    lock = own_run_containing(out, "export")
+    try:
+        print(f"exporting {which}")
+        meta = export_program(checkpoint, out, args.members, args.calibration, fmt, alpha, score, args.weights,
+                              args.norm_stats, prior, loaded=loaded)
+        extra, sets = "", meta.conformal
+        if sets is not None:
+            extra = f", {score} sets at α={alpha}, q̂={'inf' if sets.qhat is None else f'{sets.qhat:.4g}'}"
+        print(f"wrote a program ({fmt}) of {len(meta.members)} members (T={meta.temperature:.4g}{extra}) to {out}")
+        if run is not None:
+            from sigmanens_dist.registry import register_program
+
+            version = register_program(out, args.register, uri=uri, run=run, alias=args.alias)
+            print(f"registered it as models:/{args.register}/{version.version}"
+                  f"{f' (models:/{args.register}@{args.alias})' if args.alias else ''} in {uri}")
+    finally:
+        if lock is not None:
+            lock.release()
+    return 0
+
+
+def _state_dict(args: argparse.Namespace) -> int:
+    """``OUT [--member K]``: the whole ensemble's state dict, or member K as a plain model's."""
+    from sigmanens_dist.atomic import torch_save  # here, not at the top: `--help` answers without torch
     from sigmanens_dist.checkpoint import consolidated_state_dict, resolve_checkpoint
     from sigmanens_dist.export import load_model
     from sigmanens_dist.training.run_lock import own_run_containing
 
-    lock = None
+    checkpoint, which = resolve_checkpoint(args.checkpoint, "checkpoint")
+    _check_out(args.out, checkpoint, args.force)
+    lock = own_run_containing(args.out, "export")
     try:
-        if args.program is not None:  # every flag checked before the checkpoint is read
-            from sigmanens_dist.evaluation.conformal import parse_alphas
-            from sigmanens_dist.evaluation.norm_stats import parse_prior
-            from sigmanens_dist.export.program import parse_score, program_format
-
-            fmt = program_format(args.format, args.program)
-            alpha = next(iter(parse_alphas(args.conformal, single=True)), None)
-            score = parse_score(args.conformal_score, alpha)
-            prior = parse_prior(args.norm_stats_prior, args.norm_stats)
-        if args.register is not None:
-            from sigmanens_dist.registry import check_alias, check_name, recorded_tracking_uri
-
-            check_name(args.register, "--register")
-            check_alias(args.alias)
-        checkpoint, which = resolve_checkpoint(args.checkpoint, "checkpoint")
-        if args.register is not None:
-            uri = args.tracking_uri or recorded_tracking_uri(checkpoint)
-            if uri is None:
-                raise UsageError(f"--register: {args.checkpoint} has no mlflow_run.txt (a run trained with tracking "
-                                 "on has one); give the store with --tracking-uri")
-        _check_out(out, checkpoint, args.force)
-        if args.register is not None:  # the registration's refusals before the program is written, not after
-            from sigmanens_dist.checkpoint.state import TrainerState
-            from sigmanens_dist.registry import check_registration
-
-            check_registration(uri, TrainerState.read(checkpoint).run_id, args.register, args.alias)
-        lock = own_run_containing(out, "export")
         print(f"exporting {which}")
-        if args.program is not None:
-            from sigmanens_dist.export.program import export_program
-
-            meta = export_program(checkpoint, out, args.members, args.calibration, fmt, alpha, score, args.weights,
-                                  args.norm_stats, prior)
-            extra, sets = "", meta.conformal
-            if sets is not None:
-                qhat = "inf" if sets.qhat is None else f"{sets.qhat:.4g}"
-                extra = f", {score} sets at α={alpha}, q̂={qhat}"
-            print(f"wrote a program ({fmt}) of {len(meta.members)} members (T={meta.temperature:.4g}{extra}) to {out}")
-            if args.register is not None:
-                from sigmanens_dist.registry import register_program
-
-                version = register_program(out, args.register, uri=uri, run_id=meta.run_id, alias=args.alias)
-                print(f"registered it as models:/{args.register}/{version.version}"
-                      f"{f' (models:/{args.register}@{args.alias})' if args.alias else ''} in {uri}")
-            return 0
         if args.member is None:
             weights, _ = consolidated_state_dict(checkpoint)
         else:
@@ -140,11 +174,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError(f"--member {args.member}: the model has members 0..{model.num_members - 1}")
             weights = model.member(args.member).state_dict()
         torch_save(weights, args.out)
-    except UsageError as err:
-        return _usage(str(err))
-    except UnavailableError as err:  # a tracking server that does not answer: one line, exit 1 (errors.py)
-        print(f"sigmanens export: error: {err}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
     finally:
         if lock is not None:
             lock.release()

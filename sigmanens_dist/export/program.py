@@ -20,7 +20,7 @@ import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -40,6 +40,9 @@ from sigmanens_dist.program_meta import (
     ProgramInput,
     ProgramMeta,
 )
+
+if TYPE_CHECKING:
+    from sigmanens_dist.evaluation.load import EvalCheckpoint
 
 __all__ = ["FORMATS", "QUIET_EXPORT_WARNINGS", "SATURATION_BAND", "ProgramHead", "class_names", "export_program",
            "parse_members", "parse_score", "program_format", "program_threshold", "save_torch_program"]
@@ -228,7 +231,7 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
                    calibration: Literal["temperature", "none"] = "none", fmt: Literal["torch", "onnx"] = "torch",
                    conformal: float | None = None, score: str = "thr",
                    weights: Literal["raw", "ema"] = "raw", norm_stats: Literal["train", "batch"] = "train",
-                   norm_stats_prior: float = 0.0) -> ProgramMeta:
+                   norm_stats_prior: float = 0.0, loaded: EvalCheckpoint | None = None) -> ProgramMeta:
     """Write ``checkpoint``'s ensemble (or the sub-ensemble ``members``; its raw or EMA ``weights``) as a ``fmt``
     program at ``out``, with the conformal set at miscoverage ``conformal`` if given, its BatchNorms normalising with
     the training statistics or each batch's (``norm_stats``, mixed by ``norm_stats_prior``:
@@ -241,7 +244,7 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
     from sigmanens_dist.evaluation.norm_stats import norm_stats_problem, with_norm_stats
     from sigmanens_dist.evaluation.run import sub_ensemble
 
-    loaded = load_for_eval(checkpoint)
+    loaded = loaded or load_for_eval(checkpoint)  # given: the caller read the checkpoint already (export --register)
     cfg, full = loaded.cfg, loaded.model if weights == "raw" else loaded.ema
     if full is None:
         raise UsageError(f"--weights ema: {checkpoint} holds no EMA weights (the run had no train.ema_decay); export "

@@ -11,7 +11,7 @@ from typing import Any
 
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.experiments.compare import RunRecord, mlflow_client
-from sigmanens_dist.registry.register import TAG_PREFIX, register_program
+from sigmanens_dist.registry.register import TAG_PREFIX, check_registration, register_program
 
 __all__ = ["BY", "parse_by", "register_best"]
 
@@ -62,6 +62,7 @@ def register_best(uri: str, records: list[RunRecord], name: str, by: str, alias:
                          f"({run_dir}); export and register it where it is: sigmanens export RUN --program OUT "
                          f"--register {name}")
     checkpoint, which = resolve_checkpoint(run_dir, "--register-best")
+    run = check_registration(uri, best.run_id, name, alias)  # before the program is exported for it
     print(f"best on {by}: {best.name} ({value:.4g}, of {candidates}); exporting {which}")
     tags = {f"{TAG_PREFIX}chosen_by": by, f"{TAG_PREFIX}chosen_value": repr(value),
             f"{TAG_PREFIX}chosen_among": str(candidates), f"{TAG_PREFIX}child": best.name}
@@ -70,4 +71,4 @@ def register_best(uri: str, records: list[RunRecord], name: str, by: str, alias:
     with tempfile.TemporaryDirectory(prefix="sigmanens-best-") as tmp:
         program = Path(tmp) / f"{best.name}.pt2"
         export_program(checkpoint, program)
-        return register_program(program, name, uri=uri, run_id=best.run_id, alias=alias, tags=tags)
+        return register_program(program, name, uri=uri, run=run, alias=alias, tags=tags)

@@ -205,17 +205,17 @@ def check_registration(uri: str, run_id: str | None, name: str, alias: str | Non
                          "in (--tracking-uri)") from None
 
 
-def register_program(program: Path, name: str, *, uri: str, run_id: str | None, alias: str | None = None,
+def register_program(program: Path, name: str, *, uri: str, run: Any, alias: str | None = None,
                      tags: dict[str, str] | None = None) -> Any:
-    """Log ``program`` into MLflow run ``run_id`` of store ``uri`` as a pyfunc model, register it as a new version
-    of ``name`` (created if missing) tagged with its metadata and ``tags``, point ``alias`` at it; returns the
-    version. :func:`check_registration` first, then the program is loaded (and a ``.pt2`` vetted) as ``sigmanens
-    predict`` loads it."""
+    """Log ``program`` into ``run`` (the MLflow run of store ``uri`` that :func:`check_registration` returned for
+    ``name`` and ``alias``, before the program was written) as a pyfunc model, register it as a new version of
+    ``name`` (created if missing) tagged with its metadata and ``tags``, point ``alias`` at it; returns the version.
+    The program is loaded (and a ``.pt2`` vetted) as ``sigmanens predict`` loads it."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    run = check_registration(uri, run_id, name, alias)
-    client = mlflow.MlflowClient(uri)  # check_registration pointed MLflow at uri and asked the server
+    run_id = run.info.run_id
+    client = mlflow.MlflowClient(uri)
     loaded = load_program(program, torch.device("cpu"))
     meta = loaded.meta
     example = np.full((2, *meta.input.chw), 0.5, dtype=np.float32)

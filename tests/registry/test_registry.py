@@ -499,6 +499,31 @@ def test_registering_leaves_mlflow_pointed_where_it_was(store: str, tmp_path: Pa
     assert [os.environ.get(name) for name in names] == before
 
 
+def test_export_register_reads_the_checkpoint_once_and_asks_the_registry_once(store: str, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 54: ``export --register`` reads the checkpoint once (the registration's run id comes from the same
+    read as the program) and checks the registration once, before the program is written."""
+    from sigmanens_dist import registry
+    from sigmanens_dist.evaluation import load
+
+    calls: dict[str, int] = {"load_for_eval": 0, "check_registration": 0}
+
+    def counted(module: object, name: str) -> None:
+        real = getattr(module, name)
+
+        def wrapper(*args: object, **kwargs: object) -> object:
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, wrapper)
+
+    counted(load, "load_for_eval")
+    counted(registry, "check_registration")
+    run = _tracked_copy(tmp_path, store, "once")
+    assert main(["export", str(run), "--program", str(tmp_path / "model.pt2"), "--register", "once"]) == 0
+    assert calls == {"load_for_eval": 1, "check_registration": 1}
+
+
 def test_predict_of_a_version_whose_files_are_gone_is_one_line(store: str, store_dir: Path, tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 51, finding 7: a registered version whose artifacts were deleted from the store was a 29-line
