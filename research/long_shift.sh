@@ -171,7 +171,7 @@ fi
 # config_args CONFIG: the eval options of one mixed-round configuration: train (the training statistics: one stream at
 # batch 32 answers for every batch size), b<B>p<N> (batches of B mixed, each batch's statistics with prior N) or
 # h<B>p<N> (the per-corruption protocol's batches of B, each batch's statistics with prior N)
-MIXED_GRID=(train b32p0 b32p4 b32p16 b32p64 b8p0 b8p16 b1p4 b1p16 b1p64)
+MIXED_GRID=(train b32p0 b32p4 b32p16 b32p64 b1p4 b1p16 b1p64 ${MIXED_B8:-})  # MIXED_B8="b8p0 b8p16": batches of 8 too
 # the mixed test stream: the first 2,000 test images (58,000 with their 28 corrupted copies; all 10,000 would take
 # 25 min a configuration here)
 MIXED_TEST=(--data test_subset=2000)
