@@ -224,8 +224,9 @@ def check_beton(path: Path | str, kind: Literal["image", "text"] = "image") -> i
 
     writer = "write_beton()" if kind == "image" else "write_text_beton() (sigmanens data convert --dataset sst2)"
 
-    def bad(why: str) -> ValueError:
-        return ValueError(f"{path}: corrupt or truncated .beton ({why}); re-run {writer}")
+    def bad(why: str) -> UsageError:
+        # the user's file, not a crash: one line and exit 2, which Slurm does not retry (a retry reads it again)
+        return UsageError(f"{path}: corrupt or truncated .beton ({why}); re-run {writer}")
 
     if size < HeaderType.itemsize:
         raise bad(f"{size} bytes, shorter than the {HeaderType.itemsize}-byte header")

@@ -31,6 +31,7 @@ from sigmanens_dist.data.webdataset_io import (
     read_manifest,
 )
 from sigmanens_dist.data.webdataset_write import write_shards
+from sigmanens_dist.errors import UsageError
 from tests.helpers import REPO, env, torchrun
 
 NUM_CLASSES, PER_CLASS, SIZE = 4, 24, 32  # 96 train images
@@ -265,7 +266,7 @@ def test_ffcv_corrupt_or_truncated_beton_is_named(tmp_path: Path, beton: Path) -
                                ("version.beton", b"\x07" + data[1:], "format version")):
         path = tmp_path / name
         path.write_bytes(content)
-        with pytest.raises(ValueError, match=rf"{name}: corrupt or truncated \.beton \(.*{why}"):
+        with pytest.raises(UsageError, match=rf"{name}: corrupt or truncated \.beton \(.*{why}"):
             FFCVLoader(path, 4, 0, 1, 1, seed=0, train=True, img_size=24, mean=(0.5,) * 3, std=(0.25,) * 3)
     with pytest.raises(FileNotFoundError, match=r"missing\.beton: no such \.beton file"):
         check_beton(tmp_path / "missing.beton")
