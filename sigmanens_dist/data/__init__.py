@@ -1,4 +1,7 @@
-"""Datasets read from local files; nothing downloads."""
+"""The data a run trains and is scored on: raw datasets from local files (nothing is downloaded: a missing dataset is
+one line naming where to put it), FFCV ``.beton`` files and webdataset shards, local or streamed over HTTP/S3 with a
+node-local shard cache; the loaders, the resumable sampler, augmentations (AugMix, per-member streams), corruptions,
+OOD sets, and ``sigmanens data convert``."""
 
 from __future__ import annotations
 
