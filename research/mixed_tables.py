@@ -49,6 +49,8 @@ def label(config: str) -> str:
     kind, batch, prior = parse(config)
     if kind == "train":
         return "training statistics (any batch)"
+    if kind == "mixed" and batch == 1:
+        return f"one image at a time, its statistics, prior {prior:g}"
     where = "mixed batches" if kind == "mixed" else "per-corruption batches"
     return f"{where} of {batch}, batch statistics, prior {prior:g}"
 
