@@ -116,3 +116,35 @@ keep_records() {
   mkdir -p "$RECORDS"
   cp "$1" "$RECORDS/$2.jsonl.tmp" && mv "$RECORDS/$2.jsonl.tmp" "$RECORDS/$2.jsonl"
 }
+
+# train_lanes SCORED LANE...: each seed of SEED_LIST × each LANE as the study <lane>_s<seed> with LANE_ARGS[lane] (an
+# associative array the caller declares, as RECORDS and OUT). SCORED NAME (a command) says whether that study was
+# evaluated already: a recorded study whose checkpoint is not in OUT (a fresh clone) and which was not evaluated is
+# trained again, so that its evaluation reads the checkpoint its record describes.
+train_lanes() {
+  local scored=$1 seed lane name
+  shift
+  for lane in "$@"; do
+    [ -n "${LANE_ARGS[$lane]:-}" ] || { echo "unknown lane $lane (${!LANE_ARGS[*]})" >&2; return 2; }
+  done
+  for seed in "${SEED_LIST[@]}"; do
+    for lane in "$@"; do
+      name="${lane}_s$seed"
+      [ -e "$OUT/$name/.finished" ] || "$scored" "$name" || rm -f "$RECORDS/$name.jsonl"
+      # shellcheck disable=SC2086  # LANE_ARGS holds several words
+      study "$name" methods ${LANE_ARGS[$lane]} --seeds "$seed"
+    done
+  done
+}
+
+# publish_eval DEST WORK LOG ARGS...: `sigmanens eval ARGS --out WORK`, niced, its output in LOG; its eval.json and
+# eval.md published as DEST whole or not at all (a DEST there means "evaluated"). The exit status is eval's.
+publish_eval() {
+  local dest=$1 work=$2 log=$3
+  shift 3
+  rm -rf "$work"
+  nice -n 19 sigmanens eval "$@" --out "$work" </dev/null >"$log" 2>&1 || return
+  mkdir -p "$dest.tmp"
+  cp "$work/eval.json" "$work/eval.md" "$dest.tmp/"
+  rm -rf "$dest" && mv "$dest.tmp" "$dest"
+}

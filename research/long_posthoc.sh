@@ -33,25 +33,14 @@ declare -A LANE_ARGS=(
   [packed3]="--methods packed --members 4 model.packed_alpha=3"
 )
 
+evaluated() { [ -s "$RESULTS/evals/$1/eval.json" ]; }
+
 if [ "$phase" = train ]; then
   read -r -a LANES <<< "${*:-single sigma deep packed3}"
-  for lane in "${LANES[@]}"; do
-    [ -n "${LANE_ARGS[$lane]:-}" ] || { echo "long_posthoc: unknown lane $lane (single sigma deep packed3)" >&2; exit 2; }
-  done
   BUDGET_ARGS=("${LONG_BUDGET[@]}" eval.at_end=false)
   studies_begin "$out_arg" 5083
   RECORDS="$RESULTS/records"
-  for seed in "${SEED_LIST[@]}"; do
-    for lane in "${LANES[@]}"; do
-      name="${lane}_s$seed"
-      if [ -s "$RESULTS/evals/$name/eval.json" ]; then echo "[$(date +%T)] $name: evaluated before, skipped"; continue; fi
-      # Recorded but not evaluated, and its checkpoint is not in OUT (a fresh clone): train it again, so that the
-      # evaluation reads the checkpoint its record describes.
-      [ -e "$OUT/$name/.finished" ] || rm -f "$RECORDS/$name.jsonl"
-      # shellcheck disable=SC2086  # LANE_ARGS holds several words
-      study "$name" methods ${LANE_ARGS[$lane]} --seeds "$seed"
-    done
-  done
+  train_lanes evaluated "${LANES[@]}"
   [ ! -e "$OUT/.failed" ]
   exit
 fi
@@ -62,18 +51,13 @@ failed=0
 for seed in "${SEED_LIST[@]}"; do
   for lane in single sigma deep packed3; do
     name="${lane}_s$seed" dest="$RESULTS/evals/${lane}_s$seed"
-    if [ -s "$dest/eval.json" ]; then echo "[$(date +%T)] $name: evaluated before, skipped"; continue; fi
+    if evaluated "$name"; then echo "[$(date +%T)] $name: evaluated before, skipped"; continue; fi
     runs=("$OUT/$name"/*/final_metrics.json)
     if [ ! -e "${runs[0]}" ]; then echo "[$(date +%T)] $name: not trained (no $OUT/$name/*/final_metrics.json)"; failed=1; continue; fi
     run="$(dirname "${runs[0]}")"
     echo "[$(date +%T)] $name: sigmanens eval --checkpoint $run"
-    rm -rf "$OUT/$name.eval"
-    if nice -n 19 sigmanens eval --checkpoint "$run" --calibration temperature --conformal 0.1,0.05 \
-        --corruptions all --severities 3,5 --ood digits --no-sub-ensembles --no-mlflow --out "$OUT/$name.eval" \
-        >"$OUT/$name.eval.log" 2>&1; then
-      mkdir -p "$dest.tmp"
-      cp "$OUT/$name.eval/eval.json" "$OUT/$name.eval/eval.md" "$dest.tmp/"
-      rm -rf "$dest" && mv "$dest.tmp" "$dest"
+    if publish_eval "$dest" "$OUT/$name.eval" "$OUT/$name.eval.log" --checkpoint "$run" --calibration temperature \
+        --conformal 0.1,0.05 --corruptions all --severities 3,5 --ood digits --no-sub-ensembles --no-mlflow; then
       echo "[$(date +%T)] $name: kept in $dest"
     else
       echo "[$(date +%T)] $name: eval FAILED: $OUT/$name.eval.log"

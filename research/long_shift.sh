@@ -80,23 +80,13 @@ declare -A LANE_ARGS=(
   [packed3]="--methods packed --members 4 model.packed_alpha=3"
 )
 
+scored() { [ -s "$RESULTS/val/${1}_train/eval.json" ]; }
+
 if [ "$phase" = train ]; then
   read -r -a LANES <<< "${*:-single sigma sigma_t025 sigma_t1 wide deep packed3 single_augmix sigma_augmix sigma_augmix_spread}"
-  for lane in "${LANES[@]}"; do
-    [ -n "${LANE_ARGS[$lane]:-}" ] || { echo "long_shift: unknown lane $lane (${!LANE_ARGS[*]})" >&2; exit 2; }
-  done
   studies_begin "$out_arg" 5091
   RECORDS="$RESULTS/records"
-  for seed in "${SEED_LIST[@]}"; do
-    for lane in "${LANES[@]}"; do
-      name="${lane}_s$seed"
-      # Recorded but not yet scored, and its checkpoint is not in OUT (a fresh clone): train it again, so that the
-      # choose phase reads the checkpoint its record describes.
-      [ -e "$OUT/$name/.finished" ] || [ -s "$RESULTS/val/${name}_train/eval.json" ] || rm -f "$RECORDS/$name.jsonl"
-      # shellcheck disable=SC2086  # LANE_ARGS holds several words
-      study "$name" methods ${LANE_ARGS[$lane]} --seeds "$seed"
-    done
-  done
+  train_lanes scored "${LANES[@]}"
   [ ! -e "$OUT/.failed" ]
   exit
 fi
@@ -113,13 +103,9 @@ score() {
   local dest="$RESULTS/$kind/$name" work="$OUT/$kind/$name" log="$OUT/${kind}_$name.log"
   if [ -s "$dest/eval.json" ]; then echo "[$(date +%T)] $name: evaluated before, skipped"; return; fi
   if [ -z "$run" ]; then echo "[$(date +%T)] $name: not trained (no run in $OUT)"; failed=1; return; fi
-  rm -rf "$work"
   echo "[$(date +%T)] $name: scoring ($kind)"
-  if nice -n 19 sigmanens eval --checkpoint "$run" "$@" --corruptions all --severities 3,5 --no-sub-ensembles \
-      --no-mlflow --out "$work" </dev/null >"$log" 2>&1; then
-    mkdir -p "$dest.tmp"
-    cp "$work/eval.json" "$work/eval.md" "$dest.tmp/"
-    rm -rf "$dest" && mv "$dest.tmp" "$dest"
+  if publish_eval "$dest" "$work" "$log" --checkpoint "$run" "$@" --corruptions all --severities 3,5 \
+      --no-sub-ensembles --no-mlflow; then
     echo "[$(date +%T)] $name: kept in $dest"
   else
     echo "[$(date +%T)] $name: eval FAILED: $log"
