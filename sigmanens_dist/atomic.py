@@ -80,7 +80,7 @@ def write_text(path: str | Path, text: str) -> Path:
 
 def torch_save(obj: Any, path: str | Path) -> Path:
     """``torch.save`` published atomically (a checkpoint is either the previous one or complete)."""
-    import torch
+    import torch  # lazy: torch; the CLI imports this module for `--help`
 
     return atomic_write(path, lambda f: torch.save(obj, f))
 

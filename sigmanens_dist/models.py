@@ -15,10 +15,12 @@ import timm
 import torch
 from torch import nn
 
+from sigmanens_dist.checkpoint import is_checkpoint_file, read_checkpoint, resolve_checkpoint
 from sigmanens_dist.config import Config, ModelConfig
 from sigmanens_dist.errors import MissingPathError, UsageError
 from sigmanens_dist.methods import EnsembleMethod, build_method
 from sigmanens_dist.methods.single import SingleModel
+from sigmanens_dist.safe_load import load_file, load_safetensors
 from sigmanens_dist.sigma.layers import SigmaStore
 
 __all__ = ["SingleModel", "Source", "build_model", "enable_grad_checkpointing", "source_weights"]
@@ -69,9 +71,6 @@ def source_weights(init_from: str | Path) -> Source:
     folder of any strategy (read by :func:`read_checkpoint`, like export and eval), or a plain state dict (``sigmanens
     export``, a timm weights file). A single model's become backbone weights (a conversion); an ensemble's stay a
     whole model's."""
-    from sigmanens_dist.checkpoint import is_checkpoint_file, read_checkpoint, resolve_checkpoint
-    from sigmanens_dist.safe_load import load_file, load_safetensors
-
     path, which = resolve_checkpoint(init_from, "model.init_from")
     method = None
     if path.suffix == ".safetensors":
@@ -142,6 +141,7 @@ def enable_grad_checkpointing(backbone: nn.Module, name: str) -> None:
 def _hf_backbone(model_cfg: ModelConfig, num_labels: int, vocab_size: int | None) -> nn.Module:
     """A local pretrained folder, or an untrained model from ``bert`` + kwargs or from a folder's config.json.
     Only local folders: runs must not depend on (or wait for) the Hub."""
+    # optional extra: text (transformers)
     from transformers import AutoConfig, AutoModelForSequenceClassification, BertConfig
 
     name, kwargs = model_cfg.name, model_cfg.kwargs

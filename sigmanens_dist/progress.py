@@ -119,7 +119,7 @@ def shell_command(words: list[str], prompt: str = "$ ") -> str:
 
 def text_console(width: int = WIDTH) -> tuple[Any, io.StringIO]:
     """A rich console that renders plain text into a buffer at ``width`` columns (no colour, no wrapping of its own)."""
-    from rich.console import Console
+    from rich.console import Console  # lazy: only tables need rich; every floor imports this module
 
     buf = io.StringIO()
     return Console(file=buf, width=width, color_system=None, force_terminal=False, soft_wrap=False,

@@ -25,8 +25,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
 import torch
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from sigmanens_dist.errors import UsageError
@@ -48,8 +50,6 @@ def load_file(path: Path | str | IO[bytes], what: str, *, label: str | None = No
     """``torch.load`` of a checkpoint or weights file that cannot run code: tensors, containers and plain values only
     (``weights_only``), plus the numpy RNG state our checkpoints carry. A file holding any other object is refused,
     and one that is not a complete ``torch.save`` file is reported, in one line, before anything in it is built."""
-    import numpy as np
-
     rng_parts = [np.ndarray, np.dtype, type(np.dtype(np.uint32))]
     reconstruct = getattr(getattr(np, "_core", None), "multiarray", None) or np.core.multiarray
     with torch.serialization.safe_globals([reconstruct._reconstruct, *rng_parts]):
@@ -69,7 +69,7 @@ def load_file(path: Path | str | IO[bytes], what: str, *, label: str | None = No
 
 def load_safetensors(path: Path, what: str) -> dict[str, torch.Tensor]:
     """A ``.safetensors`` file (no code in the format), or one line saying why it cannot be read."""
-    from safetensors.torch import load_file as load
+    from safetensors.torch import load_file as load  # lazy: safetensors comes with timm, which predict does without
 
     try:
         return load(path)
@@ -211,8 +211,6 @@ class _VettedBytes:
 def dcp_refusals() -> Iterator[None]:
     """Around a DCP load: a refusal raised while reading comes out as itself, not wrapped in DCP's
     ``CheckpointException`` (a multi-line report of every rank's traceback)."""
-    from torch.distributed.checkpoint.api import CheckpointException
-
     try:
         yield
     except CheckpointException as err:

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from timm.data import Mixup
 from torch import nn
 
 from sigmanens_dist.atomic import write_text
@@ -35,6 +36,7 @@ from sigmanens_dist.data.member_streams import member_major, member_train_stream
 from sigmanens_dist.distributed.env import DistEnv, all_gather_object, init_distributed
 from sigmanens_dist.distributed.strategies import build_strategy, strategy_class, strategy_options
 from sigmanens_dist.errors import USAGE_MARKER, RunExistsError, UsageError
+from sigmanens_dist.evaluation import load_for_eval, run_eval
 from sigmanens_dist.evaluation.metrics import EnsembleMetrics
 from sigmanens_dist.evaluation.plots import reliability_diagram
 from sigmanens_dist.methods import map_tensors
@@ -358,8 +360,6 @@ class Trainer:
     def _evaluate_checkpoint(self, path: Path) -> None:
         """The hook of ``eval.at_end``: ``sigmanens eval`` of the final checkpoint, as written (every strategy's
         format; a plain model, so sub-ensembles can copy it), every rank scoring its shard of each pass."""
-        from sigmanens_dist.evaluation import load_for_eval, run_eval
-
         loaded = load_for_eval(path)
         ema = None if loaded.ema is None else loaded.ema.to(self.env.device)
         run_eval(self.cfg, loaded.model.to(self.env.device), ema, out_dir=self.run_dir / "eval", run_id=self.run_id,
@@ -400,8 +400,6 @@ def _micro_batches(stream: TrainStream, pos: Position) -> Iterator[tuple[Any, in
 def _mixup(cfg: Config, num_classes: int) -> nn.Module | None:
     if not (cfg.train.mixup_alpha or cfg.train.cutmix_alpha):
         return None
-    from timm.data import Mixup
-
     return Mixup(mixup_alpha=cfg.train.mixup_alpha, cutmix_alpha=cfg.train.cutmix_alpha,
                  label_smoothing=cfg.train.label_smoothing, num_classes=num_classes)
 

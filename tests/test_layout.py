@@ -186,6 +186,31 @@ def test_no_private_name_is_imported_across_packages() -> None:
     assert sorted(crossing) == []
 
 
+def test_every_import_inside_a_function_says_why() -> None:
+    """Imports inside functions are how the package keeps ``--help`` fast, the optional extras optional and the
+    standalone files standalone; one that does not say which (a ``#`` comment on its lines or on the 2 lines above)
+    is usually a leftover that belongs at the top. Consecutive imports (gaps of up to 3 lines) are one group."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for fn in ast.walk(parse_source(path)):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            starts = sorted({n.lineno for n in ast.walk(fn) if isinstance(n, ast.Import | ast.ImportFrom)})
+            groups: list[list[int]] = []
+            for start in starts:
+                if groups and start - groups[-1][-1] <= 3:
+                    groups[-1].append(start)
+                else:
+                    groups.append([start])
+            for group in groups:
+                text = " ".join(lines[i - 1] for i in range(max(1, group[0] - 2), group[-1] + 1))
+                if "#" not in text:
+                    offenders.append(f"{path.relative_to(PACKAGE.parent)}:{group[0]} {fn.name}: "
+                                     f"{lines[group[0] - 1].strip()}")
+    assert sorted(set(offenders)) == []
+
+
 def test_no_test_module_imports_another_test_module() -> None:
     """What several test modules share lives in tests/helpers.py, tests/sigma_cases.py or conftest fixtures: a test
     module imported by another would run its collection-time code twice and couple unrelated files."""

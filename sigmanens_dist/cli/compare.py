@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.records:
         print(terminal.ui_lines(args.uri, mlflow_client(args.uri).get_run(records[0].run_id).info.experiment_id))
     if by is not None:
-        from sigmanens_dist.registry.best import register_best
+        from sigmanens_dist.registry.best import register_best  # here, not at the top: `--help` answers without torch
 
         try:
             version = register_best(args.uri, records, args.register_best, by, args.alias,
@@ -120,6 +120,7 @@ def _registering(args: argparse.Namespace) -> str | None:
         if args.by is not None or args.alias is not None:
             raise UsageError("--by and --alias go with --register-best NAME")
         return None
+    # here, not at the top: `--help` answers without torch
     from sigmanens_dist.registry import check_alias, check_name, check_store
     from sigmanens_dist.registry.best import parse_by
 

@@ -7,6 +7,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from sigmanens_dist.catalog.datasets import convertible
+from sigmanens_dist.config import DataConfig, choices, load_config
+from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, UnavailableError, UsageError
+
 __all__ = ["main"]
 
 DATA_CONVERT_USAGE = """Write a dataset as FFCV .beton files or webdataset shards (train, val, test), in the layout
@@ -37,10 +41,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _convert(argv: Sequence[str]) -> int:
     """``sigmanens data convert``: the options are checked as a training run's config (the same validation and
     missing-path errors), then :func:`sigmanens_dist.data.convert.convert` writes the format."""
-    from sigmanens_dist.catalog.datasets import convertible
-    from sigmanens_dist.config import DataConfig, choices, load_config
-    from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, UnavailableError, UsageError
-
     ap = argparse.ArgumentParser(prog="sigmanens data convert", description=DATA_CONVERT_USAGE,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", required=True, choices=sorted(convertible()))
@@ -83,6 +83,7 @@ def _convert(argv: Sequence[str]) -> int:
 
 
 def _fraction_or_count(text: str) -> float | int:
+    # lazy: data.convert imports torch, not needed by `--help`
     from sigmanens_dist.data.convert import fraction_or_count
 
     return fraction_or_count(text)

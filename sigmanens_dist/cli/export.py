@@ -114,6 +114,7 @@ def _program(args: argparse.Namespace) -> int:
     prior = parse_prior(args.norm_stats_prior, args.norm_stats)
     uri = None
     if args.register is not None:
+        # here, not at the top: `--help` answers without torch
         from sigmanens_dist.registry import check_alias, check_name, recorded_tracking_uri
 
         check_name(args.register, "--register")
@@ -128,7 +129,7 @@ def _program(args: argparse.Namespace) -> int:
     loaded = load_for_eval(checkpoint)
     run = None
     if args.register is not None:
-        from sigmanens_dist.registry import check_registration
+        from sigmanens_dist.registry import check_registration  # here, not at the top: `--help` answers without torch
 
         run = check_registration(uri, loaded.run_id, args.register, args.alias)
     lock = own_run_containing(out, "export")
@@ -141,7 +142,7 @@ def _program(args: argparse.Namespace) -> int:
             extra = f", {score} sets at α={alpha}, q̂={'inf' if sets.qhat is None else f'{sets.qhat:.4g}'}"
         print(f"wrote a program ({fmt}) of {len(meta.members)} members (T={meta.temperature:.4g}{extra}) to {out}")
         if run is not None:
-            from sigmanens_dist.registry import register_program
+            from sigmanens_dist.registry import register_program  # here, not at the top: `--help` answers without torch
 
             version = register_program(out, args.register, uri=uri, run=run, alias=args.alias)
             print(f"registered it as models:/{args.register}/{version.version}"

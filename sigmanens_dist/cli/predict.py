@@ -75,6 +75,6 @@ def _program(text: str, tracking_uri: str | None, tmp: Path) -> Path:
         if tracking_uri is not None:
             raise UsageError(f"--tracking-uri goes with a registered PROGRAM (models:/NAME@ALIAS), not {text}")
         return Path(text)
-    from sigmanens_dist.registry import fetch_program
+    from sigmanens_dist.registry import fetch_program  # after parsing: the registry imports torch
 
     return fetch_program(text, tracking_uri, tmp)

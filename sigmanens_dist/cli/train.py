@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"config ok: run_dir={cfg.run_dir}")
             return 0
         StartupGuard.set_run_dir(cfg.run_dir)
-        from sigmanens_dist import trainer
+        from sigmanens_dist import trainer  # after the config check: `--help` and `--check` answer without torch
 
         return trainer.fit(cfg)
     except UsageError as err:

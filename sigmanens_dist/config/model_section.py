@@ -10,6 +10,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationIn
 from pydantic_core import PydanticCustomError
 
 from sigmanens_dist.config.messages import _did_you_mean
+from sigmanens_dist.timm_names import registered_without_import
 
 __all__ = ["Float", "Int", "ModelConfig"]
 
@@ -94,8 +95,6 @@ class ModelConfig(_Section):
     @classmethod
     def _timm_knows_it(cls, name: str, info: ValidationInfo) -> str:
         """A misspelt model name should fail here, with a suggestion, not after the data has loaded."""
-        from sigmanens_dist.timm_names import registered_without_import
-
         if info.data.get("source", "hf") == "hf":  # absent: source itself is invalid and already reported
             return name
         if name.startswith(("hf-hub:", "hf_hub:", "local-dir:")) or registered_without_import(name):
@@ -126,7 +125,7 @@ class ModelConfig(_Section):
             if self.method != method and value != type(self).model_fields[key].default:
                 raise _cross_field(key, f"applies to model.method={method} only, not {self.method!r}", value)
         if self.method == "packed":
-            import timm
+            import timm  # lazy: timm imports torch; `--check` answers without it
 
             family = timm.list_models(module="resnet")
             if self.source != "timm" or self.name not in family:

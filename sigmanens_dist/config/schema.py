@@ -5,6 +5,7 @@ with the default instead. The ``model``, ``train`` and ``optim``/``schedule`` se
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -226,8 +227,6 @@ class StrategyConfig(_Section):
                 raise _cross_field(key, f"strategy.{key} applies to strategy.name={owner} only, not "
                                         f"strategy.name={self.name}", getattr(self, key))
         if self.name == "deepspeed":
-            import importlib.util
-
             if importlib.util.find_spec("deepspeed") is None:
                 raise _cross_field("name", "DeepSpeed is not installed: pip install 'sigmanens-dist[deepspeed]'",
                                    self.name)

@@ -28,6 +28,7 @@ from torch.utils.data import Subset
 
 from sigmanens_dist.atomic import check_writable_folder, write_text
 from sigmanens_dist.catalog.datasets import convertible
+from sigmanens_dist.data.ffcv_io import write_beton, write_text_beton
 from sigmanens_dist.data.loaders import CLASSES_FILE
 from sigmanens_dist.data.raw import build_datasets, split_indices
 from sigmanens_dist.data.sources import source_classes, unwrap_source
@@ -96,8 +97,6 @@ def _write(data: Any, root: Path, fmt: str, out: Path, on_shard: Callable[[Path]
         splits["val"] = Subset(pool, val_idx)
     for split, ds in splits.items():
         if fmt == "ffcv":
-            from sigmanens_dist.data.ffcv_io import write_beton, write_text_beton
-
             if text:
                 write_text_beton(ds, out / f"{split}.beton", num_workers=num_workers)
             else:

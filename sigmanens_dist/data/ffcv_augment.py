@@ -18,7 +18,9 @@ from concurrent.futures import Future, ProcessPoolExecutor
 
 import numpy as np
 from PIL import Image
+from timm.data.auto_augment import AugMixAugment, AutoAugment, RandAugment
 
+from sigmanens_dist.data.raw import timm_train_transform
 from sigmanens_dist.data.sampler import seeded
 
 __all__ = ["AugmentPool", "auto_augmentation"]
@@ -29,10 +31,6 @@ Augmentation = Callable[[Image.Image], Image.Image]
 def auto_augmentation(randaugment: str, img_size: int, mean: Sequence[float]) -> Augmentation:
     """The auto-augmentation step (RandAugment, AutoAugment or AugMix) of the raw reader's training transform for
     ``randaugment`` at ``img_size``, filling with ``mean``: what it applies to its flipped crop."""
-    from timm.data.auto_augment import AugMixAugment, AutoAugment, RandAugment
-
-    from sigmanens_dist.data.raw import timm_train_transform
-
     train = timm_train_transform(img_size, randaugment, mean, (1.0,) * len(mean))
     (step,) = [t for t in train.transforms if isinstance(t, RandAugment | AutoAugment | AugMixAugment)]
     return step

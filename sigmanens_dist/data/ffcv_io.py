@@ -45,7 +45,7 @@ EVAL_CROP_RATIO = 0.875
 
 def _ffcv() -> Any:
     try:
-        import ffcv
+        import ffcv  # optional extra: ffcv
     except ImportError as err:
         raise UnsupportedError("the FFCV format needs FFCV, which is not installed: apt-get install pkg-config "
                                "libturbojpeg0-dev libopencv-dev, then pip install 'sigmanens-dist[ffcv]'") from err
@@ -86,7 +86,7 @@ class _Source(Dataset):
 
 
 def _writer_class() -> type:
-    from ffcv.memory_allocator import MemoryAllocator
+    from ffcv.memory_allocator import MemoryAllocator  # optional extra: ffcv
     from ffcv.writer import DatasetWriter
 
     class Writer(DatasetWriter):
@@ -156,7 +156,7 @@ def write_beton(dataset: Dataset, path: Path | str, *, max_resolution: int | Non
     Written under a temporary name and renamed when complete, so ``path`` never holds a partial file.
     """
     _ffcv()
-    from ffcv.fields import IntField, RGBImageField
+    from ffcv.fields import IntField, RGBImageField  # optional extra: ffcv
 
     modes = ("proportion", "jpg", "raw", "smart")
     if write_mode not in modes:
@@ -174,7 +174,7 @@ def write_text_beton(dataset: TextDataset, path: Path | str, *, num_workers: int
     """Writes ``(sentence, label)`` samples to ``path``: ``text`` a ``BytesField`` (UTF-8), ``length`` and ``label``
     ``IntField``s. Sentences, not token ids, so the tokenizer stays the training config's choice."""
     _ffcv()
-    from ffcv.fields import BytesField, IntField
+    from ffcv.fields import BytesField, IntField  # optional extra: ffcv
 
     fields = {"text": BytesField(), "length": IntField(), "label": IntField()}
     return _write(dataset, path, fields, _text_fields, num_workers, chunksize)
@@ -206,7 +206,7 @@ def check_beton(path: Path | str, kind: Literal["image", "text"] = "image") -> i
     table are whole and point inside the file (FFCV itself would read past a truncated file's end, or crash in
     compiled code). Payloads themselves carry no checksum."""
     _ffcv()
-    from ffcv.types import (
+    from ffcv.types import (  # optional extra: ffcv
         ALLOC_TABLE_TYPE,
         CURRENT_VERSION,
         FieldDescType,
@@ -214,7 +214,7 @@ def check_beton(path: Path | str, kind: Literal["image", "text"] = "image") -> i
         get_handlers,
         get_metadata_type,
     )
-    from ffcv.utils import decode_null_terminated_string
+    from ffcv.utils import decode_null_terminated_string  # optional extra: ffcv
 
     path = Path(path)
     if not path.is_file():
@@ -266,7 +266,7 @@ class _EpochOrder:
 
     @staticmethod
     def create(stream: _BetonStream) -> Any:
-        from ffcv.traversal_order.base import TraversalOrder
+        from ffcv.traversal_order.base import TraversalOrder  # optional extra: ffcv
 
         class Order(TraversalOrder):
             def __init__(self) -> None:  # TraversalOrder.__init__ wants the Loader, which does not exist yet
@@ -302,7 +302,7 @@ class _BetonStream:
         self.start_batch = 0
 
     def _make_loader(self, pipelines: dict[str, list[Any]], batches_ahead: int) -> Any:
-        from ffcv.loader import Loader
+        from ffcv.loader import Loader  # optional extra: ffcv
 
         return Loader(str(self.path), batch_size=self.batch_size, num_workers=self.num_workers,
                       order=_EpochOrder.create(self), drop_last=self.train, seed=self.seed, os_cache=True,
@@ -376,11 +376,11 @@ class FFCVLoader(_BetonStream):
                  device: torch.device | str = "cpu", crop_ratio: float = EVAL_CROP_RATIO, batches_ahead: int = 3,
                  stock_decoder: bool = False, randaugment: str | None = None) -> None:
         super().__init__(path, "image", batch_size, rank, world_size, num_workers, seed, train)
-        from ffcv.fields.basics import IntDecoder
+        from ffcv.fields.basics import IntDecoder  # optional extra: ffcv
         from ffcv.fields.rgb_image import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
         from ffcv.transforms import NormalizeImage, RandomHorizontalFlip, Squeeze, ToDevice, ToTensor, ToTorchImage
 
-        from sigmanens_dist.data.ffcv_augment import auto_augmentation
+        from sigmanens_dist.data.ffcv_augment import auto_augmentation  # imports timm: auto-augmentation only
         from sigmanens_dist.data.ffcv_decode import SeededCropDecoder
 
         self.device = torch.device(device)
@@ -430,6 +430,7 @@ class FFCVLoader(_BetonStream):
                    start_batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """:meth:`iter_epoch` with ``randaugment``: batch k+1 is decoded and sent to the pool before batch k is
         yielded (its labels stay valid: FFCV reuses a buffer only ``batches_ahead`` batches later)."""
+        # lazy: ffcv_augment imports timm, only for auto-augmentation
         from sigmanens_dist.data.ffcv_augment import AugmentPool
 
         pool = AugmentPool.shared(*augment, workers=self.num_workers)
@@ -447,6 +448,7 @@ class FFCVLoader(_BetonStream):
             yield self._normalised(*pending)
 
     def _normalised(self, job: Any, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # lazy: ffcv_augment imports timm, only for auto-augmentation
         from sigmanens_dist.data.ffcv_augment import AugmentPool
 
         images = torch.from_numpy(AugmentPool.gather(job)).to(self.device, non_blocking=True)
@@ -462,7 +464,7 @@ class FFCVTextLoader(_BetonStream):
     def __init__(self, path: Path | str, batch_size: int, rank: int, world_size: int, num_workers: int, seed: int,
                  train: bool, batcher: Callable[[list[str]], Any], batches_ahead: int = 3) -> None:
         super().__init__(path, "text", batch_size, rank, world_size, num_workers, seed, train)
-        from ffcv.fields.basics import IntDecoder
+        from ffcv.fields.basics import IntDecoder  # optional extra: ffcv
         from ffcv.fields.bytes import BytesDecoder
 
         self.batcher = batcher

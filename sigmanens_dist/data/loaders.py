@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -34,14 +34,14 @@ from sigmanens_dist.catalog.datasets import CLASSES_FILE, DATASETS, converted_cl
 from sigmanens_dist.config import DataConfig
 from sigmanens_dist.config.schema import AugMixConfig
 from sigmanens_dist.data.bad_samples import BadSamples, Checked, collate_present
+from sigmanens_dist.data.ffcv_io import FFCVLoader, FFCVTextLoader
 from sigmanens_dist.data.raw import IMAGE_FOLDERS, build_datasets, image_folder_transforms
 from sigmanens_dist.data.sampler import EvalShardSampler, ShardedBatchSampler, epoch_seed
+from sigmanens_dist.data.sst2 import TOKENIZER_DIR, TextBatcher, load_tokenizer
+from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, image_transform, iter_eval
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.errors import MissingPathError, UsageError
 from sigmanens_dist.storage.remote import RemotePath
-
-if TYPE_CHECKING:  # sst2 loads the tokenizers library, wanted only for text
-    from sigmanens_dist.data.sst2 import TextBatcher
 
 __all__ = ["CLASSES_FILE", "FORMATS", "Data", "MapStyleStream", "TrainStream", "build_data"]
 
@@ -176,8 +176,6 @@ def _converted(d: DataConfig) -> _Converted:
 
 def _ffcv(d: DataConfig, batch: int, seed: int, env: DistEnv, randaugment: str | None) -> Data:
     """FFCV .beton files: decoded and augmented by FFCV's own pipelines (data/ffcv_io.py)."""
-    from sigmanens_dist.data.ffcv_io import FFCVLoader, FFCVTextLoader
-
     c = _converted(d)
     common: dict[str, Any] = dict(batch_size=batch, rank=env.rank, world_size=env.world_size,
                                   num_workers=max(1, d.num_workers), seed=seed)
@@ -202,8 +200,6 @@ def _ffcv(d: DataConfig, batch: int, seed: int, env: DistEnv, randaugment: str |
 
 def _webdataset(d: DataConfig, batch: int, seed: int, env: DistEnv, randaugment: str | None) -> Data:
     """webdataset tar shards on local disk or behind a URL (data/webdataset_io.py, storage/remote.py)."""
-    from sigmanens_dist.data.webdataset_io import MANIFEST, WebDatasetLoader, image_transform, iter_eval
-
     c = _converted(d)
     bad = BadSamples(d.on_bad_sample)
     collate: Callable[[list[Any]], Any]
@@ -257,8 +253,6 @@ def _converted_val(d: DataConfig, root: Path | RemotePath, meta: dict[str, Any])
 
 def _text_batcher(d: DataConfig, root: Path | RemotePath) -> TextBatcher:
     """Sentences of converted data are tokenised per batch by the same ``TextBatcher`` as the raw reader."""
-    from sigmanens_dist.data.sst2 import TOKENIZER_DIR, TextBatcher, load_tokenizer
-
     if d.tokenizer is None and not (root / TOKENIZER_DIR / "tokenizer.json").is_file():
         raise MissingPathError(f"{root / TOKENIZER_DIR} is missing: `sigmanens data convert --dataset sst2` writes "
                                f"it there; or set data.tokenizer to the backbone's tokenizer folder")

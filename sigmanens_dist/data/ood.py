@@ -8,7 +8,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
+from torchvision import datasets
+from torchvision.transforms import v2
 
+from sigmanens_dist.catalog.datasets import DATASETS
 from sigmanens_dist.data.idx import FASHION_MNIST_MEAN, FASHION_MNIST_STD
 from sigmanens_dist.errors import MissingPathError, UsageError
 
@@ -21,7 +24,7 @@ class DigitsOOD(Dataset):
     one channel. Items are ``(image (1, 28, 28), digit)``; the digit is not a Fashion-MNIST class."""
 
     def __init__(self, size: int = 28) -> None:
-        from sklearn.datasets import load_digits
+        from sklearn.datasets import load_digits  # heavy: scikit-learn (about 1 s), only for this set
 
         digits = load_digits()
         images = torch.as_tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # pixel values are 0..16
@@ -42,11 +45,6 @@ class SVHNOOD(Dataset):
     (``cifar10`` or ``cifar100``), so inputs look like that model's. Items are ``(image (3, 32, 32), digit)``."""
 
     def __init__(self, root: Path | str, in_dataset: str, split: str = "test") -> None:
-        from torchvision import datasets
-        from torchvision.transforms import v2
-
-        from sigmanens_dist.catalog.datasets import DATASETS
-
         if in_dataset not in ("cifar10", "cifar100"):
             raise UsageError(f"SVHNOOD: in_dataset={in_dataset!r} is not one of cifar10, cifar100")
         if split not in datasets.SVHN.split_list:  # an invariant: eval passes a literal split (a bug if hit)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
+from torchvision import datasets
 from torchvision.transforms import v2
 
 from sigmanens_dist.catalog.datasets import DATASETS, take_randaugment
@@ -19,6 +20,7 @@ from sigmanens_dist.config import DataConfig
 from sigmanens_dist.config.schema import AugMixConfig
 from sigmanens_dist.data.idx import IdxImageDataset
 from sigmanens_dist.data.sampler import seeded
+from sigmanens_dist.data.sst2 import build_sst2
 from sigmanens_dist.errors import MissingPathError, UsageError
 
 __all__ = ["IMAGE_FOLDERS", "READERS", "DataBundle", "Evaluated", "PixelAugMix", "SeededAugment", "SyntheticImages",
@@ -234,8 +236,6 @@ def _fashion_mnist(data_cfg: DataConfig, root: Path | None, randaugment: str | N
 
 
 def _sst2(data_cfg: DataConfig, root: Path | None, randaugment: str | None) -> _Parts:
-    from sigmanens_dist.data.sst2 import build_sst2
-
     train, test, vocab_size = build_sst2(data_cfg, root)
     # No text augmentation; SeededAugment still gives the (index, seed) keys the train stream fetches by.
     return _Parts(train, test, None, None, 2, 0, vocab_size)
@@ -243,8 +243,6 @@ def _sst2(data_cfg: DataConfig, root: Path | None, randaugment: str | None) -> _
 
 def _cifar(data_cfg: DataConfig, root: Path, randaugment: str | None) -> _Parts:
     name = data_cfg.dataset
-    from torchvision import datasets
-
     cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
     mean, std = DATASETS[name].mean, DATASETS[name].std  # each CIFAR its own statistics
     to_tensor = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
@@ -268,7 +266,7 @@ def image_folder_transforms(dataset: str, size: int, randaugment: str | None) ->
     tensor: timm's ImageNet recipe (random-resized crop, flip, colour jitter or ``randaugment``; resize to
     ``size / 0.875`` and centre crop). The raw reader and webdataset (on the converted folder) both use them, so the
     two formats train and evaluate on the same pixels."""
-    from timm.data import create_transform
+    from timm.data import create_transform  # lazy: timm, only for the image-folder and auto-augment recipes
 
     mean, std = DATASETS[dataset].mean, DATASETS[dataset].std
     train = timm_train_transform(size, randaugment, mean, std)
@@ -281,7 +279,7 @@ def timm_train_transform(size: int, randaugment: str | None, mean: Sequence[floa
     of 0 bits: the black image. timm asks for 0 bits at its strongest magnitude (``rand-m9-mstd0.5-inc1`` draws it
     in 1 of 44 of its posterize steps, about one image in 660; ``Posterize`` below magnitude 2.5), which Pillow 13
     refuses with a ValueError, so a batch or two into an epoch."""
-    from timm.data import create_transform
+    from timm.data import create_transform  # lazy: timm, only for the image-folder and auto-augment recipes
     from timm.data.auto_augment import AugmentOp, posterize
 
     train = create_transform(size, is_training=True, auto_augment=randaugment, mean=tuple(mean), std=tuple(std))
@@ -295,7 +293,7 @@ def timm_train_transform(size: int, randaugment: str | None, mean: Sequence[floa
 
 def _posterize(image: Image.Image, bits_to_keep: int, **_: Any) -> Image.Image:
     """timm's posterize, 0 bits kept giving the black image, as Pillow before 13 did."""
-    from timm.data.auto_augment import posterize
+    from timm.data.auto_augment import posterize  # lazy: timm, only for the image-folder and auto-augment recipes
 
     if bits_to_keep <= 0:
         return image.point([0] * 256 * len(image.getbands()))
@@ -308,8 +306,6 @@ def _rgb(image: Image.Image) -> Image.Image:
 
 
 def _image_folder(data_cfg: DataConfig, root: Path, randaugment: str | None) -> _Parts:
-    from torchvision import datasets
-
     for split in ("train", "val"):
         if not (root / split).is_dir():
             raise MissingPathError(f"data.root={root}: expected ImageFolder sub-folders train/ and val/ "

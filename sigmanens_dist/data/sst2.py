@@ -79,6 +79,7 @@ def train_wordpiece(sentences: list[str], vocab_size: int = 8000) -> Any:
     ``WordPieceTrainer``: it breaks merge ties in hash-map order, so two runs on the same sentences give different
     vocabularies, and a checkpoint would no longer match the ids of a retrained tokenizer.
     """
+    # optional extra: text (tokenizers, transformers)
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -104,7 +105,7 @@ def load_tokenizer(tokenizer_dir: Path | None, root: Path) -> Any:
     """``tokenizer_dir`` if given; else ``<root>/tokenizer/``, trained on ``<root>/train.tsv`` and saved there first
     if absent. Saving goes through a temporary folder renamed into place, so ranks racing to write it never leave
     (or read) a half-written tokenizer; they all train the same one."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # optional extra: text (transformers)
 
     if tokenizer_dir is not None:
         tokenizer_dir = Path(tokenizer_dir)
@@ -123,7 +124,7 @@ def save_default_tokenizer(root: Path, out: Path) -> Path:
     trained on ``root/train.tsv``, as :func:`load_tokenizer` would, without writing into ``root``) to
     ``out/tokenizer/``; returns that folder. A complete tokenizer is always at that path, except between two
     renames when one is replaced."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # optional extra: text (transformers)
 
     existing = Path(root) / TOKENIZER_DIR
     tokenizer = (AutoTokenizer.from_pretrained(str(existing)) if (existing / "tokenizer.json").is_file()

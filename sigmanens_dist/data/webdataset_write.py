@@ -115,7 +115,7 @@ def write_shards(dataset: Dataset, out_dir: Path | str, *, split: str = "train",
         raise UsageError(f"max_count={max_count} and max_size={max_size} must be positive")
     if not 1 <= jpeg_quality <= 100:
         raise UsageError(f"jpeg_quality={jpeg_quality} must be in 1..100")
-    import webdataset as wds
+    import webdataset as wds  # optional extra: webdataset
 
     dataset = unwrap_source(dataset)
     out_dir = Path(out_dir)

@@ -15,6 +15,7 @@ from torch import nn
 from sigmanens_dist.checkpoint import read_checkpoint
 from sigmanens_dist.config import Config, config_from_dict
 from sigmanens_dist.errors import MissingPathError, UsageError
+from sigmanens_dist.models import build_model
 
 __all__ = ["EvalCheckpoint", "load_for_eval", "method_of"]
 
@@ -65,8 +66,6 @@ def _config(stored: dict[str, Any], overrides: Sequence[str], path: Path, check_
 
 
 def _build(cfg: Config, model_args: dict[str, Any], weights: dict[str, Any], path: Path, key: str) -> nn.Module:
-    from sigmanens_dist.models import build_model
-
     torch.manual_seed(cfg.seed)  # the weights come from the checkpoint: never read pretrained or source ones again
     model = build_model(cfg.without_source_weights(), **model_args)
     try:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from PIL import Image
 from torch import Tensor, nn
 
 from sigmanens_dist.atomic import check_writable_folder
@@ -135,8 +136,6 @@ def write_stream(stream: Stream, folder: Path) -> None:
     """The stream as image files a deployment can be given in its order: ``folder/<position>.png`` (8-bit, lossless:
     the pixels scored), and ``folder/stream.csv`` (position, file, label, corruption, severity; clean images have
     neither) — a sorted listing of the folder is the stream's order."""
-    from PIL import Image
-
     folder.mkdir(parents=True, exist_ok=True)
     width = len(str(len(stream) - 1))
     rows = []

@@ -23,7 +23,7 @@ _LABELS = {"msp": "−max softmax", "entropy": "predictive entropy", "mutual_inf
 def _figure(**kwargs: Any) -> Any:
     """A matplotlib Figure, matplotlib imported on first use: the training loop imports this module, and a run that
     draws nothing before its end should not pay for matplotlib at start-up."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # heavy: matplotlib, on first use (see above)
 
     return Figure(**kwargs)
 

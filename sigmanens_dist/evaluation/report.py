@@ -14,8 +14,11 @@ import torch
 
 from sigmanens_dist.atomic import write_text
 from sigmanens_dist.config import Config
+from sigmanens_dist.evaluation import plots
 from sigmanens_dist.evaluation.ood import OOD_SCORES
+from sigmanens_dist.evaluation.plots import reliability_diagrams_from_confidence
 from sigmanens_dist.methods.base import EnsembleMethod
+from sigmanens_dist.training.tracking import default_tracking_uri
 
 __all__ = ["DIAGNOSIS_COLUMNS", "FIT_SPLITS", "SHIFT_KEYS", "SUB_KEYS", "diagnosis_rows", "diversity_text",
            "flat_metrics", "markdown", "shift_mean", "temperature_label"]
@@ -44,9 +47,6 @@ SUB_KEYS = ("acc", "nll", "ece", "aece", "brier", "aurc")
 
 def _plots(out_dir: Path, variant: str, model: EnsembleMethod, scores: dict[str, torch.Tensor], part: dict[str, Any]
            ) -> list[Path]:
-    from sigmanens_dist.evaluation import plots
-    from sigmanens_dist.evaluation.plots import reliability_diagrams_from_confidence
-
     files = [reliability_diagrams_from_confidence({f"ensemble ({variant} weights)": (scores["confidence"].cpu(),
                                                                                      scores["correct"].cpu())},
                                                   out_dir / f"reliability_{variant}.png")]
@@ -284,12 +284,10 @@ def flat_metrics(report: dict[str, Any]) -> dict[str, float]:
 def _log_mlflow(cfg: Config, run_id: str, report: dict[str, Any], files: list[Path], step: int,
                 checkpoint: Path | None) -> None:
     """Metrics and files into the training run's MLflow run; a failure is a warning (the files are on disk)."""
-    from sigmanens_dist.training.tracking import default_tracking_uri
-
     run_dir = checkpoint.parent.parent if checkpoint is not None else Path(cfg.run_dir)
     uri = default_tracking_uri(run_dir, cfg.tracking.uri)
     try:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # optional extra: mlflow
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_uri=uri)

@@ -29,11 +29,15 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
+from torchvision import datasets
+from torchvision.transforms import v2
 
 from sigmanens_dist.catalog.corruption_table import SHIFT_SPLITS, VAL_CORRUPTIONS
 from sigmanens_dist.catalog.datasets import DATASETS
 from sigmanens_dist.config import Config, EvalConfig
 from sigmanens_dist.data.corruptions import corrupt
+from sigmanens_dist.data.ood import SVHNOOD, DigitsOOD
+from sigmanens_dist.data.raw import Evaluated
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation.load import method_of
@@ -171,7 +175,7 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
 
     Single process by default (``env`` None: every sample on this rank, no cross-rank sync), which is what the end
     of training calls on rank 0. With a multi-rank ``env`` every rank must call it; each scores its own shard."""
-    from sigmanens_dist.data.loaders import build_data
+    from sigmanens_dist.data.loaders import build_data  # looked up per call: tests replace loaders.build_data
 
     options = options or cfg.eval
     device = next(model.parameters()).device
@@ -391,9 +395,6 @@ def _imagenet_c_sets(cfg: Config, root: Path, names: list[str], severities: list
                      ) -> Iterable[tuple[str, int, Dataset]]:
     """ImageNet-C's ``<root>/<corruption>/<severity>/<class>/<image>`` folders, read like the test set (resized to
     the model's input size, normalised); class folders must match the training classes."""
-    from torchvision import datasets
-    from torchvision.transforms import v2
-
     spec = DATASETS[cfg.data.dataset]
     mean, std, size = spec.mean, spec.std, cfg.data.img_size or spec.size
     classes = sorted(p.name for p in (Path(cfg.data_root()) / "train").iterdir() if p.is_dir())
@@ -410,11 +411,6 @@ def _imagenet_c_sets(cfg: Config, root: Path, names: list[str], severities: list
 
 
 def _ood_batches(cfg: Config, options: EvalConfig, batch: int) -> Callable[[], Iterable]:
-    from torchvision.transforms import v2
-
-    from sigmanens_dist.data.ood import SVHNOOD, DigitsOOD
-    from sigmanens_dist.data.raw import Evaluated
-
     if options.ood == "digits":
         dataset: Dataset = DigitsOOD()
         if cfg.data.img_size and cfg.data.img_size != 28:

@@ -20,6 +20,7 @@ from rich import box
 from rich.table import Table
 
 from sigmanens_dist.progress import WIDTH, near, text_console, wrap
+from sigmanens_dist.training.tracking import ui_hint
 
 if TYPE_CHECKING:
     from sigmanens_dist.experiments.compare import Group, Report
@@ -47,7 +48,7 @@ HEADLINE_DIFFS = [("acc", "Δ accuracy"), ("nll", "Δ NLL")]
 
 def display_name(method: str) -> str:
     """:func:`sigmanens_dist.methods.display_name`, imported on first use (methods import torch; --help does not)."""
-    from sigmanens_dist.methods import display_name as name
+    from sigmanens_dist.methods import display_name as name  # methods import torch: `--help` answers without it
 
     return name(method)
 
@@ -187,8 +188,6 @@ def written(out: Path, files: list[Path]) -> str:
 def ui_lines(uri: str, experiment_id: str) -> str:
     """:func:`~sigmanens_dist.training.tracking.ui_hint` on lines of their own (its parts are separated by two
     spaces), a sqlite store below the working directory named relative to it."""
-    from sigmanens_dist.training.tracking import ui_hint
-
     if uri.startswith("sqlite:///"):
         uri = "sqlite:///" + near(Path(uri.removeprefix("sqlite:///")))
     first, *rest = ui_hint(uri, experiment_id).split("  ")

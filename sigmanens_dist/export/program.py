@@ -25,11 +25,21 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 import torch
 from torch import Tensor, nn
 
-from sigmanens_dist.config import Config
+import sigmanens_dist
+from sigmanens_dist.atomic import atomic_write
+from sigmanens_dist.catalog.datasets import DATASETS, resolve_root
+from sigmanens_dist.config import Config, EvalConfig
+from sigmanens_dist.data.ffcv_io import EVAL_CROP_RATIO
+from sigmanens_dist.data.loaders import CLASSES_FILE, build_data
+from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.evaluation.conformal import METHODS, RAPS_LAMBDA, class_scores
+from sigmanens_dist.evaluation.conformal import METHODS, RAPS_LAMBDA, ConformalSets, class_scores
 from sigmanens_dist.evaluation.metrics import ensemble_log_probs, entropy, mutual_information
+from sigmanens_dist.evaluation.norm_stats import norm_stats_problem, with_norm_stats
 from sigmanens_dist.evaluation.posthoc import fit_posthoc
+from sigmanens_dist.evaluation.run import sub_ensemble
+from sigmanens_dist.evaluation.scoring import collect_logits
+from sigmanens_dist.export.program_onnx import write_onnx
 from sigmanens_dist.program_meta import (
     CONFORMAL_OUTPUT,
     METADATA_FILE,
@@ -110,8 +120,6 @@ def program_threshold(score: str, qhat: float) -> float:
 def save_torch_program(program: torch.export.ExportedProgram, out: Path, metadata: tuple[str, str]) -> None:
     """``torch.export.save`` of ``program`` with ``metadata`` (key, JSON text) as an extra file, atomically at
     ``out``, without torch's warnings that :data:`QUIET_EXPORT_WARNINGS` names (each benign here)."""
-    from sigmanens_dist.atomic import atomic_write
-
     with warnings.catch_warnings():
         for message, category in QUIET_EXPORT_WARNINGS:
             warnings.filterwarnings("ignore", message=message, category=category)
@@ -158,8 +166,6 @@ def parse_members(text: str | None, num_members: int) -> list[int] | None:
 
 def _normalisation(cfg: Config, in_chans: int) -> tuple[list[float], list[float]]:
     """The mean/std the recipe's loaders normalise with (none for the synthetic recipe, already model inputs)."""
-    from sigmanens_dist.catalog.datasets import DATASETS
-
     spec = DATASETS[cfg.data.dataset]
     if spec.kind == "text":
         raise UsageError(f"--program: data.dataset={cfg.data.dataset!r} is a text recipe; programs take images")
@@ -173,9 +179,6 @@ def class_names(cfg: Config, num_classes: int) -> list[str] | None:
     """The names of labels 0..K-1 as the run's data builder sees them: the dataset's own, else a converted folder's
     ``classes.json``, else a raw folder's ``train/`` class folders (sorted, as ImageFolder); None when unknown or not
     K names (data on disk that is not what the run trained on). Never reads the test split."""
-    from sigmanens_dist.catalog.datasets import DATASETS, resolve_root
-    from sigmanens_dist.data.loaders import CLASSES_FILE
-
     names: Sequence[str] = DATASETS[cfg.data.dataset].classes
     root = resolve_root(cfg.data.dataset, cfg.data.root)
     if not names and root is not None and cfg.data.format != "raw" and (root / CLASSES_FILE).is_file():
@@ -200,12 +203,6 @@ def _fit(cfg: Config, model: nn.Module, num_classes: int, calibrate: bool, alpha
     """T and q̂ fitted on the logits of the split eval fits on (the calibration split, else the validation split:
     ``Data.posthoc_split``), collected in one pass, by eval's own fit (:func:`fit_posthoc`, a function of the logits
     and labels: never the test set), and the scores of the program's set on the same logits."""
-    from sigmanens_dist.config import EvalConfig
-    from sigmanens_dist.data.loaders import build_data
-    from sigmanens_dist.distributed.env import DistEnv
-    from sigmanens_dist.evaluation.conformal import ConformalSets
-    from sigmanens_dist.evaluation.scoring import collect_logits
-
     device = torch.device("cpu")
     data = build_data(cfg.data, cfg.eval.batch_size or cfg.train.batch_size, cfg.seed, DistEnv(0, 1, 0, device))
     options = EvalConfig(calibration="temperature" if calibrate else "none", conformal=[] if alpha is None else [alpha])
@@ -238,11 +235,8 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
     :mod:`sigmanens_dist.evaluation.norm_stats`); returns its metadata. Bad ``members``, EMA weights the run did
     not keep, batch statistics for a model without BatchNorm and a fit that would read the test set are refused
     before anything is computed."""
-    import sigmanens_dist
-    from sigmanens_dist.data.ffcv_io import EVAL_CROP_RATIO
+    # looked up per call: tests count load.load_for_eval
     from sigmanens_dist.evaluation.load import load_for_eval, method_of
-    from sigmanens_dist.evaluation.norm_stats import norm_stats_problem, with_norm_stats
-    from sigmanens_dist.evaluation.run import sub_ensemble
 
     loaded = loaded or load_for_eval(checkpoint)  # given: the caller read the checkpoint already (export --register)
     cfg, full = loaded.cfg, loaded.model if weights == "raw" else loaded.ema
@@ -281,8 +275,6 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
         **fit.record, conformal=fit.conformal, outputs=list(head.outputs))
     example = torch.rand(2, in_chans, size, size)
     if fmt == "onnx":
-        from sigmanens_dist.export.program_onnx import write_onnx
-
         write_onnx(head, example, (METADATA_FILE, meta.to_json()), meta.norm_stats.min_batch, out)
         return meta
     batch = torch.export.Dim("batch", min=meta.norm_stats.min_batch)  # torch then refuses a smaller batch itself
@@ -294,6 +286,4 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
 
 def _default_size(cfg: Config) -> int:
     """The side the loaders use when ``data.img_size`` is unset."""
-    from sigmanens_dist.catalog.datasets import DATASETS
-
     return DATASETS[cfg.data.dataset].size or 16  # the synthetic recipe's default side

@@ -11,13 +11,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from sigmanens_dist.atomic import atomic_write
+
 __all__ = ["TRANSLATIONS", "write_onnx"]
 
 
 def _stable_sort(self: Any, stable: bool | None = None, dim: int = -1, descending: bool = False) -> tuple[Any, Any]:
     """``aten.sort.stable`` (the APS/RAPS scores' sort), which torch's ONNX library lacks: ONNX ``TopK`` over the
     whole axis, sorted, breaks ties by the lower index first, which is what a stable sort does."""
-    from onnxscript import opset18 as op
+    from onnxscript import opset18 as op  # optional extra: deploy (onnxscript)
 
     size = op.Reshape(op.Gather(op.Shape(self), dim, axis=0), op.Constant(value_ints=[1]))
     return op.TopK(self, size, axis=dim, largest=descending, sorted=True)
@@ -30,9 +32,7 @@ def write_onnx(head: nn.Module, example: torch.Tensor, metadata: tuple[str, str]
                ) -> None:
     """Export ``head`` (traced at ``example``, batch axis free from ``min_batch`` up; outputs named by its
     ``outputs``) and write it, with ``metadata`` (key, JSON text) in its ``metadata_props``, atomically at ``out``."""
-    import onnx
-
-    from sigmanens_dist.atomic import atomic_write
+    import onnx  # optional extra: deploy (onnx)
 
     batch = torch.export.Dim("batch", min=min_batch)
     with torch.no_grad():

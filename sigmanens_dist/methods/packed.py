@@ -26,6 +26,7 @@ from collections.abc import Callable
 from types import MappingProxyType
 
 import torch
+from timm.models.resnet import ResNet
 from torch import nn
 
 from sigmanens_dist.config import Config
@@ -114,8 +115,6 @@ class PackedEnsemble(EnsembleMethod):
 def convert_to_packed_ensemble(model: nn.Module, num_members: int, alpha: float = 2.0, gamma: int = 1
                                ) -> PackedEnsemble:
     """Turn a timm ResNet into a Packed-Ensemble in place (fresh weights: packing changes every shape)."""
-    from timm.models.resnet import ResNet
-
     if not isinstance(model, ResNet):
         raise UnsupportedError(f"Packed-Ensembles supports the timm ResNet family (timm.models.resnet.ResNet: "
                                f"resnet18, resnet10t, resnet50, wide_resnet50_2, …); got {type(model).__name__}")

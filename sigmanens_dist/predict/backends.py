@@ -22,6 +22,7 @@ import torch
 
 from sigmanens_dist.errors import MissingPathError, UsageError
 from sigmanens_dist.program_meta import METADATA_FILE, LaterFormatError, ProgramMeta, ProgramMetaError
+from sigmanens_dist.safe_load import check_program_file
 
 __all__ = ["Program", "load_program"]
 
@@ -48,8 +49,6 @@ class TorchProgram:
     """A ``.pt2`` on ``device``; outputs copied to the CPU."""
 
     def __init__(self, path: Path, device: torch.device) -> None:
-        from sigmanens_dist.safe_load import check_program_file
-
         check_program_file(path)
         extra = {METADATA_FILE: ""}
         try:
@@ -73,7 +72,7 @@ class OnnxProgram:
 
     def __init__(self, path: Path, device: torch.device) -> None:
         try:
-            import onnxruntime
+            import onnxruntime  # optional extra: deploy (onnxruntime)
         except ImportError:
             raise UsageError(f"PROGRAM {path}: running .onnx programs needs onnxruntime (pip install "
                              "onnxruntime, or onnxruntime-gpu)") from None

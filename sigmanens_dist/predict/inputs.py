@@ -142,13 +142,13 @@ class _Beton:
 @functools.lru_cache(maxsize=8)
 def _beton(path: Path) -> _Beton:
     """FFCV's reading of ``path``'s header, metadata and allocation table, after the project's integrity check."""
-    from sigmanens_dist.data.ffcv_io import check_beton
+    from sigmanens_dist.data.ffcv_io import check_beton  # ffcv_io imports pydantic, which predict must not need
 
     try:
         check_beton(path, "image")
     except (ValueError, FileNotFoundError, ImportError) as err:
         raise UsageError(f"INPUT {err}") from None
-    from ffcv.reader import Reader
+    from ffcv.reader import Reader  # optional extra: ffcv
 
     reader = Reader(str(path))
     alloc = np.sort(reader.alloc_table, order="ptr")

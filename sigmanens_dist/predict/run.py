@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from sigmanens_dist.atomic import file_sha256
+from sigmanens_dist.distributed.env import all_gather_object, init_distributed
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.predict.backends import Program, load_program
 from sigmanens_dist.predict.inputs import (
@@ -78,8 +79,6 @@ def predict(program_path: Path, inputs: Sequence[Path], out: Path, *, batch_size
                 "chunk_size": chunk_size, "output_format": fmt, "units": [u.describe() for u in units]}
     env = None
     if world > 1:
-        from sigmanens_dist.distributed.env import init_distributed
-
         env = init_distributed(backend="gloo")
     lock = None
     try:
@@ -89,8 +88,6 @@ def predict(program_path: Path, inputs: Sequence[Path], out: Path, *, batch_size
         stats = {"rank": rank, **done, "seconds": time.monotonic() - started}
         if env is None:
             return summarise(out, manifest, program.meta, [stats])
-        from sigmanens_dist.distributed.env import all_gather_object
-
         runs = all_gather_object(stats, env)  # also the barrier: every part is written before the summary
         return summarise(out, manifest, program.meta, runs) if rank == 0 else None
     finally:

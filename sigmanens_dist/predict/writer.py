@@ -170,7 +170,7 @@ def write_part(path: Path, unit: str, ids: list[str], outputs: dict[str, np.ndar
                                      for k, v in cols.items()}))
         write_text(path, "\n".join(lines) + "\n")
         return
-    import pyarrow as pa
+    import pyarrow as pa  # optional extra: deploy (pyarrow)
     import pyarrow.parquet as pq
 
     probs = cols.pop("probabilities")
@@ -191,7 +191,7 @@ def read_part(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         lines = path.read_text().splitlines()
         rows = [json.loads(line) for line in lines[1:]]
         return json.loads(lines[0]), {n: np.array([r[n] for r in rows]) for n in names}
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # optional extra: deploy (pyarrow)
 
     table = pq.read_table(path, columns=list(names))
     header = json.loads(table.schema.metadata[PART_KEY.encode()])

@@ -9,8 +9,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sigmanens_dist.checkpoint import resolve_checkpoint
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.experiments.compare import RunRecord, mlflow_client
+from sigmanens_dist.export.program import export_program
 from sigmanens_dist.registry.register import TAG_PREFIX, check_registration, register_program
 
 __all__ = ["BY", "parse_by", "register_best"]
@@ -52,9 +54,6 @@ def register_best(uri: str, records: list[RunRecord], name: str, by: str, alias:
     """Export the run of ``records`` best on validation metric ``by`` (its checkpoint as ``sigmanens export RUN``
     picks it, found through the run's ``run_dir`` param) and register it as a version of ``name``, tagged with the
     study and the choice; returns the version."""
-    from sigmanens_dist.checkpoint import resolve_checkpoint
-    from sigmanens_dist.export.program import export_program
-
     best, value, candidates = _best(records, by)
     run_dir = mlflow_client(uri).get_run(best.run_id).data.params.get("run_dir")
     if run_dir is None or not Path(run_dir).is_dir():

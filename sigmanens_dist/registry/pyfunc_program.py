@@ -17,6 +17,8 @@ reason in the message's last line.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,7 @@ Runner = Callable[[np.ndarray], dict[str, np.ndarray]]
 def _format() -> Any:
     """``program_meta.py``, the metadata's one definition, logged beside this file (the model's code_paths); imported
     when the model loads, not when MLflow reads this file to log it (the code paths are not importable then)."""
-    import program_meta
+    import program_meta  # logged beside this file (the model's code_paths)
 
     return program_meta
 
@@ -69,7 +71,7 @@ def _torch(path: Path) -> tuple[Runner, Any]:
 
 def _onnx(path: Path) -> tuple[Runner, Any]:
     """An ``.onnx`` in onnxruntime on the CPU (ONNX holds no code to run)."""
-    import onnxruntime
+    import onnxruntime  # optional extra: deploy (onnxruntime)
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     meta = _meta(path, session.get_modelmeta().custom_metadata_map.get(_format().METADATA_FILE))
@@ -186,10 +188,7 @@ def _is_table(model_input: Any) -> bool:
 
 def _base64(value: Any) -> bytes:
     """An image file sent as base64 text (JSON has no bytes)."""
-    import base64
-    import binascii
-
-    import image_input
+    import image_input  # logged beside this file (the model's code_paths)
 
     if not isinstance(value, str):
         raise image_input.ImageError(f"a {type(value).__name__}, not an image file (bytes, or base64 text)")

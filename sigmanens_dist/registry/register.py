@@ -54,7 +54,7 @@ def check_name(name: str, flag: str) -> str:
     if not _NAME.fullmatch(name):
         raise UsageError(f"{flag} {name!r}: a registered model's name is letters, digits, '_', '-' and '.' (at "
                          "most 256), so that models:/NAME@ALIAS names it")
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # optional extra: mlflow
     from mlflow.utils.validation import _validate_model_name
 
     try:
@@ -112,7 +112,7 @@ def _client(uri: str) -> Any:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     check_server(uri)
-    import mlflow
+    import mlflow  # optional extra: mlflow
 
     return mlflow.MlflowClient(uri)
 
@@ -123,7 +123,7 @@ def _fluent_uri(uri: str) -> Iterator[None]:
     they were: MLflow also exports them (and the experiment set meanwhile) as MLFLOW_TRACKING_URI,
     MLFLOW_REGISTRY_URI and MLFLOW_EXPERIMENT_ID, which every later subprocess of this process (a trainer, a Slurm
     job) would inherit."""
-    import mlflow
+    import mlflow  # optional extra: mlflow
 
     saved = {name: os.environ.get(name) for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI",
                                                      "MLFLOW_EXPERIMENT_ID")}  # set_experiment exports it too
@@ -145,7 +145,7 @@ def _signature(program: Any, example: np.ndarray) -> Any:
     """No input schema (the model takes float images or a column of image files, and checks both itself: see
     pyfunc_program.py); one named output per program output, its dtype and shape what the program returns for
     ``example`` (the batch axis free)."""
-    from mlflow.models import ModelSignature
+    from mlflow.models import ModelSignature  # optional extra: mlflow
     from mlflow.types import Schema, TensorSpec
 
     outputs = program(torch.from_numpy(example))
@@ -188,7 +188,7 @@ def check_registration(uri: str, run_id: str | None, name: str, alias: str | Non
     would otherwise leave OUT written and the registration undone): a bad name or alias, a run trained without
     MLflow (no run to log the model into) or one the store ``uri`` does not hold (a :class:`UsageError`), a
     server that does not answer (an :class:`~sigmanens_dist.errors.UnavailableError`). Returns the MLflow run."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # optional extra: mlflow
 
     check_name(name, "--register")
     check_alias(alias)
@@ -211,7 +211,7 @@ def register_program(program: Path, name: str, *, uri: str, run: Any, alias: str
     ``name`` and ``alias``, before the program was written) as a pyfunc model, register it as a new version of
     ``name`` (created if missing) tagged with its metadata and ``tags``, point ``alias`` at it; returns the version.
     The program is loaded (and a ``.pt2`` vetted) as ``sigmanens predict`` loads it."""
-    import mlflow
+    import mlflow  # optional extra: mlflow
     from mlflow.exceptions import MlflowException
 
     run_id = run.info.run_id
@@ -268,7 +268,7 @@ def fetch_program(model_uri: str, tracking_uri: str | None, dest: Path) -> Path:
     if not uri:
         raise UsageError(f"PROGRAM {model_uri}: give the registry's store (--tracking-uri, or MLFLOW_TRACKING_URI)")
     _client(uri)
-    import mlflow
+    import mlflow  # optional extra: mlflow
     from mlflow.exceptions import MlflowException
 
     quiet = logging.getLogger("mlflow.store.artifact.artifact_repo")  # "No artifacts found": said below, once

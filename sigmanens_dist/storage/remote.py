@@ -387,7 +387,7 @@ def _s3_client(timeout_s: float) -> Any:
     are off: :class:`_Backoff` counts every attempt against ``data.remote.retries``."""
     key = (os.getpid(), timeout_s, hash(frozenset((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
     if key not in _clients:
-        import boto3
+        import boto3  # optional extra: webdataset (boto3)
         from botocore.config import Config
 
         config = Config(connect_timeout=timeout_s, read_timeout=timeout_s,
@@ -402,7 +402,7 @@ def _bucket_key(path: RemotePath) -> tuple[str, str]:
 
 
 def _s3_call(path: RemotePath, call: Callable[[Any, str, str], T]) -> T:
-    from botocore import exceptions as bx
+    from botocore import exceptions as bx  # optional extra: webdataset (boto3)
 
     try:
         return call(_s3_client(path.settings.timeout_s), *_bucket_key(path))
@@ -431,7 +431,7 @@ def _s3_head(path: RemotePath) -> bool:
 
 
 def _s3_get(path: RemotePath, size: int | None) -> _Body:
-    from botocore.exceptions import BotoCoreError
+    from botocore.exceptions import BotoCoreError  # optional extra: webdataset (boto3)
     from urllib3.exceptions import HTTPError
 
     response = _s3_call(path, lambda client, bucket, key: client.get_object(Bucket=bucket, Key=key))

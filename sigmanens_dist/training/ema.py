@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.tensor import DTensor
 
 from sigmanens_dist.errors import UsageError
@@ -57,7 +58,7 @@ def _tensors(module: nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
 def _resharded(module: nn.Module) -> nn.Module:
     """``module`` with every FSDP2 unit sharded: a unit left unsharded after its forward (the root) would expose
     views into its all-gather buffer instead of its shards (a no-op for a unit that is sharded, or for no FSDP)."""
-    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FSDPModule  # public from torch 2.6; pyproject allows 2.4: FSDP runs only
 
     for m in module.modules():
         if isinstance(m, FSDPModule):
@@ -131,8 +132,6 @@ class ShardedEMA:
 
     def state_dict(self, model: nn.Module) -> dict[str, Any]:
         """The averaged weights in ``model``'s state-dict form (DTensors for sharded tensors), for DCP."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
         with self.scored(model):
             return {k: v.detach().clone() for k, v in get_model_state_dict(model).items()}
 
@@ -140,8 +139,6 @@ class ShardedEMA:
     def load_state_dict(self, state: dict[str, Any], model: nn.Module) -> None:
         """Load ``state`` through ``model`` (which reshards it) and keep it as the shadows; ``model``'s own weights
         are put back by :meth:`scored`."""
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
         with self.scored(model):
             set_model_state_dict(model, state)
             for name, t in _tensors(model, self.names).items():

@@ -9,9 +9,12 @@ a signal is acted on within two steps of its arrival. Once the preemption checkp
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import signal
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
@@ -23,6 +26,7 @@ if TYPE_CHECKING:  # torch only where a run polls: `sigmanens study` reads EXIT_
     from sigmanens_dist.distributed.env import DistEnv
 
 from sigmanens_dist.atomic import write_text
+from sigmanens_dist.training.run_lock import LOCK_FILE, holder
 
 __all__ = ["EXIT_PREEMPTED", "MARKER", "PreemptionCheck", "PreemptionFlag", "StartupGuard", "clear_marker",
            "write_marker"]
@@ -72,7 +76,7 @@ class PreemptionCheck:
     knows which signal arrived, wherever it arrived (``signum``)."""
 
     def __init__(self, flag: PreemptionFlag, env: DistEnv) -> None:
-        import torch
+        import torch  # torch only where a run polls (see the top)
         import torch.distributed as dist
 
         self.flag, self.env = flag, env
@@ -81,7 +85,7 @@ class PreemptionCheck:
         self._device = env.device if env.distributed and dist.get_backend() == "nccl" else torch.device("cpu")
 
     def poll(self) -> bool:
-        import torch
+        import torch  # torch only where a run polls (see the top)
         import torch.distributed as dist
 
         if not self.env.distributed:
@@ -146,9 +150,6 @@ class StartupGuard:
 
     @classmethod
     def _exit(cls, signum: int, _frame: FrameType | None) -> None:
-        import os
-        import sys
-
         name = signal.Signals(signum).name
         print(f"received {name} before the first step: nothing to checkpoint yet; exiting with status "
               f"{EXIT_PREEMPTED}", file=sys.stderr, flush=True)
@@ -160,11 +161,6 @@ class StartupGuard:
 def _free_or_ours(run_dir: Path) -> bool:
     """Whether no other process holds the run directory's lock (a flock is per open file: ours, taken through
     another descriptor, is refused here too, so the holder's PID tells)."""
-    import fcntl
-    import os
-
-    from sigmanens_dist.training.run_lock import LOCK_FILE, holder
-
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)

@@ -3,8 +3,10 @@ resumed run draws the same numbers as an uninterrupted one."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = ["capture_rng", "restore_rng"]
@@ -12,10 +14,6 @@ __all__ = ["capture_rng", "restore_rng"]
 
 def capture_rng() -> dict[str, Any]:
     """Every RNG the loop draws from (torch CPU/CUDA, numpy, python), so a resumed run draws the same numbers."""
-    import random
-
-    import numpy as np
-
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -23,10 +21,6 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    import random
-
-    import numpy as np
-
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])

@@ -94,6 +94,7 @@ class RunLock:
 def own_run_dir(run_dir: Path, env: DistEnv, purpose: str = "trainer") -> RunLock | None:
     """The lock of a job of several ranks: rank 0 takes it (the others get None), and every rank raises rank 0's
     refusal (a second trainer on the run directory, a path that cannot be a run directory), so all stop alike."""
+    # lazy: torch; `sigmanens train --help` imports this module
     from sigmanens_dist.distributed.env import all_gather_object
 
     lock, refusal = None, None

@@ -18,6 +18,8 @@ import json
 import logging
 import os
 import subprocess
+import urllib.error
+import urllib.request
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -69,7 +71,7 @@ def ui_hint(uri: str, experiment_id: str) -> str:
 def ensure_experiment(client: Any, name: str, uri: str) -> str:
     """The id of experiment ``name``, created if missing (artifacts beside a sqlite store; an existing experiment
     keeps its location, which MLflow cannot change), tagged as model development either way."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # optional extra: mlflow
 
     exp = client.get_experiment_by_name(name)
     if exp is None:
@@ -131,7 +133,7 @@ class Tracker:
                               * int(tags.get("world_size") or 1))
 
         def _start() -> str:
-            import mlflow
+            import mlflow  # optional extra: mlflow
 
             mlflow.set_tracking_uri(self.uri)
             client = mlflow.MlflowClient(self.uri)
@@ -181,7 +183,7 @@ class Tracker:
         if len(parts) < 2 or parts[1] == continued or parts[0] != self.uri or _unwritable_store(self.uri):
             return
         try:
-            from mlflow import MlflowClient
+            from mlflow import MlflowClient  # optional extra: mlflow
 
             client = MlflowClient(self.uri)
             if client.get_run(parts[1]).info.status == "RUNNING":
@@ -257,9 +259,6 @@ def check_server(uri: str) -> None:
     file stores are not asked."""
     if not uri.startswith(("http://", "https://")):
         return
-    import urllib.error
-    import urllib.request
-
     try:
         urllib.request.urlopen(f"{uri.rstrip('/')}/health",
                                timeout=float(os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT", "20"))).close()
@@ -289,7 +288,7 @@ def _unwritable_store(uri: str) -> str | None:
 
 def _parent_experiment(client: Any, parent: str) -> str:
     """The parent's experiment: children live beside their parent whatever ``tracking.experiment`` says."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # optional extra: mlflow
 
     try:
         return client.get_run(parent).info.experiment_id
@@ -302,11 +301,12 @@ def _parent_experiment(client: Any, parent: str) -> str:
 def _dataset_input(params: dict[str, Any]) -> Any:
     """The training data as an MLflow dataset: its name, where it is read from (the data root; generated data names
     its generator), and a digest of the settings that select it."""
-    from mlflow.data.code_dataset_source import CodeDatasetSource
+    from mlflow.data.code_dataset_source import CodeDatasetSource  # optional extra: mlflow
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
 
     data = {k.removeprefix("data."): v for k, v in params.items() if k.startswith("data.")}
+    # the catalog imports pydantic, not at the top: predict imports this module (through the registry)
     from sigmanens_dist.catalog.datasets import DATASETS, resolve_root
 
     name, root = str(data.get("dataset", "unknown")), data.get("root")
@@ -338,7 +338,7 @@ def set_status(run_dir: Path, status: str) -> str | None:
     if not path.is_file():
         return None
     uri, run_id = path.read_text().split()[:2]
-    from mlflow import MlflowClient
+    from mlflow import MlflowClient  # optional extra: mlflow
 
     MlflowClient(uri).set_terminated(run_id, status=status)
     return run_id

@@ -30,6 +30,7 @@ import importlib
 import json
 import os
 import shutil
+from argparse import Namespace
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -193,7 +194,7 @@ class DeepSpeedStrategy(Strategy):
         return self.wrapped
 
     def build_optimizer(self, groups: list[dict[str, Any]], factory: OptimizerFactory) -> torch.optim.Optimizer:
-        import deepspeed
+        import deepspeed  # optional extra: deepspeed
 
         if self.env.device.type == "cpu":
             # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (minutes of C++ build) that only its
@@ -217,7 +218,7 @@ class DeepSpeedStrategy(Strategy):
         self.sync_buffers()  # rank 0's running statistics before every forward, as DDP does
         self._last = last
         if self.zero_stage == 3 and self._flat:
-            import deepspeed
+            import deepspeed  # optional extra: deepspeed
 
             with deepspeed.zero.GatheredParameters(self._flat, modifier_rank=None):
                 yield
@@ -237,7 +238,7 @@ class DeepSpeedStrategy(Strategy):
     def gathered(self) -> contextlib.AbstractContextManager[Any]:
         if self.zero_stage != 3:
             return contextlib.nullcontext()
-        import deepspeed
+        import deepspeed  # optional extra: deepspeed
 
         return deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None)
 
@@ -253,9 +254,7 @@ class DeepSpeedStrategy(Strategy):
         temporary folder renamed into place, so a crash never leaves half a conversion), then read by every rank."""
         target = folder / "universal"
         if self.env.is_main and not target.is_dir():
-            from argparse import Namespace
-
-            from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+            from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal  # optional extra: deepspeed
 
             tmp = folder / ".universal.tmp"
             shutil.rmtree(tmp, ignore_errors=True)

@@ -75,6 +75,7 @@ class FSDPStrategy(Strategy):
 
     @classmethod
     def consolidated(cls, folder: Path, part: str) -> dict[str, torch.Tensor] | None:
+        # private torch API: a torch without it fails here only
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
         if not any(k.startswith(f"{part}.") for k in SafeDCPReader(str(folder)).read_metadata().state_dict_metadata):
@@ -127,7 +128,7 @@ class FSDPStrategy(Strategy):
         return self.wrapped
 
     def _fsdp_modules(self) -> Iterator[nn.Module]:
-        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp import FSDPModule  # public from torch 2.6; pyproject allows 2.4
 
         return (m for m in self.model.modules() if isinstance(m, FSDPModule))
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from sigmanens_dist.experiments.compare.records import Group, _uses
@@ -34,8 +35,6 @@ def _errorbar(ax: Any, xs: list[float], groups: list[Group], column: str, label:
 
 def _colors(n: int) -> list[Any]:
     """``n`` distinct colours (matplotlib's default cycle repeats after 10 lines)."""
-    from matplotlib import colormaps
-
     cmap = colormaps["tab10" if n <= 10 else "tab20"]
     return [cmap(i % cmap.N) for i in range(n)]
 
@@ -122,7 +121,7 @@ def _plot_sharing(groups: list[Group], path: Path) -> Path | None:
     series = [(g, g.runs[min(g.runs)]) for g in groups if g.tau is not None and g.runs[min(g.runs)].sharing_history]
     if not series:
         return None
-    from sigmanens_dist.methods.sigma import IMPORTANCE_BINS
+    from sigmanens_dist.methods.sigma import IMPORTANCE_BINS  # methods import torch: only this plot needs it
 
     fig = Figure(figsize=(3.2 * len(series) + 1, 5.5), layout="constrained")
     axes = fig.subplots(2, len(series), squeeze=False, sharex="col", height_ratios=[1, 2.2])

@@ -169,7 +169,7 @@ def mlflow_client(uri: str) -> Any:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
     check_server(uri)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    from mlflow import MlflowClient
+    from mlflow import MlflowClient  # optional extra: mlflow
 
     return MlflowClient(uri)
 
@@ -178,7 +178,7 @@ def load_runs(uri: str, *, parent: str | None = None, experiment: str | None = N
               ) -> tuple[list[RunRecord], list[str], str | None]:
     """The runs of a study (``parent``) or of an experiment; also the lines about children that are missing, failed or
     still running, and the parent run id to log the report to (None when there is no single parent)."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # optional extra: mlflow
 
     client = mlflow_client(uri)
     expected: list[str] | None = None
@@ -216,7 +216,7 @@ def load_runs(uri: str, *, parent: str | None = None, experiment: str | None = N
 def _sharing_history(client: Any, run_id: str) -> dict[int, tuple[float, list[float]]]:
     """Members on and the σ(γ) histogram at every validation step of a σ run (empty for runs that did not log the
     histogram). A step logged twice (a resumed run re-did it) keeps its newest value."""
-    from sigmanens_dist.methods.sigma import IMPORTANCE_BINS
+    from sigmanens_dist.methods.sigma import IMPORTANCE_BINS  # methods import torch: only a report needs it
 
     def latest(key: str) -> dict[int, float]:
         return {m.step: m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)}

@@ -54,7 +54,7 @@ def ensure_parent(definition: StudyDefinition, path: Path) -> str | None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     try:
-        from mlflow import MlflowClient
+        from mlflow import MlflowClient  # optional extra: mlflow
 
         client = MlflowClient(tracking.uri)
         if tracking.parent_run_id is None:
@@ -76,7 +76,7 @@ def ensure_parent(definition: StudyDefinition, path: Path) -> str | None:
 
 
 def _parent_params(definition: StudyDefinition) -> list[Any]:
-    from mlflow.entities import Param
+    from mlflow.entities import Param  # optional extra: mlflow
 
     params = {"study.kind": definition.kind, "study.children": len(definition.children),
               "study.base_config": definition.base_config, "study.overrides": " ".join(definition.overrides),
@@ -95,7 +95,7 @@ def _finish_parent(definition: StudyDefinition, status: str) -> None:
     if run_id is None:
         return
     try:
-        from mlflow import MlflowClient
+        from mlflow import MlflowClient  # optional extra: mlflow
 
         MlflowClient(definition.tracking.uri).set_terminated(run_id, status=status)
     except Exception as err:

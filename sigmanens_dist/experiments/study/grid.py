@@ -32,7 +32,7 @@ METHOD_NAMES = get_args(ModelConfig.model_fields["method"].annotation)  # the co
 def method_table() -> dict[str, Any]:
     """The method table (methods/): imported on first use, since it imports torch, which `sigmanens study --help`
     does not need (tests/cli/test_cli_startup.py)."""
-    from sigmanens_dist.methods import METHODS
+    from sigmanens_dist.methods import METHODS  # methods import torch: `study --help` answers without it
 
     return METHODS
 

@@ -38,7 +38,7 @@ def _finished_in_mlflow(definition: StudyDefinition) -> set[str]:
     if run_id is None:
         return set()
     try:
-        from mlflow import MlflowClient
+        from mlflow import MlflowClient  # optional extra: mlflow
 
         client = MlflowClient(uri)
         exp_id = client.get_run(run_id).info.experiment_id
@@ -118,7 +118,7 @@ def _tag_child(definition: StudyDefinition, child: ChildSpec) -> None:
     if run_id is None:
         return
     try:
-        from mlflow import MlflowClient
+        from mlflow import MlflowClient  # optional extra: mlflow
 
         client = MlflowClient(uri)
         exp_id = client.get_run(run_id).info.experiment_id
