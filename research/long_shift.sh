@@ -29,8 +29,9 @@
 #                                                       #   split and shift: results/shift_mixed/val/<study>_<config>
 #   python research/mixed_tables.py choose --write      # per model and batch size, the configuration of lowest
 #                                                       #   validation-shift NLL (results/shift_mixed/choice.json)
-#   bash research/long_shift.sh mixed_test [OUT]        # those, the training statistics and the per-corruption
-#                                                       #   protocol's batch statistics, once on the test set
+#   bash research/long_shift.sh mixed_test [OUT] [FAMILY:CONFIG...]  # those, the training statistics and the
+#                                                       #   per-corruption protocol's batch statistics, once on the
+#                                                       #   test set (or the configurations given)
 #   python research/mixed_tables.py test                # their tables (docs/results.md "Under mixed batches")
 # SHIFT_BUDGET=small uses the recipe's own 200 steps (a preview; OUT default runs/shift_small) instead of the long
 # budget (6,250 steps).
@@ -172,10 +173,23 @@ config_args() {
 
 if [ "$phase" = mixed_test ]; then
   # The test set, once, for each family's choice at each batch size (choice.json), and beside it the training
-  # statistics and the per-corruption protocol at batch 32 with the batch's statistics (what the earlier round chose).
+  # statistics and the per-corruption protocol at batch 32 with the batch's statistics (what the earlier round chose);
+  # or the FAMILY:CONFIG given (e.g. sigma:train single:h32p0, which every choice tests: they may start before it).
   choice="$RESULTS/choice.json"
-  [ -s "$choice" ] || { echo "long_shift: no $choice: python research/mixed_tables.py choose --write" >&2; exit 2; }
+  if [ $# -gt 0 ]; then
+    plan="$(for given in "$@"; do echo "${given%%:*} ${given#*:}"; done)"
+  else
+    [ -s "$choice" ] || { echo "long_shift: no $choice: python research/mixed_tables.py choose --write" >&2; exit 2; }
+    plan="$(python - "$choice" <<'PY'
+import json, sys
+for family, by_batch in json.load(open(sys.argv[1])).items():
+    chosen = [by_batch[b]["config"] for b in ("32", "1") if b in by_batch]  # what the test tables compare
+    print(family, " ".join(dict.fromkeys(["train", "h32p0", *chosen])))
+PY
+)"
+  fi
   while read -r family configs; do
+    [[ -n "${LANE_ARGS[$family]:-}" ]] || { echo "long_shift: unknown family $family" >&2; exit 2; }
     for seed in "${SEED_LIST[@]}"; do
       runs=("$OUT/${family}_s$seed"/*/final_metrics.json)
       run="$(dirname "${runs[0]}")"
@@ -186,13 +200,7 @@ if [ "$phase" = mixed_test ]; then
           "${CALIBRATION[@]}" "${CONFORMAL[@]}"
       done
     done
-  done < <(python - "$choice" <<'PY'
-import json, sys
-for family, by_batch in json.load(open(sys.argv[1])).items():
-    chosen = [by_batch[b]["config"] for b in ("32", "1") if b in by_batch]  # what the test tables compare
-    print(family, " ".join(dict.fromkeys(["train", "h32p0", *chosen])))
-PY
-)
+  done <<< "$plan"
   exit "$failed"
 fi
 
