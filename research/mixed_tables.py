@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 from posthoc_tables import conformal_table
-from shift_tables import CLEAN, FAMILIES, SHIFT, Scores, cell, paired, reports, scores
+from shift_tables import CLEAN, FAMILIES, SHIFT, Scores, cell, paired, reports, scores, write_choice
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "shift_mixed"
 BATCHES = (32, 8, 1)
@@ -114,8 +114,15 @@ def difference_table(runs: Runs, pairs: list[tuple[str, tuple[str, str], tuple[s
     lines = ["| paired | " + " | ".join(keys.values()) + " |", "|---|" + "---:|" * len(keys)]
     for text, a, b in pairs:
         if runs.get(a) and runs.get(b) and len(runs[a].keys() & runs[b].keys()) >= 2:
-            lines.append(f"| {text} | " + " | ".join(paired(runs[a], runs[b], k) for k in keys) + " |")
+            lines.append(f"| {text} | " + " | ".join(_paired(runs[a], runs[b], k) for k in keys) + " |")
     return "\n".join(lines)
+
+
+def _paired(a: dict[int, Scores], b: dict[int, Scores], key: str) -> str:
+    """:func:`shift_tables.paired`, "—" where a side has no such score (the per-corruption protocol has no stream)."""
+    if any(runs[s][key] is None for runs in (a, b) for s in a.keys() & b.keys()):
+        return "—"
+    return paired(a, b, key)
 
 
 def _ordered(runs: Runs) -> list[tuple[str, str]]:
@@ -164,11 +171,7 @@ def main() -> None:
     choice = choose(runs)
     print(score_table(runs, _ordered(runs)), choose_text(choice), sep="\n\n")
     if args.write:
-        path = evals.resolve().parent / "choice.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(choice, indent=1) + "\n")
-        tmp.replace(path)
-        print(f"kept in {path}")
+        write_choice(evals, choice)
 
 
 if __name__ == "__main__":

@@ -319,11 +319,16 @@ def main() -> None:
     choice = choose(runs)
     print(choose_table(runs), difference_table(runs), chosen_text(choice), sep="\n\n")
     if args.write:
-        path = evals.resolve().parent / "choice.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(choice, indent=1) + "\n")
-        tmp.replace(path)
-        print(f"kept in {path}")
+        write_choice(evals, choice)
+
+
+def write_choice(evals: Path, choice: dict[str, Any]) -> None:
+    """Keep ``choice`` as choice.json beside the evaluations' folder, whole or not at all."""
+    path = evals.resolve().parent / "choice.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(choice, indent=1) + "\n")
+    tmp.replace(path)
+    print(f"kept in {path}")
 
 
 if __name__ == "__main__":

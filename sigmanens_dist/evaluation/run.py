@@ -333,10 +333,15 @@ def _shift(cfg: Config, options: EvalConfig, names: list[str], model: nn.Module,
             out.setdefault(name, {})[str(severity)] = _cell(metrics, members, clean_mi)
             if posthoc is not None:
                 posthoc.record(extra, name, severity)
-    out["mean"] = shift_mean(out, options.severities)
+    return _with_mean(out, options.severities, posthoc)
+
+
+def _with_mean(table: dict[str, Any], severities: list[int], posthoc: PostHoc | None) -> dict[str, Any]:
+    """``table`` with its mean row over corruptions, and the post-hoc parts' shift tables theirs."""
+    table["mean"] = shift_mean(table, severities)
     if posthoc is not None:
-        posthoc.finish_shift(options.severities)
-    return out
+        posthoc.finish_shift(severities)
+    return table
 
 
 def _mixed_shift(options: EvalConfig, stream: Stream, model: nn.Module, num_classes: int, device: torch.device,
@@ -368,9 +373,8 @@ def _mixed_shift(options: EvalConfig, stream: Stream, model: nn.Module, num_clas
             out.setdefault(corruption, {})[str(severity)] = _cell(metric, members, clean_mi)
             if posthoc is not None:
                 posthoc.record(extra, corruption, severity)
-    out["mean"] = shift_mean(out, options.severities)
+    _with_mean(out, options.severities, posthoc)
     if posthoc is not None:
-        posthoc.finish_shift(options.severities)
         for which, extra in ((CLEAN, extras[0]), ("overall", extras[-1])):
             posthoc.record_stream(extra, which)
     return {"shift": out, "shift_stream": {CLEAN: _cell(metrics[0], members, None),
