@@ -212,6 +212,22 @@ def test_the_files_logged_beside_the_pyfunc_import_alone(tmp_path: Path) -> None
     assert proc.stdout.split()[0] == "1"
 
 
+@contextlib.contextmanager
+def _served(model: str, store: str, folder: Path) -> Iterator[str]:
+    """``mlflow models serve -m MODEL`` from the test's store, started and stopped here (by its PID); yields the
+    invocations URL once the server answers (its log in FOLDER/serve.log)."""
+    port = free_port()
+    log = folder / "serve.log"
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", model, "--env-manager", "local",
+                             "-h", "127.0.0.1", "-p", str(port)], env={**env(), "MLFLOW_TRACKING_URI": store},
+                            cwd=folder, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        assert wait_for_port(port, proc, 180), log.read_text()[-3000:]
+        yield f"http://127.0.0.1:{port}/invocations"
+    finally:
+        stop_process(proc)
+
+
 @pytest.mark.slow
 def test_mlflow_models_serve_answers_a_batch_and_refuses_bad_requests(registered: dict[str, tuple[Path, str]],
                                                                       store: str, tmp_path: Path) -> None:
@@ -222,15 +238,7 @@ def test_mlflow_models_serve_answers_a_batch_and_refuses_bad_requests(registered
     message ends with the reason (naming the rows at fault), and the server keeps serving."""
     import requests
 
-    port = free_port()
-    log = tmp_path / "serve.log"
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/tiny-pt2@champion",
-                             "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
-                            env={**env(), "MLFLOW_TRACKING_URI": store}, cwd=tmp_path, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT)
-    try:
-        assert wait_for_port(port, proc, 180), log.read_text()[-3000:]
-        url = f"http://127.0.0.1:{port}/invocations"
+    with _served("models:/tiny-pt2@champion", store, tmp_path) as url:
         x = np.random.default_rng(1).random((7, 3, 16, 16), dtype=np.float32)
         answer = requests.post(url, json={"inputs": x.tolist()}, timeout=60)
         assert answer.status_code == 200, answer.text[-2000:]
@@ -275,8 +283,6 @@ def test_mlflow_models_serve_answers_a_batch_and_refuses_bad_requests(registered
             if "values" in reason:  # the pyfunc's own refusals repeat at most 200 characters of the request
                 assert len(answer.json()["message"]) < 600, answer.json()["message"][:1000]
         assert requests.post(url, json={"inputs": x[:1].tolist()}, timeout=60).status_code == 200
-    finally:
-        stop_process(proc)
 
 
 def _study(client: object, tmp_path: Path, experiment: str, vals: list[dict[str, float]]) -> tuple[str, list[Path]]:
@@ -669,24 +675,14 @@ def test_served_one_image_per_request_gives_evals_mixed_numbers_at_batch_one(sto
     part = json.loads((tmp_path / "eval" / "eval.json").read_text())["weights"]["raw"]
     with open(stream / "stream.csv") as f:
         table = list(csv.DictReader(f))
-    port = free_port()
-    log = tmp_path / "serve.log"
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/mixed-prior@champion",
-                             "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
-                            env={**env(), "MLFLOW_TRACKING_URI": store}, cwd=tmp_path, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT)
-    try:
-        assert wait_for_port(port, proc, 180), log.read_text()[-3000:]
-        probabilities = []
-        with requests.Session() as session:
-            for row in table:
-                image = base64.b64encode((stream / row["file"]).read_bytes()).decode()
-                answer = session.post(f"http://127.0.0.1:{port}/invocations", timeout=60,
-                                      json={"dataframe_split": {"columns": ["image"], "data": [[image]]}})
-                assert answer.status_code == 200, answer.text[-2000:]
-                probabilities += answer.json()["predictions"]["probabilities"]
-    finally:
-        stop_process(proc)
+    probabilities = []
+    with _served("models:/mixed-prior@champion", store, tmp_path) as url, requests.Session() as session:
+        for row in table:
+            image = base64.b64encode((stream / row["file"]).read_bytes()).decode()
+            answer = session.post(url, timeout=60,
+                                  json={"dataframe_split": {"columns": ["image"], "data": [[image]]}})
+            assert answer.status_code == 200, answer.text[-2000:]
+            probabilities += answer.json()["predictions"]["probabilities"]
     log_probs = torch.tensor(probabilities, dtype=torch.float64).log()
     target = torch.tensor([int(row["label"]) for row in table])
     groups = [row["corruption"] for row in table]
