@@ -113,15 +113,23 @@ def difference_table(runs: Runs, pairs: list[tuple[str, tuple[str, str], tuple[s
     keys = {"nll": "NLL", "ece": "ECE", "shift/nll": "NLL shift", "shift/ece": "ECE shift", "stream/nll": "NLL stream"}
     lines = ["| paired | " + " | ".join(keys.values()) + " |", "|---|" + "---:|" * len(keys)]
     for text, a, b in pairs:
-        if runs.get(a) and runs.get(b) and len(runs[a].keys() & runs[b].keys()) >= 2:
-            lines.append(f"| {text} | " + " | ".join(_paired(runs[a], runs[b], k) for k in keys) + " |")
+        if runs.get(a) and runs.get(b) and runs[a].keys() & runs[b].keys():
+            shared = sorted(runs[a].keys() & runs[b].keys())
+            lines.append(f"| {text} ({len(shared)}) | " + " | ".join(_paired(runs[a], runs[b], k) for k in keys)
+                         + " |")
     return "\n".join(lines)
 
 
 def _paired(a: dict[int, Scores], b: dict[int, Scores], key: str) -> str:
-    """:func:`shift_tables.paired`, "—" where a side has no such score (the per-corruption protocol has no stream)."""
-    if any(runs[s][key] is None for runs in (a, b) for s in a.keys() & b.keys()):
+    """:func:`shift_tables.paired` over the seeds both sides share (their number is in the row's label); one shared
+    seed is its difference alone, no interval; "—" where a side has no such score (the per-corruption protocol has
+    no stream)."""
+    shared = a.keys() & b.keys()
+    if any(runs[s][key] is None for runs in (a, b) for s in shared):
         return "—"
+    if len(shared) == 1:
+        (seed,) = shared
+        return f"{a[seed][key] - b[seed][key]:+.4f} (seed {seed} only)"  # type: ignore[operator]
     return paired(a, b, key)
 
 
