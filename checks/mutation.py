@@ -63,24 +63,27 @@ GROUPS: dict[str, Group] = {
         ("sigmanens_dist/sigma/regularizer.py",),
         ("tests/sigma/test_regularizer.py", "tests/sigma/test_mutants_regularizer.py")),
     "scores": Group(
-        ("sigmanens_dist/evaluation/metrics.py",),
+        ("sigmanens_dist/inference/scores.py", "sigmanens_dist/evaluation/metrics.py"),
         ("tests/evaluation/test_metrics.py", "tests/evaluation/test_mutants_metrics.py")),
     "posthoc": Group(
-        ("sigmanens_dist/evaluation/calibration.py", "sigmanens_dist/evaluation/conformal.py",
-         "sigmanens_dist/evaluation/posthoc.py"),
+        ("sigmanens_dist/inference/temperature.py", "sigmanens_dist/inference/conformal.py",
+         "sigmanens_dist/inference/posthoc.py", "sigmanens_dist/evaluation/posthoc.py"),
         ("tests/evaluation/test_posthoc.py", "tests/evaluation/test_mutants_posthoc.py")),
     "norm_stats": Group(
-        ("sigmanens_dist/evaluation/norm_stats.py",),
+        ("sigmanens_dist/inference/norm_stats.py",),
         ("tests/evaluation/test_norm_stats.py", "tests/evaluation/test_mutants_norm_stats.py")),
     "program": Group(
         ("sigmanens_dist/export/program.py", "sigmanens_dist/program_meta.py"),
         ("tests/export/test_program_meta.py", "tests/export/test_export_program.py")),
     "predict_writer": Group(
         ("sigmanens_dist/predict/writer.py",),
-        ("tests/predict/test_predict.py",)),
+        # the writer's own unit tests (predict's end-to-end tests take ~10 s a mutant: 90 min for the module here)
+        ("tests/predict/test_writer.py",
+         "tests/predict/test_predict.py::test_a_rerun_into_the_same_out_names_what_differs")),
     "registry_best": Group(
         ("sigmanens_dist/registry/best.py",),
-        ("tests/registry/test_registry.py",)),
+        # its own unit tests with fakes for MLflow and the export (test_registry.py starts a server each run)
+        ("tests/registry/test_best.py",)),
 }
 
 # every group's pytest options: the quick tests, in one process, no .pytest_cache written into the copy

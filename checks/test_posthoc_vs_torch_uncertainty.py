@@ -1,4 +1,4 @@
-"""Our temperature scaling and conformal sets (evaluation/calibration.py, conformal.py) against torch-uncertainty
+"""Our temperature scaling and conformal sets (inference/temperature.py, conformal.py) against torch-uncertainty
 0.13.0's ``TemperatureScaler``, ``ConformalClsTHR`` and ``ConformalClsAPS`` on the same synthetic logits.
 
     bash checks/run.sh -k posthoc
@@ -17,8 +17,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from sigmanens_dist.evaluation.calibration import ensemble_nll, fit_temperature
-from sigmanens_dist.evaluation.conformal import class_scores, conformal_quantile
+from sigmanens_dist.inference.conformal import class_scores, conformal_quantile
+from sigmanens_dist.inference.temperature import ensemble_nll, fit_temperature
 
 tu = pytest.importorskip("torch_uncertainty.post_processing")
 

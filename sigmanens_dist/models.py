@@ -1,13 +1,17 @@
 """Build the trained model from the config: the backbone, then the ensemble method ``model.method`` names.
 
 Every method answers :class:`sigmanens_dist.methods.EnsembleMethod` (``forward(x) -> (M, B, K)``, ``num_members``,
-``aux_loss``, ``no_weight_decay``…), so the train loop never asks which one it has.
+``aux_loss``, ``no_weight_decay``…), so the train loop never asks which one it has. And the one checkpoint → model
+rebuild (:func:`load_trained`, on top of :func:`sigmanens_dist.checkpoint.read_checkpoint`, any strategy's file or
+folder): the model rebuilt from the config and model sizes stored with it, for eval, every export and the
+end-of-training eval.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -16,14 +20,15 @@ import torch
 from torch import nn
 
 from sigmanens_dist.checkpoint import is_checkpoint_file, read_checkpoint, resolve_checkpoint
-from sigmanens_dist.config import Config, ModelConfig
+from sigmanens_dist.config import Config, ModelConfig, config_from_dict
 from sigmanens_dist.errors import MissingPathError, UsageError
 from sigmanens_dist.methods import EnsembleMethod, build_method
 from sigmanens_dist.methods.single import SingleModel
 from sigmanens_dist.safe_load import load_file, load_safetensors
 from sigmanens_dist.sigma.layers import SigmaStore
 
-__all__ = ["SingleModel", "Source", "build_model", "enable_grad_checkpointing", "source_weights"]
+__all__ = ["SingleModel", "Source", "TrainedModel", "build_model", "enable_grad_checkpointing", "load_trained",
+           "method_of", "source_weights"]
 
 log = logging.getLogger(__name__)
 
@@ -166,3 +171,62 @@ def _hf_backbone(model_cfg: ModelConfig, num_labels: int, vocab_size: int | None
                          "set data.tokenizer to this backbone's own tokenizer folder")
     return backbone
 
+
+# -- the checkpoint → model rebuild ------------------------------------------------------------------------------
+class TrainedModel(NamedTuple):
+    """A checkpoint's trained model, rebuilt: what eval, every export and the end-of-training eval start from;
+    unpacks as ``cfg, model, ema, run_id, step, model_args = …``."""
+
+    cfg: Config
+    model: nn.Module  # the raw weights, in eval mode
+    ema: nn.Module | None  # the EMA weights when the run kept an EMA
+    run_id: str | None  # the MLflow run that wrote the checkpoint
+    step: int  # optimiser steps the checkpoint had taken
+    model_args: dict[str, Any]  # the sizes the model was rebuilt with (num_classes, in_chans, vocab_size)
+
+
+def method_of(cfg: Config) -> str:
+    """The training method a config names (``model.method``)."""
+    return cfg.model.method
+
+
+def load_trained(path: Path | str, overrides: Sequence[str] = (), *, what: str = "--checkpoint",
+                 with_ema: bool = True, check_data: bool = True,
+                 check_overrides: Callable[[Config, Config], None] | None = None) -> TrainedModel:
+    """Rebuild the model a checkpoint was trained as, from the config stored in it (``overrides``, dotted
+    ``key=value`` strings such as ``data.root=/elsewhere``, are applied to that config first), and load the raw and,
+    ``with_ema``, the EMA weights. ``check_data``: refuse a config whose data is not here (what needs no data, a
+    state dict, passes False). ``check_overrides(trained, cfg)``: called with the config as the run trained and as
+    overridden before any model is built, so that refusing an override costs no model. Errors name the file (as
+    ``what``): missing, not a checkpoint, weights of another method than its config says."""
+    path = Path(path)
+    if not path.exists():
+        raise MissingPathError(f"{what} {path}: no such file or checkpoint folder")
+    ckpt = read_checkpoint(path, what, with_ema=with_ema)
+    cfg = _stored_config(ckpt.config, overrides, path, check_data)
+    if check_overrides is not None:
+        check_overrides(_stored_config(ckpt.config, (), path, False) if overrides else cfg, cfg)
+    model = _rebuilt(cfg, ckpt.model_args, ckpt.weights, path, "model")
+    ema = None if ckpt.ema is None else _rebuilt(cfg, ckpt.model_args, ckpt.ema, path, "ema")
+    return TrainedModel(cfg, model, ema, ckpt.run_id, ckpt.step, ckpt.model_args)
+
+
+def _stored_config(stored: dict[str, Any], overrides: Sequence[str], path: Path, check_data: bool) -> Config:
+    try:
+        return config_from_dict(stored, overrides, source=f"the config stored in {path}", check_data=check_data)
+    except ValueError as err:
+        raise UsageError(f"the config stored in {path} does not load here (with overrides {list(overrides)}):\n"
+                         f"{err}") from err
+
+
+def _rebuilt(cfg: Config, model_args: dict[str, Any], weights: dict[str, Any], path: Path, key: str) -> nn.Module:
+    torch.manual_seed(cfg.seed)  # the weights come from the checkpoint: never read pretrained or source ones again
+    model = build_model(cfg.without_source_weights(), **model_args)
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()
+        raise UsageError(f"{path}: the {key!r} weights are not those of a model.method={method_of(cfg)!r} model as "
+                         f"the checkpoint's config says; the file and its config disagree "
+                         f"({' '.join(first[:3])[:400]})") from err
+    return model.eval()

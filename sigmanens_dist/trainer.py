@@ -36,11 +36,11 @@ from sigmanens_dist.data.member_streams import member_major, member_train_stream
 from sigmanens_dist.distributed.env import DistEnv, all_gather_object, init_distributed
 from sigmanens_dist.distributed.strategies import build_strategy, strategy_class, strategy_options
 from sigmanens_dist.errors import USAGE_MARKER, RunExistsError, UsageError
-from sigmanens_dist.evaluation import load_for_eval, run_eval
+from sigmanens_dist.evaluation import run_eval
 from sigmanens_dist.evaluation.metrics import EnsembleMetrics
 from sigmanens_dist.evaluation.plots import reliability_diagram
 from sigmanens_dist.methods import map_tensors
-from sigmanens_dist.models import build_model
+from sigmanens_dist.models import build_model, load_trained
 from sigmanens_dist.progress import progress
 from sigmanens_dist.storage.traffic import TRAFFIC
 from sigmanens_dist.training.ema import build_ema
@@ -360,7 +360,7 @@ class Trainer:
     def _evaluate_checkpoint(self, path: Path) -> None:
         """The hook of ``eval.at_end``: ``sigmanens eval`` of the final checkpoint, as written (every strategy's
         format; a plain model, so sub-ensembles can copy it), every rank scoring its shard of each pass."""
-        loaded = load_for_eval(path)
+        loaded = load_trained(path)
         ema = None if loaded.ema is None else loaded.ema.to(self.env.device)
         run_eval(self.cfg, loaded.model.to(self.env.device), ema, out_dir=self.run_dir / "eval", run_id=self.run_id,
                  step=self.pos.step, checkpoint=path, env=self.env)

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sigmanens_dist.catalog.corruption_table import CORRUPTIONS, SEVERITIES, SHIFT_SPLITS, unknown
-from sigmanens_dist.cli.options import add_norm_stats_options
+from sigmanens_dist.cli.options import add_norm_stats_options, parse_alphas, parse_prior
 from sigmanens_dist.config import Config, EvalConfig, choices, from_options
 from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, UnavailableError, UsageError
 
@@ -141,10 +141,8 @@ def _run(args: argparse.Namespace) -> int:
 
     from sigmanens_dist.atomic import check_writable_folder
     from sigmanens_dist.checkpoint import resolve_checkpoint
-    from sigmanens_dist.evaluation.conformal import parse_alphas
-    from sigmanens_dist.evaluation.load import load_for_eval
-    from sigmanens_dist.evaluation.norm_stats import parse_prior
     from sigmanens_dist.evaluation.run import check_options, run_eval
+    from sigmanens_dist.models import load_trained
     from sigmanens_dist.training.run_lock import own_run_containing
 
     # Everything that can be checked without the checkpoint first, then the checkpoint, then the rest: all before
@@ -170,7 +168,7 @@ def _run(args: argparse.Namespace) -> int:
                              f"(this run: {args.shift_batches})")
         check_stream_folder(args.stream_images)
     logging.getLogger("sigmanens").info("evaluating %s", which)
-    loaded = load_for_eval(checkpoint, overrides,
+    loaded = load_trained(checkpoint, overrides,
                            check_overrides=lambda trained, cfg: _check_split_overrides(args.data, trained, cfg))
     cfg = loaded.cfg
     if args.no_mlflow:
@@ -186,12 +184,18 @@ def _run(args: argparse.Namespace) -> int:
     model = loaded.model.to(device)
     ema = loaded.ema.to(device) if loaded.ema is not None else None
     lock = own_run_containing(out / "eval.json", "eval", env)  # the default --out is beside the checkpoint
+    stream_lock = None
     try:
+        if args.stream_images is not None and (env is None or env.world_size == 1):  # run_eval refuses it on ranks
+            from sigmanens_dist.evaluation.mixed import claim_stream_folder  # here: only --stream-images needs it
+
+            stream_lock = claim_stream_folder(args.stream_images)
         report = run_eval(cfg, model, ema, options, out_dir=out, run_id=loaded.run_id, step=loaded.step,
                           checkpoint=checkpoint.resolve(), env=env, stream_images=args.stream_images)
     finally:
-        if lock is not None:
-            lock.release()
+        for held in (stream_lock, lock):
+            if held is not None:
+                held.release()
     if env is None or env.is_main:
         from sigmanens_dist.evaluation.summary import summary, written  # eval.md keeps every table
 

@@ -30,7 +30,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sigmanens_dist.atomic import check_writable_folder
-from sigmanens_dist.cli.options import add_norm_stats_options
+from sigmanens_dist.cli.options import (
+    add_norm_stats_options,
+    parse_alphas,
+    parse_members,
+    parse_prior,
+    parse_score,
+    program_format,
+)
 from sigmanens_dist.config import EvalConfig, choices
 from sigmanens_dist.errors import EXIT_UNAVAILABLE, EXIT_USAGE, UnavailableError, UsageError
 
@@ -101,10 +108,8 @@ def _program(args: argparse.Namespace) -> int:
     read once, the registration checked once (before the program is written: a refused one leaves nothing behind),
     the program written and registered."""
     from sigmanens_dist.checkpoint import resolve_checkpoint  # here, not at the top: `--help` answers without torch
-    from sigmanens_dist.evaluation.conformal import parse_alphas
-    from sigmanens_dist.evaluation.load import load_for_eval
-    from sigmanens_dist.evaluation.norm_stats import parse_prior
-    from sigmanens_dist.export.program import export_program, parse_score, program_format
+    from sigmanens_dist.export.program import export_program
+    from sigmanens_dist.models import load_trained
     from sigmanens_dist.training.run_lock import own_run_containing
 
     out = args.program
@@ -126,7 +131,7 @@ def _program(args: argparse.Namespace) -> int:
             raise UsageError(f"--register: {args.checkpoint} has no mlflow_run.txt (a run trained with tracking on "
                              "has one); give the store with --tracking-uri")
     _check_out(out, checkpoint, args.force)
-    loaded = load_for_eval(checkpoint)
+    loaded = load_trained(checkpoint)
     run = None
     if args.register is not None:
         from sigmanens_dist.registry import check_registration  # here, not at the top: `--help` answers without torch
@@ -135,7 +140,8 @@ def _program(args: argparse.Namespace) -> int:
     lock = own_run_containing(out, "export")
     try:
         print(f"exporting {which}")
-        meta = export_program(checkpoint, out, args.members, args.calibration, fmt, alpha, score, args.weights,
+        meta = export_program(checkpoint, out, parse_members(args.members, loaded.model.num_members),
+                              args.calibration, fmt, alpha, score, args.weights,
                               args.norm_stats, prior, loaded=loaded)
         extra, sets = "", meta.conformal
         if sets is not None:

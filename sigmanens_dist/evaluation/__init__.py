@@ -1,15 +1,15 @@
-"""Evaluation: ``sigmanens eval`` and the end-of-training hook (see docs/eval.md)."""
+"""Evaluation: ``sigmanens eval`` and the end-of-training hook (see docs/eval.md): the scored passes, metrics,
+reports and plots, on top of what a program computes (:mod:`sigmanens_dist.inference`)."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-__all__ = ["EvalCheckpoint", "load_for_eval", "run_eval", "sub_ensemble"]
+__all__ = ["run_eval"]
 
 # imported on first use: they import torch, which `sigmanens eval --help` does not need
-_LAZY = {"EvalCheckpoint": "sigmanens_dist.evaluation.load", "load_for_eval": "sigmanens_dist.evaluation.load",
-         "run_eval": "sigmanens_dist.evaluation.run", "sub_ensemble": "sigmanens_dist.evaluation.run"}
+_LAZY = {"run_eval": "sigmanens_dist.evaluation.run"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,6 +1,7 @@
 """Evaluation of member-vectorised ensembles: the ensemble predicts with the mean of its members' softmaxes.
 
-The one place for every metric definition. :class:`EnsembleMetrics` streams the loop's cheap metrics;
+The one place for every metric definition (the per-input scores they aggregate:
+:mod:`sigmanens_dist.inference.scores`). :class:`EnsembleMetrics` streams the loop's cheap metrics;
 :class:`SampleMetrics` keeps a few numbers per sample (confidence, correctness, losses, uncertainty scores) for the
 metrics that need the whole set (adaptive ECE, AURC, OOD detection). Both are torchmetrics metrics, so ``compute``
 syncs across ranks under torch.distributed. Loss sums accumulate in float64: feeding the data in one batch or in many
@@ -8,8 +9,6 @@ gives the same numbers.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import Tensor, nn
@@ -24,33 +23,10 @@ from torchmetrics.functional.classification import (
 from torchmetrics.utilities import dim_zero_cat
 
 from sigmanens_dist.errors import UsageError
+from sigmanens_dist.inference.scores import ensemble_log_probs, entropy, mutual_information
 
 __all__ = ["DIAGNOSIS_KEYS", "EnsembleMetrics", "SampleMetrics", "adaptive_calibration_error", "aurc",
-           "calibration_error", "detection_auroc", "diagnosis", "ensemble_log_probs", "entropy", "mutual_information",
-           "ood_detection", "predictive_entropy"]
-
-
-# -- per-sample quantities ---------------------------------------------------------------------------------------
-def ensemble_log_probs(member_logits: Tensor) -> Tensor:
-    """log of the mean member softmax, ``(M, B, K) -> (B, K)``, computed stably (logsumexp over members − log M)."""
-    return member_logits.float().log_softmax(-1).logsumexp(0) - math.log(member_logits.shape[0])
-
-
-def entropy(log_probs: Tensor) -> Tensor:
-    """Shannon entropy (nats) over the last dim from log-probabilities; ``0·log 0 = 0``."""
-    return torch.special.entr(log_probs.exp()).sum(-1)
-
-
-def predictive_entropy(member_logits: Tensor) -> Tensor:
-    """Entropy of the ensemble prediction (mean of member softmaxes) per sample: ``(M, B, K) -> (B,)``."""
-    return entropy(ensemble_log_probs(member_logits))
-
-
-def mutual_information(member_logits: Tensor) -> Tensor:
-    """Mutual information between prediction and member, per sample: entropy of the mean minus the mean member
-    entropy, ``(M, B, K) -> (B,)``. Zero when all members agree; the ensemble's epistemic uncertainty."""
-    member = entropy(member_logits.float().log_softmax(-1)).mean(0)
-    return (predictive_entropy(member_logits) - member).clamp_min(0)
+           "calibration_error", "detection_auroc", "diagnosis", "ood_detection"]
 
 
 # -- whole-set metrics from (confidence, correct) ----------------------------------------------------------------

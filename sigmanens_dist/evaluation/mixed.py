@@ -26,11 +26,14 @@ from torch import Tensor, nn
 
 from sigmanens_dist.atomic import check_writable_folder
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.evaluation.scoring import Transform, not_main
+from sigmanens_dist.evaluation.scoring import Transform
+from sigmanens_dist.inference.collect import not_main
 from sigmanens_dist.methods.base import map_tensors
 from sigmanens_dist.progress import progress
+from sigmanens_dist.training.run_lock import LOCK_FILE, RunLock
 
-__all__ = ["CLEAN", "Stream", "build_stream", "check_stream_folder", "stream_batches", "stream_pixels", "write_stream"]
+__all__ = ["CLEAN", "Stream", "build_stream", "check_stream_folder", "claim_stream_folder", "stream_batches",
+           "stream_pixels", "write_stream"]
 
 CLEAN = "clean"  # the group of the uncorrupted images
 
@@ -126,10 +129,22 @@ def score_stream(model: nn.Module, stream: Stream, batch_size: int, min_batch: i
 
 def check_stream_folder(folder: Path) -> None:
     """``--stream-images DIR`` must be a new or empty folder this process can write: the stream's files never
-    replace anyone's."""
+    replace anyone's (the lock file of :func:`claim_stream_folder` alone is not content)."""
     check_writable_folder(folder, "--stream-images ")
-    if folder.is_dir() and any(folder.iterdir()):
+    if folder.is_dir() and any(entry.name != LOCK_FILE for entry in folder.iterdir()):
         raise UsageError(f"--stream-images {folder}: the folder is not empty; give a new or empty folder")
+
+
+def claim_stream_folder(folder: Path) -> RunLock:
+    """The folder's lock, held while the stream is written (two evaluations started at once into one new folder:
+    the second is refused naming the first), and the folder checked empty again under it."""
+    lock = RunLock(folder, "eval --stream-images", flag="--stream-images ").acquire()
+    try:
+        check_stream_folder(folder)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def write_stream(stream: Stream, folder: Path) -> None:

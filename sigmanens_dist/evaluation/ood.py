@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.evaluation.metrics import ood_detection, predictive_entropy
+from sigmanens_dist.evaluation.metrics import ood_detection
 from sigmanens_dist.evaluation.scoring import score_pass
+from sigmanens_dist.inference.scores import predictive_entropy
 
 __all__ = ["OOD_SCORES", "ood_scores", "score_ood"]
 

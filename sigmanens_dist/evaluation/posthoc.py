@@ -1,10 +1,11 @@
 """What ``sigmanens eval --calibration temperature|member-temperature`` and ``--conformal α[,α…]`` add to a report:
-fitted on the calibration split (``data.calib_split``), else the validation split (one pass, before any scored batch
-is read), then scored alongside every test and shift pass of the K-member ensemble (the same forward pass feeds
-:class:`TemperedMetrics` and :class:`ConformalSets`)."""
+fitted (:mod:`sigmanens_dist.inference.posthoc`) on the calibration split (``data.calib_split``), else the
+validation split (one pass, before any scored batch is read), then scored alongside every test and shift pass of the
+K-member ensemble (the same forward pass feeds :class:`TemperedMetrics` and :class:`ConformalSets`)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,51 +13,112 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
 
 from sigmanens_dist.config import EvalConfig
-from sigmanens_dist.evaluation.calibration import (
-    Temperature,
-    TemperedMetrics,
-    ensemble_nll,
-    fit_member_temperatures,
-    fit_temperature,
-)
-from sigmanens_dist.evaluation.conformal import ConformalSets, fit_conformal
+from sigmanens_dist.evaluation.metrics import SampleMetrics
 from sigmanens_dist.evaluation.report import SHIFT_KEYS, shift_mean
-from sigmanens_dist.evaluation.scoring import collect_logits
+from sigmanens_dist.inference.collect import collect_logits
+from sigmanens_dist.inference.conformal import in_sets, set_stats
+from sigmanens_dist.inference.posthoc import PostHocFit, fit_posthoc
+from sigmanens_dist.inference.scores import ensemble_log_probs
+from sigmanens_dist.inference.temperature import Temperature, scale_logits
 
-__all__ = ["PostHoc", "fit_posthoc", "fit_posthoc_on"]
+__all__ = ["ConformalSets", "PostHoc", "TemperedMetrics", "fit_posthoc_on"]
 
 CONFORMAL_KEYS = ("coverage", "set_size")
 
 
+class TemperedMetrics(SampleMetrics):
+    """:class:`SampleMetrics` of the calibrated model: member logits divided by ``temperature`` (one, or one per
+    member) before scoring."""
+
+    def __init__(self, temperature: Temperature, num_classes: int, num_members: int, **kwargs: object) -> None:
+        super().__init__(num_classes, num_members, **kwargs)
+        self.temperature = temperature
+
+    def update(self, member_logits: Tensor, target: Tensor) -> None:
+        super().update(scale_logits(member_logits, self.temperature), target)
+
+
+class ConformalSets(Metric):
+    """Coverage and size of the sets at ``thresholds`` (method -> q̂) of the ensemble prediction, member logits
+    divided by ``temperature`` (one, or one per member) first (1: uncalibrated); per sample, so per class too, synced
+    like SampleMetrics."""
+
+    full_state_update = False
+
+    def __init__(self, thresholds: dict[str, float], num_classes: int, temperature: Temperature = 1.0,
+                 **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.thresholds, self.num_classes, self.temperature = thresholds, num_classes, temperature
+        for name in ("covered", "size", "target"):
+            self.add_state(name, default=[], dist_reduce_fx="cat")
+
+    def update(self, member_logits: Tensor, target: Tensor) -> None:
+        probs = ensemble_log_probs(scale_logits(member_logits, self.temperature)).exp()
+        covered, size = zip(*(set_stats(in_sets(probs, method, q), target) for method, q in self.thresholds.items()),
+                            strict=True)
+        self.covered.append(torch.stack(covered, -1))
+        self.size.append(torch.stack(size, -1))
+        self.target.append(target)
+
+    def compute(self) -> dict[str, dict]:
+        """Per method: ``coverage``, mean ``set_size`` and ``per_class`` (coverage, set size, samples per class)."""
+        covered, size = dim_zero_cat(self.covered).double(), dim_zero_cat(self.size).double()
+        target = dim_zero_cat(self.target).long()
+        count = torch.bincount(target, minlength=self.num_classes).double()
+        out = {}
+        for j, method in enumerate(self.thresholds):
+            by_cov = torch.zeros(self.num_classes, dtype=torch.float64, device=count.device)
+            by_size = torch.zeros_like(by_cov)
+            by_cov.index_add_(0, target, covered[:, j])
+            by_size.index_add_(0, target, size[:, j])
+            out[method] = {"coverage": float(covered[:, j].mean()), "set_size": float(size[:, j].mean()),
+                           "per_class": [{"class": c, "n": int(count[c]), "coverage": float(by_cov[c] / count[c]),
+                                          "set_size": float(by_size[c] / count[c])} if count[c] else
+                                         {"class": c, "n": 0, "coverage": math.nan, "set_size": math.nan}
+                                         for c in range(self.num_classes)]}
+        return out
+
+
 @dataclass
 class PostHoc:
-    """The fitted temperature (1.0 when not asked for), the member temperatures (with ``member-temperature``) and
-    conformal thresholds (one ``method -> q̂`` per asked α, none when not asked for), and the report parts they fill:
+    """A post-hoc fit (:class:`~sigmanens_dist.inference.posthoc.PostHocFit`) and the report parts its scores fill:
     ``part["calibration"]``, ``part["member_calibration"]`` and ``part["conformal"]`` (a list, one entry per α)."""
 
-    temperature: float
-    calibrate: bool
-    thresholds: list[dict[str, float]]
+    fit: PostHocFit
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)
-    member_temperatures: list[float] | None = None
 
-    @property
-    def applied(self) -> Temperature:
-        """What the conformal sets divide the member logits by: the member temperatures when fitted, else T."""
-        return self.member_temperatures if self.member_temperatures is not None else self.temperature
+    @classmethod
+    def of(cls, fit: PostHocFit) -> PostHoc:
+        """The report parts of ``fit``, each with what it was fitted on and an empty shift table to fill."""
+        fitted = {"fitted_on": fit.fitted_on, "num_fit": fit.num_fit, "val_nll_before": fit.nll_before}
+        parts: dict[str, dict[str, Any]] = {}
+        if fit.calibrate:
+            parts["calibration"] = {"method": "temperature", "temperature": fit.temperature, **fitted,
+                                    "val_nll_after": fit.nll_after, "shift": {}}
+        if fit.member_temperatures is not None:
+            parts["member_calibration"] = {"method": "member-temperature",
+                                           "temperatures": list(fit.member_temperatures), **fitted,
+                                           "val_nll_after": fit.member_nll_after, "shift": {}}
+        if fit.alphas:
+            parts["conformal"] = [{"alpha": alpha, "calibrated_on": fit.fitted_on, "num_calibration": fit.num_fit,
+                                   "temperature": fit.applied if fit.calibrate else None,
+                                   "methods": {m: {"qhat": q, "shift": {}} for m, q in qs.items()}}
+                                  for alpha, qs in zip(fit.alphas, fit.thresholds, strict=True)]
+        return cls(fit, parts)
 
     def metrics(self, num_classes: int, num_members: int, sync: bool) -> dict[str, Metric]:
         """Fresh metrics for one pass of the K-member ensemble."""
-        out: dict[str, Metric] = {}
-        if self.calibrate:
-            out["calibration"] = TemperedMetrics(self.temperature, num_classes, num_members, sync_on_compute=sync)
-        if self.member_temperatures is not None:
-            out["member_calibration"] = TemperedMetrics(self.member_temperatures, num_classes, num_members,
+        fit, out = self.fit, {}
+        if fit.calibrate:
+            out["calibration"] = TemperedMetrics(fit.temperature, num_classes, num_members, sync_on_compute=sync)
+        if fit.member_temperatures is not None:
+            out["member_calibration"] = TemperedMetrics(list(fit.member_temperatures), num_classes, num_members,
                                                         sync_on_compute=sync)
-        for j, thresholds in enumerate(self.thresholds):
-            out[f"conformal/{j}"] = ConformalSets(thresholds, num_classes, self.applied, sync_on_compute=sync)
+        for j, thresholds in enumerate(fit.thresholds):
+            out[f"conformal/{j}"] = ConformalSets(thresholds, num_classes, fit.applied, sync_on_compute=sync)
         return out
 
     def record(self, metrics: dict[str, Metric], corruption: str | None = None, severity: int = 0) -> None:
@@ -100,35 +162,8 @@ class PostHoc:
 
 def fit_posthoc_on(model: nn.Module, batches: Callable[[], Iterable[Any]], options: EvalConfig,
                    device: torch.device, desc: str, split: str = "val") -> PostHoc:
-    """:func:`fit_posthoc` on the logits of one pass of ``batches`` (of the validation split, or of the calibration
-    split: ``split`` names it in the report), the only pass it reads."""
+    """What ``options`` asks for (:func:`~sigmanens_dist.inference.posthoc.fit_posthoc`) fitted on the logits of
+    one pass of ``batches`` (of the validation split, or of the calibration split: ``split`` names it in the
+    report), the only pass it reads."""
     logits, target = collect_logits(model, batches(), device, f"{desc} fit on {split}")
-    return fit_posthoc(logits, target, options, split)
-
-
-def fit_posthoc(logits: Tensor, target: Tensor, options: EvalConfig, split: str = "val") -> PostHoc:
-    """Fit what ``options`` asks for on these member logits ``(M, N, K)`` and labels ``(N,)`` alone, a pure function
-    of them (eval and a program's export call it alike): the temperature first (NLL of the ensemble, every member's
-    logits / T), with ``member-temperature`` also one T_m per member (each member's own NLL), then the conformal
-    thresholds on the calibrated probabilities (member temperatures when fitted). ``split`` names where the logits
-    come from in the report."""
-    calibrate = options.calibration != "none"
-    temperature = fit_temperature(logits, target) if calibrate else 1.0
-    members = fit_member_temperatures(logits, target) if options.calibration == "member-temperature" else None
-    parts: dict[str, dict[str, Any]] = {}
-    fitted = {"fitted_on": split, "num_fit": len(target), "val_nll_before": float(ensemble_nll(logits, target))}
-    if calibrate:
-        parts["calibration"] = {"method": "temperature", "temperature": temperature, **fitted,
-                                "val_nll_after": float(ensemble_nll(logits, target, temperature)), "shift": {}}
-    if members is not None:
-        parts["member_calibration"] = {"method": "member-temperature", "temperatures": members, **fitted,
-                                       "val_nll_after": float(ensemble_nll(logits, target, members)), "shift": {}}
-    applied = members if members is not None else temperature
-    thresholds: list[dict[str, float]] = []
-    if options.conformal:
-        thresholds = fit_conformal(logits, target, options.conformal, applied)
-        parts["conformal"] = [{"alpha": alpha, "calibrated_on": split, "num_calibration": len(target),
-                               "temperature": applied if calibrate else None,
-                               "methods": {m: {"qhat": q, "shift": {}} for m, q in qs.items()}}
-                              for alpha, qs in zip(options.conformal, thresholds, strict=True)]
-    return PostHoc(temperature, calibrate, thresholds, parts, members)
+    return PostHoc.of(fit_posthoc(logits, target, options.calibration, options.conformal, split))

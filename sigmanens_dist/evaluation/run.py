@@ -40,10 +40,8 @@ from sigmanens_dist.data.ood import SVHNOOD, DigitsOOD
 from sigmanens_dist.data.raw import Evaluated
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.evaluation.load import method_of
 from sigmanens_dist.evaluation.metrics import SampleMetrics, diagnosis
 from sigmanens_dist.evaluation.mixed import CLEAN, Stream, build_stream, check_stream_folder, score_stream, write_stream
-from sigmanens_dist.evaluation.norm_stats import norm_stats_problem, with_norm_stats
 from sigmanens_dist.evaluation.ood import score_ood
 from sigmanens_dist.evaluation.posthoc import PostHoc, fit_posthoc_on
 from sigmanens_dist.evaluation.report import (
@@ -57,28 +55,17 @@ from sigmanens_dist.evaluation.report import (
     shift_mean,
 )
 from sigmanens_dist.evaluation.scoring import Transform, score_pass
+from sigmanens_dist.inference.norm_stats import norm_stats_problem, with_norm_stats
 from sigmanens_dist.methods.base import EnsembleMethod
+from sigmanens_dist.models import method_of
 from sigmanens_dist.program_meta import NormStats
 
-__all__ = ["OOD_SETS", "check_options", "flat_metrics", "markdown", "run_eval", "score_pass", "sub_ensemble"]
+__all__ = ["OOD_SETS", "check_options", "flat_metrics", "markdown", "run_eval", "score_pass"]
 
 log = logging.getLogger("sigmanens")
 
 OOD_SETS = {"digits": ("fashion_mnist",), "svhn": ("cifar10", "cifar100")}  # OOD set → datasets it is OOD for
 IMAGENET_C_DATASETS = ("imagenet", "imagefolder")
-
-
-# -- sub-ensembles -------------------------------------------------------------------------------------------------
-def sub_ensemble(model: EnsembleMethod, members: Sequence[int]) -> EnsembleMethod:
-    """A model of only ``members`` (indices into ``model``'s M), which really runs ``len(members)`` members: the
-    method's own ``sub_ensemble(members)``, after checking the indices; all members in order is the model itself."""
-    m = model.num_members
-    members = list(members)
-    if not members or len(set(members)) != len(members) or not all(0 <= i < m for i in members):
-        raise UsageError(f"members {members} must be distinct indices in 0..{m - 1}")
-    if members == list(range(m)):
-        return model
-    return model.sub_ensemble(members)
 
 
 def _corruption(name: str, severity: int, mean: Sequence[float], std: Sequence[float], seed: int) -> Transform:
@@ -228,13 +215,13 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
         weights = with_norm_stats(weights, options.norm_stats, options.norm_stats_prior, per_sample)
         part: dict[str, Any] = {"sub_ensembles": []}
         scored = None
-        full = sub_ensemble(weights, range(k_max))
+        full = weights.select_members(range(k_max))
         posthoc = (fit_posthoc_on(full, fit_set, options, device, variant, fit_split)  # before any scored batch
                    if options.calibration != "none" or options.conformal else None)
         # methods that cannot run k of their members, and runs that ask for the full ensemble only, score k = K
         ks = range(1, k_max + 1) if options.sub_ensembles and weights.supports_sub_ensembles else [k_max]
         for k in ks:
-            sub = sub_ensemble(weights, range(k))
+            sub = weights.select_members(range(k))
             extra = posthoc.metrics(data.num_classes, k, sync) if posthoc is not None and k == k_max else {}
             metrics, seconds = score_pass(sub, eval_set(), data.num_classes, device,
                                           f"{variant} {options.split} k={k}", sync=sync, also=list(extra.values()))

@@ -1,6 +1,5 @@
 """One scored pass of an ensemble over a dataset: the metrics of every sample and the time the model alone took
-(shared by the test-set, shift and OOD passes of ``sigmanens eval``); and the logits of a pass, for what is fitted on
-the validation split (temperature, conformal thresholds)."""
+(shared by the test-set, shift and OOD passes of ``sigmanens eval``)."""
 
 from __future__ import annotations
 
@@ -9,15 +8,15 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torchmetrics import Metric
 
 from sigmanens_dist.evaluation.metrics import SampleMetrics
+from sigmanens_dist.inference.collect import not_main
 from sigmanens_dist.methods.base import map_tensors
 from sigmanens_dist.progress import progress
 
-__all__ = ["Transform", "collect_logits", "not_main", "score_pass"]
+__all__ = ["Transform", "score_pass"]
 
 Transform = Callable[[torch.Tensor, int], torch.Tensor]  # (normalised batch, batch index) -> batch
 
@@ -46,29 +45,6 @@ def score_pass(model: nn.Module, batches: Iterable[Any], num_classes: int, devic
         for extra in also:
             extra.update(logits.float(), y)
     return metrics, seconds
-
-
-@torch.no_grad()
-def collect_logits(model: nn.Module, batches: Iterable[Any], device: torch.device, desc: str
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Member logits ``(M, N, K)`` (float32, CPU) and targets ``(N,)`` of a pass; under torch.distributed gathered
-    from every rank in rank order, so that every rank fits the same numbers on the whole split."""
-    model.eval()
-    logits, targets = [], []
-    for x, y in progress(batches, desc=desc, unit="batch", leave=False, disable=not_main()):
-        logits.append(model(map_tensors(x, lambda t: t.to(device))).float().cpu())
-        targets.append(y.cpu())
-    out = torch.cat(logits, 1), torch.cat(targets)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        parts: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, out)
-        out = torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts])
-    return out
-
-
-def not_main() -> bool:
-    """One progress bar: rank 0's."""
-    return dist.is_available() and dist.is_initialized() and dist.get_rank() != 0
 
 
 def _synchronize(device: torch.device) -> None:

@@ -1,7 +1,7 @@
 """What leaves a run for use elsewhere: a checkpoint's weights as a plain state dict (:mod:`.state_dict`), the
 ensemble as one program file, a ``torch.export`` ``.pt2`` (:mod:`.program`) or an ONNX model (:mod:`.program_onnx`),
-and the program's metadata (:mod:`.format`, torch-free and standalone: what ``sigmanens predict`` and a registered
-model read). See docs/deploy.md."""
+whose metadata record is :mod:`sigmanens_dist.program_meta` (torch-free and standalone: what ``sigmanens predict``
+and a registered model read). See docs/deploy.md."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 __all__ = ["export_program", "load_model"]
 
-# imported on first use: they import torch and the evaluation code, which a reader of .format alone never needs
+# imported on first use: they import torch, which `sigmanens export --help` does not need
 _LAZY = {"export_program": "sigmanens_dist.export.program", "load_model": "sigmanens_dist.export.state_dict"}
 
 

@@ -6,21 +6,21 @@ The program maps a batch of raw images, float32 ``(B, C, H, W)`` in [0, 1] (what
 normalises), to the ensemble's prediction; the recipe's mean/std, the chosen members (a real sub-ensemble, not a
 mask), the temperature and the conformal threshold fitted on the calibration split (``data.calib_split``) when
 the run has one, else on the validation split, are inside it, and its metadata
-(:class:`~sigmanens_dist.program_meta.ProgramMeta`, as JSON) is in the file. Above the evaluation floor: it reuses
-eval's checkpoint rebuild, sub-ensembles, validation pass, metrics and post-hoc fits, so a program predicts what eval
-scores.
+(:class:`~sigmanens_dist.program_meta.ProgramMeta`, as JSON) is in the file. It compiles what eval scores with —
+the one checkpoint rebuild (:func:`~sigmanens_dist.models.load_trained`), the method's own sub-ensemble, and
+:mod:`sigmanens_dist.inference`'s scores, post-hoc fit, conformal sets and prediction-time statistics — so a program
+predicts what eval scores.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -28,18 +28,18 @@ from torch import Tensor, nn
 import sigmanens_dist
 from sigmanens_dist.atomic import atomic_write
 from sigmanens_dist.catalog.datasets import DATASETS, resolve_root
-from sigmanens_dist.config import Config, EvalConfig
+from sigmanens_dist.config import Config
 from sigmanens_dist.data.ffcv_io import EVAL_CROP_RATIO
 from sigmanens_dist.data.loaders import CLASSES_FILE, build_data
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.evaluation.conformal import METHODS, RAPS_LAMBDA, ConformalSets, class_scores
-from sigmanens_dist.evaluation.metrics import ensemble_log_probs, entropy, mutual_information
-from sigmanens_dist.evaluation.norm_stats import norm_stats_problem, with_norm_stats
-from sigmanens_dist.evaluation.posthoc import fit_posthoc
-from sigmanens_dist.evaluation.run import sub_ensemble
-from sigmanens_dist.evaluation.scoring import collect_logits
 from sigmanens_dist.export.program_onnx import write_onnx
+from sigmanens_dist.inference.collect import collect_logits
+from sigmanens_dist.inference.conformal import RAPS_LAMBDA, in_sets, set_stats
+from sigmanens_dist.inference.norm_stats import norm_stats_problem, with_norm_stats
+from sigmanens_dist.inference.posthoc import fit_posthoc
+from sigmanens_dist.inference.scores import disagreement, ensemble_log_probs, entropy, mutual_information
+from sigmanens_dist.inference.temperature import scale_logits
 from sigmanens_dist.program_meta import (
     CONFORMAL_OUTPUT,
     METADATA_FILE,
@@ -52,12 +52,11 @@ from sigmanens_dist.program_meta import (
 )
 
 if TYPE_CHECKING:
-    from sigmanens_dist.evaluation.load import EvalCheckpoint
+    from sigmanens_dist.models import TrainedModel
 
-__all__ = ["FORMATS", "QUIET_EXPORT_WARNINGS", "SATURATION_BAND", "ProgramHead", "class_names", "export_program",
-           "parse_members", "parse_score", "program_format", "program_threshold", "save_torch_program"]
+__all__ = ["QUIET_EXPORT_WARNINGS", "SATURATION_BAND", "ProgramHead", "class_names", "export_program",
+           "program_threshold", "save_torch_program"]
 
-FORMATS = {"torch": ".pt2", "onnx": ".onnx"}  # --format -> the suffix that implies it
 # aps/raps: a q̂ this close to a point where the cumulative scores saturate is moved just above it (program_threshold)
 SATURATION_BAND = 1e-4
 QUIET_EXPORT_WARNINGS = (
@@ -90,17 +89,12 @@ class ProgramHead(nn.Module):
         logits = self.model((x.float() - self.mean) / self.std).float() / self.temperature  # (M, B, K)
         log_mean = ensemble_log_probs(logits)  # the metrics' own definitions, so eval and the program agree
         probs = log_mean.exp()
-        m = logits.shape[0]
-        preds = logits.argmax(-1)  # (M, B)
-        pairs = max(m * (m - 1) // 2, 1)
-        disagreement = (preds[:, None] != preds[None]).sum((0, 1)).float() / (2 * pairs)
         confidence, prediction = probs.max(-1)
         out = {"probabilities": probs, "prediction": prediction, "confidence": confidence,
                "entropy": entropy(log_mean), "mutual_information": mutual_information(logits),
-               "disagreement": disagreement}
+               "disagreement": disagreement(logits)}
         if self.conformal is not None:
-            score, qhat = self.conformal
-            out[CONFORMAL_OUTPUT] = class_scores(probs, score) <= qhat  # eval's sets, same scores
+            out[CONFORMAL_OUTPUT] = in_sets(probs, *self.conformal)  # eval's sets, same scores
         return out
 
 
@@ -124,44 +118,6 @@ def save_torch_program(program: torch.export.ExportedProgram, out: Path, metadat
         for message, category in QUIET_EXPORT_WARNINGS:
             warnings.filterwarnings("ignore", message=message, category=category)
         atomic_write(out, lambda f: torch.export.save(program, f, extra_files=dict([metadata])))
-
-
-def program_format(fmt: str | None, out: Path) -> Literal["torch", "onnx"]:
-    """``--format``, or the one OUT's suffix implies (``.onnx``: onnx, else torch); a contradiction is refused, and
-    onnx without its packages (the ``deploy`` extra)."""
-    if fmt is not None and fmt not in FORMATS:
-        raise UsageError(f"--format {fmt!r}: choose {' or '.join(FORMATS)}")
-    implied = next((name for name, suffix in FORMATS.items() if out.suffix == suffix), None)
-    if fmt is not None and implied is not None and fmt != implied:
-        raise UsageError(f"--format {fmt} with OUT {out}: the suffix {out.suffix} means --format {implied}; give "
-                         f"--format {implied} or an OUT ending in {FORMATS[fmt]}")
-    chosen = fmt or implied or "torch"
-    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
-    if chosen == "onnx" and missing:
-        raise UsageError(f"--format onnx needs {' and '.join(missing)}: pip install 'sigmanens-dist[deploy]'")
-    return cast(Literal["torch", "onnx"], chosen)
-
-
-def parse_score(text: str | None, alpha: float | None) -> str:
-    """``--conformal-score`` (default thr), which only goes with ``--conformal``."""
-    if text is not None and alpha is None:
-        raise UsageError(f"--conformal-score {text} goes with --conformal ALPHA")
-    if text is not None and text not in METHODS:
-        raise UsageError(f"--conformal-score {text!r}: choose {', '.join(METHODS)}")
-    return text or "thr"
-
-
-def parse_members(text: str | None, num_members: int) -> list[int] | None:
-    """``--members 0,2,3`` → ``[0, 2, 3]`` (distinct indices in 0..M-1); None for all members."""
-    if text is None:
-        return None
-    try:
-        members = [int(part) for part in text.split(",")] if text.strip() else []
-    except ValueError:
-        raise UsageError(f"--members {text!r}: give member indices separated by commas, e.g. 0,1") from None
-    if not members or len(set(members)) != len(members) or not all(0 <= i < num_members for i in members):
-        raise UsageError(f"--members {text!r}: give distinct member indices in 0..{num_members - 1}")
-    return members
 
 
 def _normalisation(cfg: Config, in_chans: int) -> tuple[list[float], list[float]]:
@@ -198,47 +154,46 @@ class _Fit(NamedTuple):
     conformal: ConformalFit | None
 
 
-def _fit(cfg: Config, model: nn.Module, num_classes: int, calibrate: bool, alpha: float | None,
-         score: str) -> _Fit:
+def _fit(cfg: Config, model: nn.Module, calibrate: bool, alpha: float | None, score: str) -> _Fit:
     """T and q̂ fitted on the logits of the split eval fits on (the calibration split, else the validation split:
     ``Data.posthoc_split``), collected in one pass, by eval's own fit (:func:`fit_posthoc`, a function of the logits
-    and labels: never the test set), and the scores of the program's set on the same logits."""
+    and labels: never the test set), and the coverage and size of the program's sets on the same logits."""
     device = torch.device("cpu")
     data = build_data(cfg.data, cfg.eval.batch_size or cfg.train.batch_size, cfg.seed, DistEnv(0, 1, 0, device))
-    options = EvalConfig(calibration="temperature" if calibrate else "none", conformal=[] if alpha is None else [alpha])
     split, batches = data.posthoc_split()
     logits, target = collect_logits(model, batches(), device, f"program: {split}")
-    fitted = fit_posthoc(logits, target, options, split)
-    record = ({k: v for k, v in fitted.parts["calibration"].items() if k not in ("method", "shift", "temperature")}
-              if calibrate else {})
+    fitted = fit_posthoc(logits, target, "temperature" if calibrate else "none", [] if alpha is None else [alpha],
+                         split)
+    record = ({"fitted_on": fitted.fitted_on, "num_fit": fitted.num_fit, "val_nll_before": fitted.nll_before,
+               "val_nll_after": fitted.nll_after} if calibrate else {})
     if alpha is None:
         return _Fit(fitted.temperature, record, None)
     fitted_qhat = fitted.thresholds[0][score]
     qhat = program_threshold(score, fitted_qhat)  # what the program compares with, and the coverage is of
-    sets = ConformalSets({score: qhat}, num_classes, fitted.temperature)
-    sets.update(logits, target)
-    val = sets.compute()[score]
+    probs = ensemble_log_probs(scale_logits(logits, fitted.temperature)).exp()
+    covered, size = set_stats(in_sets(probs, score, qhat), target)
     return _Fit(fitted.temperature, record, ConformalFit(
         alpha=alpha, score=score, qhat=qhat if math.isfinite(qhat) else None,
         qhat_fitted=fitted_qhat if math.isfinite(fitted_qhat) else None, fitted_on=split,
-        num_calibration=len(target), val_coverage=val["coverage"], val_set_size=val["set_size"]))
+        num_calibration=len(target), val_coverage=float(covered.double().mean()),
+        val_set_size=float(size.double().mean())))
 
 
-def export_program(checkpoint: Path, out: Path, members: str | None = None,
+def export_program(checkpoint: Path, out: Path, members: Sequence[int] | None = None,
                    calibration: Literal["temperature", "none"] = "none", fmt: Literal["torch", "onnx"] = "torch",
                    conformal: float | None = None, score: str = "thr",
                    weights: Literal["raw", "ema"] = "raw", norm_stats: Literal["train", "batch"] = "train",
-                   norm_stats_prior: float = 0.0, loaded: EvalCheckpoint | None = None) -> ProgramMeta:
+                   norm_stats_prior: float = 0.0, loaded: TrainedModel | None = None) -> ProgramMeta:
     """Write ``checkpoint``'s ensemble (or the sub-ensemble ``members``; its raw or EMA ``weights``) as a ``fmt``
     program at ``out``, with the conformal set at miscoverage ``conformal`` if given, its BatchNorms normalising with
     the training statistics or each batch's (``norm_stats``, mixed by ``norm_stats_prior``:
-    :mod:`sigmanens_dist.evaluation.norm_stats`); returns its metadata. Bad ``members``, EMA weights the run did
+    :mod:`sigmanens_dist.inference.norm_stats`); returns its metadata. Bad ``members``, EMA weights the run did
     not keep, batch statistics for a model without BatchNorm and a fit that would read the test set are refused
     before anything is computed."""
-    # looked up per call: tests count load.load_for_eval
-    from sigmanens_dist.evaluation.load import load_for_eval, method_of
+    # looked up per call: tests count load.load_trained
+    from sigmanens_dist.models import load_trained, method_of
 
-    loaded = loaded or load_for_eval(checkpoint)  # given: the caller read the checkpoint already (export --register)
+    loaded = loaded or load_trained(checkpoint)  # given: the caller read the checkpoint already (export --register)
     cfg, full = loaded.cfg, loaded.model if weights == "raw" else loaded.ema
     if full is None:
         raise UsageError(f"--weights ema: {checkpoint} holds no EMA weights (the run had no train.ema_decay); export "
@@ -248,18 +203,17 @@ def export_program(checkpoint: Path, out: Path, members: str | None = None,
     if asked and cfg.data.val_from_test and not cfg.data.calib_split:  # a calibration split is not the test set
         raise UsageError(f"{' and '.join(asked)}: this run validates on the test set (data.val_from_test); give it "
                          "a validation split (data.val_split)")
-    chosen = parse_members(members, full.num_members)
-    if chosen is not None and not full.supports_sub_ensembles:
+    if members is not None and not full.supports_sub_ensembles:
         raise UsageError(f"--members: model.method={method_of(cfg)!r} cannot run a sub-ensemble; export all members")
-    chosen = chosen or list(range(full.num_members))
+    chosen = list(members) if members is not None else list(range(full.num_members))
     problem = norm_stats_problem(full, norm_stats, f"model.method={method_of(cfg)!r} (model.name={cfg.model.name!r})")
     if problem is not None:
         raise UsageError(problem)
-    model = with_norm_stats(sub_ensemble(full, chosen), norm_stats, norm_stats_prior).eval()
+    model = with_norm_stats(full.select_members(chosen), norm_stats, norm_stats_prior).eval()
     in_chans = int(cfg.model.in_chans or loaded.model_args["in_chans"])  # what build_model gave the backbone
     num_classes = int(loaded.model_args["num_classes"])
     mean, std = _normalisation(cfg, in_chans)
-    fit = (_fit(cfg, model, num_classes, calibration == "temperature", conformal, score) if asked
+    fit = (_fit(cfg, model, calibration == "temperature", conformal, score) if asked
            else _Fit(1.0, {}, None))
     sets = None if fit.conformal is None else (score, math.inf if fit.conformal.qhat is None else fit.conformal.qhat)
     head = ProgramHead(model, mean, std, fit.temperature, sets).eval()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sigmanens_dist.evaluation.load import load_for_eval
+from sigmanens_dist.models import load_trained
 
 if TYPE_CHECKING:
     import torch
@@ -15,7 +15,7 @@ __all__ = ["load_model"]
 
 
 def load_model(path: Path) -> torch.nn.Module:
-    """The trained model of a checkpoint (its raw weights), on CPU: eval's own rebuild
-    (:func:`~sigmanens_dist.evaluation.load.load_for_eval`), without the EMA and without the data, which a state
+    """The trained model of a checkpoint (its raw weights), on CPU: the one rebuild
+    (:func:`~sigmanens_dist.models.load_trained`), without the EMA and without the data, which a state
     dict does not need."""
-    return load_for_eval(path, what="checkpoint", with_ema=False, check_data=False).model
+    return load_trained(path, what="checkpoint", with_ema=False, check_data=False).model

@@ -12,7 +12,7 @@ A method is an ``nn.Module`` that maps a batch to member logits ``(M, B, K)``. T
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal
 
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from sigmanens_dist.config import RegConfig
-from sigmanens_dist.errors import UnsupportedError
+from sigmanens_dist.errors import UnsupportedError, UsageError
 
 __all__ = ["EnsembleMethod", "Inputs", "call_backbone", "logits_of", "map_tensors", "member_chunks"]
 
@@ -92,6 +92,18 @@ class EnsembleMethod(nn.Module):
         for the k-member scores of ``sigmanens eval``; methods that can override this."""
         raise UnsupportedError(f"model.method={self.name!r} has no sub_ensemble(members); cannot run "
                                f"{len(members)} of its {self.num_members} members")
+
+    def select_members(self, members: Sequence[int]) -> EnsembleMethod:
+        """A model of only ``members`` (indices into this model's M), which really runs ``len(members)`` members:
+        :meth:`sub_ensemble` after checking the indices; all members in order is the model itself (what eval's
+        k-member scores and a program of chosen members run)."""
+        m = self.num_members
+        members = list(members)
+        if not members or len(set(members)) != len(members) or not all(0 <= i < m for i in members):
+            raise UsageError(f"members {members} must be distinct indices in 0..{m - 1}")
+        if members == list(range(m)):
+            return self
+        return self.sub_ensemble(members)
 
     @property
     def supports_sub_ensembles(self) -> bool:

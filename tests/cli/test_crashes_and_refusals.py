@@ -57,12 +57,12 @@ def test_eval_refusals_are_one_line_without_a_doubled_prefix(run: Path, tmp_path
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """Findings 8 and 12: ``--out`` under a file was a traceback after the model was built; an option the model's
     data refuses read ``sigmanens eval: error: sigmanens eval: …``."""
+    from sigmanens_dist import models as load
     from sigmanens_dist.cli import main
-    from sigmanens_dist.evaluation import load
 
     (tmp_path / "afile").write_text("mine")
     with monkeypatch.context() as m:
-        m.setattr(load, "load_for_eval", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
+        m.setattr(load, "load_trained", lambda *a, **k: pytest.fail("the checkpoint was loaded"))
         assert main(_eval(run, tmp_path / "afile" / "ev")) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"sigmanens eval: error: --out {tmp_path / 'afile' / 'ev'}: a part of this path is a file, not a folder "

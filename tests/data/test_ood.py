@@ -16,8 +16,8 @@ from sigmanens_dist import convert_to_sigma_ensemble
 from sigmanens_dist.catalog.datasets import DATASETS
 from sigmanens_dist.data.idx import FASHION_MNIST_MEAN, FASHION_MNIST_STD
 from sigmanens_dist.data.ood import SVHNOOD, DigitsOOD
-from sigmanens_dist.evaluation.metrics import predictive_entropy
 from sigmanens_dist.evaluation.ood import ood_scores
+from sigmanens_dist.inference.scores import predictive_entropy
 
 
 class _ConfidenceFromInput(nn.Module):

@@ -21,7 +21,7 @@ from sigmanens_dist.catalog.corruption_table import TEST_CORRUPTIONS, VAL_CORRUP
 from sigmanens_dist.cli.eval import main as eval_main
 from sigmanens_dist.config import EvalConfig, load_config
 from sigmanens_dist.data.idx import FASHION_MNIST_ROOT
-from sigmanens_dist.evaluation import load_for_eval, run_eval, sub_ensemble
+from sigmanens_dist.evaluation import run_eval
 from sigmanens_dist.evaluation.metrics import (
     DIAGNOSIS_KEYS,
     EnsembleMetrics,
@@ -29,12 +29,11 @@ from sigmanens_dist.evaluation.metrics import (
     adaptive_calibration_error,
     aurc,
     calibration_error,
-    mutual_information,
     ood_detection,
-    predictive_entropy,
 )
 from sigmanens_dist.evaluation.run import score_pass
-from sigmanens_dist.models import build_model
+from sigmanens_dist.inference.scores import mutual_information, predictive_entropy
+from sigmanens_dist.models import build_model, load_trained
 from tests.helpers import run_train
 
 # -- metrics -------------------------------------------------------------------------------------------------------
@@ -126,14 +125,14 @@ def test_sub_ensemble_runs_only_the_chosen_members() -> None:
     ens = _tiny_sigma(3)
     x = torch.randn(6, 1, 8, 8)
     full = ens(x)
-    sub = sub_ensemble(ens, [2, 0])
+    sub = ens.select_members([2, 0])
     assert sub.num_members == 2 and sub.sigma.flat.shape[0] == 2
     torch.testing.assert_close(sub(x), full[[2, 0]])
-    torch.testing.assert_close(sub_ensemble(ens, [1])(x), full[[1]])
-    assert sub_ensemble(ens, range(3)) is ens
+    torch.testing.assert_close(ens.select_members([1])(x), full[[1]])
+    assert ens.select_members(range(3)) is ens
     for bad in ([], [0, 0], [3]):
         with pytest.raises(ValueError, match=r"must be distinct indices in 0..2"):
-            sub_ensemble(ens, bad)
+            ens.select_members(bad)
 
 
 def test_sub_ensemble_of_film_stays_ungated() -> None:
@@ -143,7 +142,7 @@ def test_sub_ensemble_of_film_stays_ungated() -> None:
     net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
     film = convert_to_film_ensemble(net, 3, init_std=0.5).eval()
     x = torch.randn(4, 1, 8, 8)
-    sub = sub_ensemble(film, [1])
+    sub = film.select_members([1])
     assert isinstance(sub, FiLMEnsemble) and not sub.sigma.plan.gated
     torch.testing.assert_close(sub(x), film(x)[[1]])
 
@@ -386,7 +385,7 @@ def test_corruption_and_ood_eval_end_to_end(trained: Path, capsys: pytest.Captur
 @needs_fmnist
 @pytest.mark.slow
 def test_test_set_against_itself_is_chance(trained: Path) -> None:
-    cfg, model, *_ = load_for_eval(trained / "checkpoints" / "best.pt")
+    cfg, model, *_ = load_trained(trained / "checkpoints" / "best.pt")
     from sigmanens_dist.data.raw import build_datasets
 
     test = build_datasets(cfg.data, cfg.data_root()).test

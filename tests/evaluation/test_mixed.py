@@ -16,11 +16,13 @@ import torch
 
 from sigmanens_dist.cli import main
 from sigmanens_dist.config import EvalConfig
-from sigmanens_dist.evaluation import load_for_eval, run_eval
 from sigmanens_dist.evaluation import run as run_module
-from sigmanens_dist.evaluation.metrics import ensemble_log_probs
+from sigmanens_dist.evaluation import run_eval
 from sigmanens_dist.evaluation.mixed import stream_batches
 from sigmanens_dist.export.program import export_program
+from sigmanens_dist.inference.scores import ensemble_log_probs
+from sigmanens_dist.models import load_trained
+from sigmanens_dist.training.run_lock import LOCK_FILE, RunLock
 from tests.helpers import FMNIST_RUN, MIXED_CELLS, MIXED_SUBSET, scored_cell, untrained_run
 
 
@@ -35,7 +37,7 @@ def _options(**kwargs: object) -> EvalConfig:
 
 
 def _eval(checkpoint: Path, options: EvalConfig, out: Path) -> dict:
-    loaded = load_for_eval(checkpoint, [f"data.test_subset={MIXED_SUBSET}"])
+    loaded = load_trained(checkpoint, [f"data.test_subset={MIXED_SUBSET}"])
     return run_eval(loaded.cfg, loaded.model, options=options, out_dir=out)["weights"]["raw"]
 
 
@@ -165,3 +167,26 @@ def test_refusals_are_one_line_before_any_work(checkpoint: Path, tmp_path: Path,
     assert re.search(match, err) and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "o").exists() and not (tmp_path / "s").exists()
     assert (tmp_path / "full" / "mine.png").read_bytes() == b"not the stream's"
+
+
+def test_a_stream_folder_another_evaluation_is_writing_is_refused(checkpoint: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Two evaluations started at once into one new ``--stream-images`` folder both found it empty: the folder is
+    locked while its stream is written, so the second is one line naming the first and writes nothing there; once
+    the first is done, the folder it filled is refused as not empty, and its lock file alone is no content."""
+    stream = tmp_path / "stream"
+    other = RunLock(stream, "eval --stream-images", flag="--stream-images ").acquire()  # the first evaluation
+    args = ["eval", "--checkpoint", str(checkpoint), "--no-mlflow", "--shift-batches", "mixed", "--corruptions",
+            "fog", "--severities", "5", "--no-sub-ensembles", "--data", f"test_subset={MIXED_SUBSET}",
+            "--stream-images", str(stream)]
+    try:
+        assert main([*args, "--out", str(tmp_path / "second")]) == 2
+    finally:
+        other.release()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(r"--stream-images .*/stream .*eval --stream-images", err[0]), err
+    assert [p.name for p in stream.iterdir()] == [LOCK_FILE]  # the lock's file, nothing of the stream
+    assert main([*args, "--out", str(tmp_path / "first")]) == 0  # an empty folder but for a lock file: written
+    assert (stream / "stream.csv").exists()
+    assert main([*args, "--out", str(tmp_path / "again")]) == 2
+    assert "the folder is not empty" in capsys.readouterr().err

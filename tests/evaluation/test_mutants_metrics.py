@@ -3,6 +3,7 @@ written out in numpy from the definitions (checks/mutation.py's survivors in eva
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -16,9 +17,9 @@ from sigmanens_dist.evaluation.metrics import (
     aurc,
     calibration_error,
     diagnosis,
-    mutual_information,
     ood_detection,
 )
+from sigmanens_dist.inference.scores import disagreement, mutual_information
 
 
 def _case(m: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,3 +205,29 @@ def test_fpr95_takes_the_first_threshold_detecting_exactly_95_percent() -> None:
     # at threshold 2, 19/20 = 95 % detected and no in-distribution sample is above: FPR 0 (not the 100 % that
     # detecting all 20 would cost)
     assert ood_detection(score_in, score_out)["fpr95"] == 0.0
+
+
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_disagreement_is_the_share_of_member_pairs_that_differ(m: int) -> None:
+    """disagreement: per sample, the share of the M(M−1)/2 member pairs whose top-1 classes differ (0 with one)."""
+    g = torch.Generator().manual_seed(m)
+    logits = torch.randn(m, 7, 5, generator=g)  # M, B = 7, K = 5 all different: no axis stands in for another
+    preds = logits.argmax(-1).tolist()
+    pairs = list(itertools.combinations(range(m), 2))
+    want = [sum(preds[i][b] != preds[j][b] for i, j in pairs) / len(pairs) if pairs else 0.0 for b in range(7)]
+    got = disagreement(logits)
+    assert got.shape == (7,) and got.dtype == torch.float32
+    torch.testing.assert_close(got, torch.tensor(want), rtol=1e-6, atol=0)
+    assert (float(got.max()) > 0.0) == (m > 1)  # the random members do disagree somewhere
+
+
+def test_disagreement_of_chosen_top_classes() -> None:
+    """disagreement on members whose top-1 classes are set by hand: all agree, one pair of three, a lone pair."""
+    def of(top: list[list[int]], k: int) -> torch.Tensor:  # (M, B) top-1 classes as (M, B, K) logits
+        return disagreement(5.0 * torch.nn.functional.one_hot(torch.tensor(top), k).float())
+
+    # three members, two samples: all agree on sample 0; on sample 1 members 0 and 2 agree: 2 of 3 pairs differ
+    assert of([[0, 1], [0, 2], [0, 1]], 4).tolist() == pytest.approx([0.0, 2 / 3])
+    assert of([[0, 1, 2], [0, 3, 2]], 4).tolist() == [0.0, 1.0, 0.0]  # two members: one pair, 0 or 1
+    assert of([[3, 1, 0]], 4).tolist() == [0.0, 0.0, 0.0]  # one member: no pair to disagree
+    assert of([[0, 1, 2, 3]] * 3 + [[1, 2, 3, 0]], 4).tolist() == pytest.approx([0.5] * 4)  # 3 of 6 pairs

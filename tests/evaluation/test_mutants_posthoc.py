@@ -4,27 +4,23 @@ records (checks/mutation.py's survivors in evaluation/calibration.py, conformal.
 
 from __future__ import annotations
 
+import copy
 import math
+import typing
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from sigmanens_dist.config import EvalConfig
+from sigmanens_dist.cli.options import parse_alphas
+from sigmanens_dist.config import EvalConfig, choices
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.evaluation.calibration import ensemble_nll, fit_temperature, scale_logits
-from sigmanens_dist.evaluation.conformal import (
-    RAPS_K_REG,
-    RAPS_LAMBDA,
-    ConformalSets,
-    class_scores,
-    conformal_quantile,
-    fit_conformal,
-    parse_alphas,
-)
-from sigmanens_dist.evaluation.metrics import ensemble_log_probs
-from sigmanens_dist.evaluation.posthoc import PostHoc, fit_posthoc, fit_posthoc_on
+from sigmanens_dist.evaluation.posthoc import ConformalSets, PostHoc, fit_posthoc_on
+from sigmanens_dist.inference.conformal import RAPS_K_REG, RAPS_LAMBDA, class_scores, conformal_quantile, fit_conformal
+from sigmanens_dist.inference.posthoc import Calibration, PostHocFit, fit_posthoc
+from sigmanens_dist.inference.scores import ensemble_log_probs
+from sigmanens_dist.inference.temperature import ensemble_nll, fit_temperature, scale_logits
 
 
 def _members(scale: float, seed: int = 0, n: int = 2000) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,6 +84,26 @@ def test_aps_and_raps_rank_tied_classes_in_class_order() -> None:
     torch.testing.assert_close(class_scores(probs, "raps"), raps.expand(2, -1))
 
 
+def test_class_scores_rank_over_the_last_dim_in_the_probs_dtype() -> None:
+    """class_scores ranks each row's classes over the last dim, whatever leads it, and keeps float64 probabilities
+    float64 (the raps penalty too), against a numpy hand computation."""
+    g = torch.Generator().manual_seed(7)
+    probs = torch.rand(2, 3, 9, generator=g, dtype=torch.float64)  # A = 2, B = 3, K = 9 > RAPS_K_REG: all differ
+    probs = probs / probs.sum(-1, keepdim=True)
+    p = probs.numpy().reshape(-1, 9)
+    aps, raps = np.empty_like(p), np.empty_like(p)
+    for i, row in enumerate(p):
+        order = np.argsort(-row, kind="stable")
+        mass = np.cumsum(row[order])
+        aps[i, order] = mass
+        raps[i, order] = mass + RAPS_LAMBDA * np.clip(np.arange(1, 10) - RAPS_K_REG, 0, None)
+    for method, want in (("thr", 1 - p), ("aps", aps), ("raps", raps)):
+        got = class_scores(probs, method)
+        assert got.shape == (2, 3, 9) and got.dtype == torch.float64, method
+        # float64 to the last bits: a float32 penalty (λ·rank rounded to float32) is ~1e-10 off
+        np.testing.assert_allclose(got.numpy().reshape(-1, 9), want, rtol=0, atol=1e-13, err_msg=method)
+
+
 def test_fit_conformal_by_hand() -> None:
     g = torch.Generator().manual_seed(4)
     logits, target = torch.randn(2, 9, 8, generator=g), torch.randint(0, 8, (9,), generator=g)
@@ -141,36 +157,46 @@ def test_parse_alphas_single() -> None:
 # -- fit_posthoc and PostHoc -----------------------------------------------------------------------------------------
 def test_fit_posthoc_records_what_it_fitted() -> None:
     logits, target = _members(3.0, n=600)
-    post = fit_posthoc(logits, target, EvalConfig(calibration="temperature", conformal=[0.1]))
+    fit = fit_posthoc(logits, target, "temperature", [0.1])
+    post = PostHoc.of(fit)
     t = fit_temperature(logits, target)
-    assert post.temperature == t and post.calibrate and post.member_temperatures is None
+    assert fit.temperature == t and fit.calibrate and fit.member_temperatures is None
+    assert (fit.fitted_on, fit.num_fit, fit.alphas) == ("val", 600, (0.1,))
+    assert fit.nll_before == pytest.approx(float(ensemble_nll(logits, target)))
+    assert fit.nll_after == pytest.approx(float(ensemble_nll(logits, target, t))) and fit.member_nll_after is None
     part = post.parts["calibration"]
     assert part["method"] == "temperature" and part["fitted_on"] == "val" and part["num_fit"] == 600
     assert part["val_nll_before"] == pytest.approx(float(ensemble_nll(logits, target)))
     assert part["val_nll_after"] == pytest.approx(float(ensemble_nll(logits, target, t)))
-    assert post.thresholds == fit_conformal(logits, target, [0.1], t)
+    assert list(fit.thresholds) == fit_conformal(logits, target, [0.1], t)
     (entry,) = post.parts["conformal"]
     assert entry["temperature"] == t and entry["calibrated_on"] == "val"
-    assert entry["methods"]["thr"]["qhat"] == post.thresholds[0]["thr"]
+    assert entry["methods"]["thr"]["qhat"] == fit.thresholds[0]["thr"]
 
 
 def test_fit_posthoc_member_temperatures() -> None:
     logits, target = _members(3.0, n=600)
-    post = fit_posthoc(logits, target, EvalConfig(calibration="member-temperature", conformal=[0.1]), split="calib")
+    fit = fit_posthoc(logits, target, "member-temperature", [0.1], split="calib")
+    post = PostHoc.of(fit)
     part = post.parts["member_calibration"]
+    members = list(fit.member_temperatures)
     assert part["method"] == "member-temperature" and part["fitted_on"] == "calib"
-    assert part["val_nll_after"] == pytest.approx(float(ensemble_nll(logits, target, post.member_temperatures)))
-    assert post.thresholds == fit_conformal(logits, target, [0.1], post.member_temperatures)
+    assert part["temperatures"] == members and fit.applied == members
+    assert part["val_nll_after"] == pytest.approx(float(ensemble_nll(logits, target, members)))
+    assert fit.member_nll_after == part["val_nll_after"]
+    assert list(fit.thresholds) == fit_conformal(logits, target, [0.1], members)
+    assert post.parts["conformal"][0]["temperature"] == members
 
 
 def test_without_calibration_nothing_is_fitted_but_the_sets() -> None:
     logits, target = _members(3.0, n=600)
-    post = fit_posthoc(logits, target, EvalConfig(calibration="none", conformal=[0.1]))
-    assert post.temperature == 1.0 and not post.calibrate and "calibration" not in post.parts
+    post = PostHoc.of(fit_posthoc(logits, target, "none", [0.1]))
+    assert post.fit.temperature == 1.0 and not post.fit.calibrate and "calibration" not in post.parts
+    assert post.fit.nll_after is None
     assert post.parts["conformal"][0]["temperature"] is None
-    assert post.thresholds == fit_conformal(logits, target, [0.1])
-    bare = fit_posthoc(logits, target, EvalConfig())
-    assert bare.thresholds == [] and bare.parts == {}
+    assert list(post.fit.thresholds) == fit_conformal(logits, target, [0.1])
+    bare = PostHoc.of(fit_posthoc(logits, target, "none", []))
+    assert bare.fit.thresholds == () and bare.parts == {}
     assert bare.metrics(5, 2, sync=False) == {}
     bare.finish_shift([1, 3])  # nothing to average
 
@@ -192,12 +218,14 @@ def test_fit_posthoc_on_reads_one_pass() -> None:
     post = fit_posthoc_on(_Fixed(logits), lambda: iter(batches), EvalConfig(calibration="temperature"),
                           torch.device("cpu"), "test")
     assert post.parts["calibration"]["fitted_on"] == "val"
-    assert post.temperature == pytest.approx(fit_temperature(logits, target), rel=1e-6)
+    assert post.fit.temperature == pytest.approx(fit_temperature(logits, target), rel=1e-6)
 
 
 def test_post_hoc_metrics_use_the_applied_temperature_and_record_severity_zero() -> None:
-    post = PostHoc(2.0, True, [{"thr": 0.5}], {"calibration": {"shift": {}},
-                                                "conformal": [{"methods": {"thr": {"shift": {}}}}]})
+    fit = PostHocFit(calibration="temperature", temperature=2.0, member_temperatures=None, alphas=(0.1,),
+                     thresholds=({"thr": 0.5},), fitted_on="val", num_fit=6, nll_before=1.0, nll_after=0.9,
+                     member_nll_after=None)
+    post = PostHoc(fit, {"calibration": {"shift": {}}, "conformal": [{"methods": {"thr": {"shift": {}}}}]})
     metrics = post.metrics(4, 2, sync=False)
     assert metrics["calibration"].temperature == 2.0 and metrics["conformal/0"].temperature == 2.0
     logits, target = torch.randn(2, 6, 4), torch.randint(0, 4, (6,))
@@ -206,3 +234,57 @@ def test_post_hoc_metrics_use_the_applied_temperature_and_record_severity_zero()
     post.record(metrics, "fog")
     assert set(post.parts["calibration"]["shift"]["fog"]) == {"0"}
     assert set(post.parts["conformal"][0]["methods"]["thr"]["shift"]["fog"]) == {"0"}
+
+
+def test_the_fit_knows_every_calibration_the_config_offers() -> None:
+    """``inference.posthoc.Calibration`` (torch only, so not the config's) names what ``--calibration`` offers."""
+    assert typing.get_args(Calibration) == choices(EvalConfig, "calibration")
+
+
+def test_record_stream_puts_each_metric_of_a_mixed_stream_into_its_part() -> None:
+    """record_stream: every part's ``stream[which]`` holds its metrics' own values, the shift keys of a calibration
+    and coverage and set size of every conformal method at every α; nothing else of the part changes."""
+    logits, target = _members(2.0, n=300)
+    post = PostHoc.of(fit_posthoc(logits[:, :200], target[:200], "member-temperature", [0.1, 0.3]))
+    before = copy.deepcopy(post.parts)
+    computed = {}
+    for which, rows in (("overall", slice(200, 300)), ("clean", slice(200, 250))):
+        metrics = post.metrics(5, 2, sync=False)
+        assert set(metrics) == {"calibration", "member_calibration", "conformal/0", "conformal/1"}
+        for metric in metrics.values():
+            metric.update(logits[:, rows], target[rows])
+        post.record_stream(metrics, which)
+        computed[which] = {name: metric.compute() for name, metric in metrics.items()}
+    for name in ("calibration", "member_calibration"):
+        part = post.parts[name]
+        assert {k: v for k, v in part.items() if k != "stream"} == before[name]
+        assert part["stream"] == {which: {k: computed[which][name][k] for k in ("acc", "nll", "ece")}
+                                  for which in ("overall", "clean")}
+    assert computed["overall"]["calibration"] != computed["overall"]["member_calibration"]
+    for j, entry in enumerate(post.parts["conformal"]):
+        for method, result in entry["methods"].items():
+            assert {k: v for k, v in result.items() if k != "stream"} == before["conformal"][j]["methods"][method]
+            assert result["stream"] == {which: {k: computed[which][f"conformal/{j}"][method][k]
+                                                for k in ("coverage", "set_size")} for which in ("overall", "clean")}
+    sizes = [entry["methods"]["aps"]["stream"]["overall"]["set_size"] for entry in post.parts["conformal"]]
+    assert sizes[0] > sizes[1]  # α = 0.1 asks for larger sets than α = 0.3: the entries are not interchangeable
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_post_hoc_metrics_pass_the_sync_flag_to_every_metric(sync: bool) -> None:
+    """PostHoc.metrics: every metric syncs on compute across ranks exactly when asked (torchmetrics' default: it
+    does), the calibrations' and every α's sets alike."""
+    logits, target = _members(2.0, n=100)
+    metrics = PostHoc.of(fit_posthoc(logits, target, "member-temperature", [0.1, 0.3])).metrics(5, 2, sync=sync)
+    assert set(metrics) == {"calibration", "member_calibration", "conformal/0", "conformal/1"}
+    assert {name: metric.sync_on_compute for name, metric in metrics.items()} == dict.fromkeys(metrics, sync)
+
+
+def test_a_fit_whose_thresholds_do_not_match_its_alphas_is_refused() -> None:
+    """PostHoc.of pairs each α with its thresholds: a fit holding fewer threshold sets than α's is an error, not a
+    report that silently drops an α."""
+    fit = PostHocFit(calibration="none", temperature=1.0, member_temperatures=None, alphas=(0.1, 0.2),
+                     thresholds=({"thr": 0.5},), fitted_on="val", num_fit=6, nll_before=1.0, nll_after=None,
+                     member_nll_after=None)
+    with pytest.raises(ValueError, match="zip"):
+        PostHoc.of(fit)

@@ -24,9 +24,8 @@ from sigmanens_dist import convert_to_sigma_ensemble
 from sigmanens_dist.cli import main
 from sigmanens_dist.config import load_config
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.evaluation import load_for_eval
-from sigmanens_dist.evaluation.norm_stats import batch_norm_layers, norm_stats_problem, with_norm_stats
-from sigmanens_dist.models import build_model
+from sigmanens_dist.inference.norm_stats import batch_norm_layers, norm_stats_problem, with_norm_stats
+from sigmanens_dist.models import build_model, load_trained
 from sigmanens_dist.predict.norm_stats import check_norm_stats
 from sigmanens_dist.program_meta import OUTPUTS, ProgramMeta
 from sigmanens_dist.sigma.layers import SigmaBatchNorm
@@ -210,7 +209,7 @@ def test_eval_with_batch_stats_end_to_end(tmp_path: Path) -> None:
 def _eager_nll(ckpt: Path, edges: list[int]) -> float:
     """The test NLL of the checkpoint's prediction copy (batch statistics) over the test batches [edges[i],
     edges[i+1])."""
-    cfg, model, *_ = load_for_eval(ckpt)
+    cfg, model, *_ = load_trained(ckpt)
     from sigmanens_dist.data.raw import build_datasets
 
     test = build_datasets(cfg.data, cfg.data_root()).test
@@ -251,7 +250,7 @@ def test_batch_stats_program_is_eager_eval_and_predict_checks_it(tmp_path: Path,
     assert main(["export", str(run), "--program", str(program), "--norm-stats", "batch", "--norm-stats-prior",
                  "2"]) == 0
     assert _metadata(program)["norm_stats"] == {"mode": "batch", "prior": 2.0}
-    model = with_norm_stats(load_for_eval(run / "checkpoints" / "step_00000000.pt").model, "batch", 2.0)
+    model = with_norm_stats(load_trained(run / "checkpoints" / "step_00000000.pt").model, "batch", 2.0)
     module = torch.export.load(program).module()
     for batch in (2, 7):
         x = torch.rand(batch, 3, 16, 16, generator=torch.Generator().manual_seed(batch))

@@ -23,16 +23,12 @@ from sigmanens_dist.cli.eval import main as eval_main
 from sigmanens_dist.config import ConfigError, EvalConfig, load_config
 from sigmanens_dist.data.raw import build_datasets
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.evaluation.calibration import (
-    TemperedMetrics,
-    ensemble_nll,
-    fit_member_temperatures,
-    fit_temperature,
-)
-from sigmanens_dist.evaluation.conformal import ConformalSets, class_scores, conformal_quantile
 from sigmanens_dist.evaluation.metrics import SampleMetrics
+from sigmanens_dist.evaluation.posthoc import ConformalSets, TemperedMetrics
 from sigmanens_dist.evaluation.report import flat_metrics
-from sigmanens_dist.evaluation.scoring import collect_logits
+from sigmanens_dist.inference.collect import collect_logits
+from sigmanens_dist.inference.conformal import class_scores, conformal_quantile
+from sigmanens_dist.inference.temperature import ensemble_nll, fit_member_temperatures, fit_temperature
 from sigmanens_dist.models import build_model
 from tests.helpers import FIXTURE
 
@@ -201,12 +197,17 @@ def test_eval_fits_on_val_only_and_reports_before_and_after(setup: tuple, monkey
     assert other["calibration"]["temperature"] == cal["temperature"]
     assert other["conformal"][0]["methods"]["aps"]["qhat"] == conf["methods"]["aps"]["qhat"]
     assert other["calibration"]["metrics"]["nll"] != cal["metrics"]["nll"]
-    md = (tmp / "a" / "eval.md").read_text()
-    assert "### Temperature scaling: T = " in md
-    assert "### Conformal sets: α = 0.2" in md and "### Conformal sets: α = 0.5" in md
-    flat = flat_metrics({"split": "test", "weights": {"raw": raw}})
-    assert {"eval/test/raw/calibrated/nll", "eval/test/raw/conformal/a0.2/aps/coverage",
-            "eval/test/raw/conformal/a0.5/thr/set_size"} <= set(flat)
+    _assert_reported(tmp / "a", raw, ["### Temperature scaling: T = ", "### Conformal sets: α = 0.2",
+                                      "### Conformal sets: α = 0.5"],
+                     {"eval/test/raw/calibrated/nll", "eval/test/raw/conformal/a0.2/aps/coverage",
+                      "eval/test/raw/conformal/a0.5/thr/set_size"})
+
+
+def _assert_reported(folder: Path, raw: dict, headings: list[str], keys: set[str]) -> None:
+    """``folder``'s eval.md has every heading, and the flat metrics of ``raw`` (the MLflow keys) every key."""
+    md = (folder / "eval.md").read_text()
+    assert [h for h in headings if h not in md] == []
+    assert keys <= set(flat_metrics({"split": "test", "weights": {"raw": raw}}))
 
 
 def test_member_temperatures_are_reported_beside_the_ensemble_temperature(setup: tuple) -> None:
@@ -220,11 +221,9 @@ def test_member_temperatures_are_reported_beside_the_ensemble_temperature(setup:
     assert members["metrics"]["num_samples"] == 12 and set(members["shift"]) == {"fog", "mean"}
     assert members["val_nll_after"] <= members["val_nll_before"] + 1e-6
     assert raw["conformal"][0]["temperature"] == members["temperatures"]  # the sets use the member temperatures
-    md = (tmp / "m" / "eval.md").read_text()
-    assert "### Temperature scaling: T = " in md and "### Member temperatures: T_m = " in md
-    flat = flat_metrics({"split": "test", "weights": {"raw": raw}})
-    assert {"eval/test/raw/calibrated/nll", "eval/test/raw/member_calibrated/nll",
-            "eval/test/raw/member_calibrated/temperature/1"} <= set(flat)
+    _assert_reported(tmp / "m", raw, ["### Temperature scaling: T = ", "### Member temperatures: T_m = "],
+                     {"eval/test/raw/calibrated/nll", "eval/test/raw/member_calibrated/nll",
+                      "eval/test/raw/member_calibrated/temperature/1"})
 
 
 def test_fitting_on_the_scored_split_is_refused(setup: tuple) -> None:
@@ -289,10 +288,10 @@ def test_a_calibration_split_is_what_the_fit_reads_and_frees_the_validation_spli
 
 def test_the_calibration_split_cannot_be_set_or_moved_at_eval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    import sigmanens_dist.evaluation.load as load
+    import sigmanens_dist.models as models
 
     run_dir = shutil.copytree(FIXTURE, tmp_path / "run")  # trained with data.calib_split absent, so 0
-    monkeypatch.setattr(load, "_build", lambda *a, **k: pytest.fail("the model was built"))
+    monkeypatch.setattr(models, "_rebuilt", lambda *a, **k: pytest.fail("the model was built"))
     assert eval_main(["--checkpoint", str(run_dir), "--data", "calib_split=5", "--calibration", "temperature",
                       "--out", str(tmp_path / "e")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

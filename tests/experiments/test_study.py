@@ -17,6 +17,7 @@ from scipy import stats
 
 from sigmanens_dist.cli.compare import main as compare_main
 from sigmanens_dist.cli.study import main as study_main
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.experiments.compare import (
     CompareError,
     RunRecord,
@@ -30,6 +31,7 @@ from sigmanens_dist.experiments.compare import (
     write_report,
 )
 from sigmanens_dist.experiments.study import (
+    ROLE_TAG,
     ChildSpec,
     StudyError,
     build_definition,
@@ -588,3 +590,28 @@ def test_a_definition_of_a_later_version_or_a_broken_one_is_one_line(tmp_path: P
         assert study_main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and re.search(match, err[0]), err
+
+
+def test_compare_takes_the_children_a_version_1_definition_names_and_refuses_a_later_one(tmp_path: Path) -> None:
+    """Issue 54: ``compare --parent`` reads the study definition logged to the parent run: 0.3.0's (version 1)
+    names its children, so the one without a finished run is noted missing; one of a later version is one line,
+    not a comparison that silently expects no child."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("v1", artifact_location=(tmp_path / "art").as_uri())
+    parent = client.create_run(experiment, tags={ROLE_TAG: "parent"}).info.run_id
+    client.log_artifact(parent, str(STUDY_V1 / "study.yaml"))
+    with pytest.raises(CompareError, match=r"no finished runs to compare yet:\nsigma-M2-tau0.5-lam0.01-s0: missing "
+                                           r"\(not started\)\nsingle-s0: missing \(not started\)"):
+        load_runs(uri, parent=parent)  # the two children it names, neither run yet
+    later = client.create_run(experiment, tags={ROLE_TAG: "parent"}).info.run_id
+    raw = yaml.safe_load((STUDY_V1 / "study.yaml").read_text())
+    (tmp_path / "later").mkdir()
+    (tmp_path / "later" / "study.yaml").write_text(yaml.safe_dump({**raw, "version": 2}))
+    client.log_artifact(later, str(tmp_path / "later" / "study.yaml"))
+    with pytest.raises(UsageError, match=rf"the study.yaml logged to run {later}: a study definition of version 2, "
+                                         r"written by a later sigmanens-dist"):
+        load_runs(uri, parent=later)
+    bare = client.create_run(experiment).info.run_id  # a parent run sigmanens study did not make
+    with pytest.raises(CompareError, match=f"--parent {bare}: the run has no child runs"):
+        load_runs(uri, parent=bare)

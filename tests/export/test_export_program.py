@@ -6,6 +6,7 @@ formats give the same conformal sets at a q̂ one float step from 1; torch's ben
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -27,27 +28,26 @@ from torch.utils.data import DataLoader
 
 from sigmanens_dist.catalog.datasets import DATASETS
 from sigmanens_dist.cli import main
+from sigmanens_dist.cli.options import program_format
 from sigmanens_dist.config import EvalConfig, load_config
 from sigmanens_dist.data.loaders import CLASSES_FILE, build_data
 from sigmanens_dist.data.raw import build_datasets
 from sigmanens_dist.distributed.env import DistEnv
-from sigmanens_dist.evaluation import load_for_eval, sub_ensemble
-from sigmanens_dist.evaluation.calibration import fit_temperature
-from sigmanens_dist.evaluation.conformal import class_scores
 from sigmanens_dist.evaluation.posthoc import fit_posthoc_on
-from sigmanens_dist.evaluation.scoring import collect_logits
 from sigmanens_dist.export.program import (
     QUIET_EXPORT_WARNINGS,
     SATURATION_BAND,
     ProgramHead,
     class_names,
     export_program,
-    program_format,
     program_threshold,
     save_torch_program,
 )
 from sigmanens_dist.export.program_onnx import TRANSLATIONS
-from sigmanens_dist.models import build_model
+from sigmanens_dist.inference.collect import collect_logits
+from sigmanens_dist.inference.conformal import class_scores
+from sigmanens_dist.inference.temperature import fit_temperature
+from sigmanens_dist.models import build_model, load_trained
 from sigmanens_dist.program_meta import METADATA_FILE, OUTPUTS
 from tests.helpers import FIXTURE, import_blocking, untrained_run
 
@@ -114,7 +114,7 @@ def test_ema_weights_export_as_eval_scores_them(tmp_path: Path, capsys: pytest.C
     torch.save(state, path)
     out = _export(run, "ema.pt2", "--weights", "ema")
     assert _metadata(out)["weights"] == "ema"
-    loaded = load_for_eval(path)
+    loaded = load_trained(path)
     x = torch.rand(7, 3, 16, 16)
     with torch.no_grad():
         want = loaded.ema(x).softmax(-1).mean(0)  # the synthetic recipe: mean 0, std 1
@@ -150,8 +150,8 @@ def _loaded(path: Path) -> Callable[[torch.Tensor], dict[str, torch.Tensor]]:
 
 def _eager_probs(run: Path, x: torch.Tensor, members: list[int] | None = None,
                  temperature: float = 1.0) -> torch.Tensor:
-    model = load_for_eval(_checkpoint(run)).model
-    model = sub_ensemble(model, members or list(range(model.num_members)))
+    model = load_trained(_checkpoint(run)).model
+    model = model.select_members(members or list(range(model.num_members)))
     with torch.no_grad():
         return (model(x) / temperature).softmax(-1).mean(0)  # the synthetic recipe: mean 0, std 1
 
@@ -270,18 +270,18 @@ def conformal(run: Path) -> dict[str, Path]:
 
 
 def test_conformal_set_is_evals_at_evals_threshold(run: Path, conformal: dict[str, Path]) -> None:
-    loaded = load_for_eval(_checkpoint(run))
+    loaded = load_trained(_checkpoint(run))
     data = build_data(loaded.cfg.data, 16, loaded.cfg.seed, DistEnv(0, 1, 0, torch.device("cpu")))
     with torch.no_grad():
         fitted = fit_posthoc_on(loaded.model, data.val, EvalConfig(calibration="temperature", conformal=[0.2]),
                                 torch.device("cpu"), "test")
-    qhat = fitted.thresholds[0]["aps"]
+    qhat = fitted.fit.thresholds[0]["aps"]
     x = _images(7)
-    expected = _eager_probs(run, x, temperature=fitted.temperature)
+    expected = _eager_probs(run, x, temperature=fitted.fit.temperature)
     for path in conformal.values():
         meta = _metadata(path)
         assert meta["outputs"] == [*OUTPUTS, "conformal_set"]
-        assert meta["temperature"] == pytest.approx(fitted.temperature, rel=1e-6)
+        assert meta["temperature"] == pytest.approx(fitted.fit.temperature, rel=1e-6)
         sets = meta["conformal"]
         assert (sets["alpha"], sets["score"], sets["num_calibration"], sets["fitted_on"]) == (0.2, "aps", 16, "val")
         assert sets["qhat"] == pytest.approx(qhat, rel=1e-6) and 0 <= sets["val_coverage"] <= 1
@@ -296,7 +296,7 @@ def test_a_calibration_split_is_what_the_program_is_fitted_on(tmp_path: Path) ->
     are, not on the validation split best.pt was chosen on; T is fit_temperature on that split's logits."""
     run = _random_run(tmp_path / "run", "data.train_subset=96", "data.calib_split=24")
     meta = _metadata(_export(run, "calib.pt2", "--calibration", "temperature", "--conformal", "0.2"))
-    loaded = load_for_eval(_checkpoint(run))
+    loaded = load_trained(_checkpoint(run))
     calib = build_datasets(loaded.cfg.data, loaded.cfg.data_root()).calib
     logits, target = collect_logits(loaded.model, DataLoader(calib, batch_size=16), torch.device("cpu"), "by hand")
     assert meta["fitted_on"] == "calib" == meta["conformal"]["fitted_on"]
@@ -348,16 +348,15 @@ def test_both_formats_give_the_same_sets_at_a_qhat_one_ulp_below_1(run: Path, tm
     """Issue 44, finding 10: at q̂ = 0.99999994 (one float32 step below 1) the .pt2 and the .onnx program gave
     different aps sets on 79 of 256 inputs: the tail classes' scores pile up at 1 ± float32 summation error, which
     the two runtimes round differently. The program compares with q̂ moved above the pile: the same sets."""
-    from sigmanens_dist.evaluation.posthoc import PostHoc
     from sigmanens_dist.export import program
+    from sigmanens_dist.inference.posthoc import PostHocFit
 
     below_one = float(np.nextafter(np.float32(1), np.float32(0)))
     fit = program.fit_posthoc
 
-    def fit_at_the_edge(*args: object, **kwargs: object) -> PostHoc:
+    def fit_at_the_edge(*args: object, **kwargs: object) -> PostHocFit:
         fitted = fit(*args, **kwargs)
-        fitted.thresholds = [dict.fromkeys(qhats, below_one) for qhats in fitted.thresholds]
-        return fitted
+        return dataclasses.replace(fitted, thresholds=tuple(dict.fromkeys(q, below_one) for q in fitted.thresholds))
 
     monkeypatch.setattr(program, "fit_posthoc", fit_at_the_edge)
     paths = {fmt: tmp_path / f"edge.{fmt}" for fmt in ("pt2", "onnx")}
@@ -514,3 +513,15 @@ def test_fits_on_a_run_that_validates_on_test_are_refused(tmp_path: Path, capsys
             f"sigmanens export: error: {asked}: this run validates on the test set (data.val_from_test); give it a "
             "validation split (data.val_split)\n")
         assert not (tmp_path / "x.onnx").exists()
+
+
+def test_a_program_without_data_img_size_takes_its_datasets_own_side() -> None:
+    """A recipe that leaves ``data.img_size`` unset exports the side its loaders use: the dataset's own (CIFAR-10:
+    32), the synthetic recipe's 16."""
+    from types import SimpleNamespace
+
+    from sigmanens_dist.export.program import _default_size
+
+    assert _default_size(SimpleNamespace(data=SimpleNamespace(dataset="cifar10"))) == 32
+    assert _default_size(SimpleNamespace(data=SimpleNamespace(dataset="fashion_mnist"))) == 28
+    assert _default_size(SimpleNamespace(data=SimpleNamespace(dataset="synthetic"))) == 16

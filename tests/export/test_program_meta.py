@@ -6,9 +6,11 @@ one line saying what."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
+from sigmanens_dist import program_meta
 from sigmanens_dist.program_meta import (
     CONFORMAL_OUTPUT,
     OUTPUTS,
@@ -64,6 +66,12 @@ def test_the_first_layout_reads_with_the_defaults_it_implied() -> None:
     ({"outputs": list(OUTPUTS[:-1])}, "not a sigmanens program: its sigmanens.json lacks disagreement"),
     ({"input": {"dtype": "float32"}}, "not a sigmanens program: its sigmanens.json lacks input.shape"),
     ({"input": {"shape": ["B", 0, 8, 8]}}, "not a sigmanens program: its sigmanens.json lacks input.shape"),
+    ({"input": {"shape": ["B", 1, 0, 8]}}, "not a sigmanens program: its sigmanens.json lacks input.shape"),
+    ({"input": {"shape": ["B", 1, 8, 0]}}, "not a sigmanens program: its sigmanens.json lacks input.shape"),
+    ({"input": {"shape": ["B", 1, 8, 8], "channels": "one"}},
+     "not a sigmanens program: its sigmanens.json holds a value of another type"),
+    ({"input": {"shape": ["B", 1, 8, 8], "size": "eight"}},
+     "not a sigmanens program: its sigmanens.json holds a value of another type"),
     ({"step": None}, "not a sigmanens program: its sigmanens.json holds a value of another type"),
 ])
 def test_other_metadata_is_refused_saying_why(change: dict, message: str) -> None:
@@ -78,3 +86,63 @@ def test_other_metadata_is_refused_saying_why(change: dict, message: str) -> Non
 def test_a_file_without_metadata_is_not_a_program(text: str | None) -> None:
     with pytest.raises(ProgramMetaError, match="not a sigmanens program"):
         ProgramMeta.from_json(text)
+
+
+def test_an_old_program_lacking_the_input_details_reads_with_the_defaults_of_version_1() -> None:
+    """The oldest programs may record only ``input.shape`` and no calibration: the reader fills what version 1
+    implied (channels and size from the shape, "images", float32 in [0, 1], no crop ratio, no calibration)."""
+    raw = {key: value for key, value in FIRST.items() if key != "calibration"} | {"input": {"shape": ["B", 3, 32, 32]}}
+    meta = ProgramMeta.from_dict(raw)
+    assert meta.input == ProgramInput(shape=["B", 3, 32, 32], channels=3, size=32, name="images", dtype="float32",
+                                      range=(0.0, 1.0), crop_ratio=None)
+    assert (meta.calibration, meta.format_version) == ("none", 1)
+
+
+def test_every_input_detail_a_program_records_is_read_as_written() -> None:
+    """A program's own input name, dtype, range and crop ratio are read, not replaced by the defaults."""
+    given = {"name": "pixels", "shape": ["B", 1, 28, 28], "channels": 1, "size": 28, "dtype": "float16",
+             "range": [-1, 1], "crop_ratio": 0.875}
+    meta = ProgramMeta.from_dict(FIRST | {"input": given})
+    assert meta.input == ProgramInput(shape=["B", 1, 28, 28], channels=1, size=28, name="pixels", dtype="float16",
+                                      range=(-1.0, 1.0), crop_ratio=0.875)
+
+
+@pytest.mark.parametrize("crop", [1, 1.0, 0.875, 0.01])
+def test_a_crop_ratio_in_the_half_open_unit_interval_is_read(crop: float) -> None:
+    """Every crop ratio in (0, 1], 1 (the whole shorter side) included, is accepted and kept."""
+    meta = ProgramMeta.from_dict(FIRST | {"input": FIRST["input"] | {"crop_ratio": crop}})
+    assert meta.input.crop_ratio == crop
+
+
+def test_the_record_keeps_the_version_its_metadata_was_written_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record's ``format_version`` is the metadata's, not this code's default: with the reader raised to
+    version 2, a version-2 program reads as version 2 and writes back as version 2."""
+    monkeypatch.setattr(program_meta, "FORMAT_VERSION", 2)
+    meta = ProgramMeta.from_dict(FIRST | {"format": "sigmanens-program/2"})
+    assert meta.format_version == 2 and json.loads(meta.to_json())["format"] == "sigmanens-program/2"
+
+
+@pytest.mark.parametrize(("change", "holds"), [
+    ({"class_names": ["a", "b"]},
+     "class_names \"['a', 'b']\": null or a list of num_classes=10 strings is allowed"),
+    ({"class_names": "abcdefghij"}, "class_names 'abcdefghij': null or a list of num_classes=10 strings is allowed"),
+    ({"class_names": list(range(10))},
+     "class_names '[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]': null or a list of num_classes=10 strings is allowed"),
+    ({"input": FIRST["input"] | {"crop_ratio": 0}}, "input.crop_ratio 0: null or a number in (0, 1] is allowed"),
+    ({"input": FIRST["input"] | {"crop_ratio": -0.5}}, "input.crop_ratio -0.5: null or a number in (0, 1] is allowed"),
+    ({"input": FIRST["input"] | {"crop_ratio": 1.5}}, "input.crop_ratio 1.5: null or a number in (0, 1] is allowed"),
+    ({"input": FIRST["input"] | {"crop_ratio": True}}, "input.crop_ratio True: null or a number in (0, 1] is allowed"),
+    ({"input": FIRST["input"] | {"crop_ratio": "x"}}, "input.crop_ratio 'x': null or a number in (0, 1] is allowed"),
+    ({"norm_stats": {"mode": "eval"}}, "norm_stats.mode 'eval': one of train, batch is allowed"),
+    ({"norm_stats": {"mode": "batch", "prior": math.inf}}, "norm_stats.prior inf: a finite number ≥ 0 is allowed"),
+    ({"norm_stats": {"mode": "batch", "prior": -1}}, "norm_stats.prior -1: a finite number ≥ 0 is allowed"),
+    ({"norm_stats": {"mode": "batch", "prior": True}}, "norm_stats.prior True: a finite number ≥ 0 is allowed"),
+    ({"norm_stats": {"mode": "batch", "prior": "x"}}, "norm_stats.prior 'x': a finite number ≥ 0 is allowed"),
+])
+def test_a_value_a_reader_would_trip_over_is_refused_naming_it(change: dict, holds: str) -> None:
+    """Class names of the wrong length or type, a crop ratio outside (0, 1] or not a number (a bool included), an
+    unknown BatchNorm statistics mode, and a prior that is negative, infinite or not a number are each refused on
+    read, in one line naming the bad value and what is allowed."""
+    with pytest.raises(ProgramMetaError) as caught:
+        ProgramMeta.from_dict(FIRST | change)
+    assert str(caught.value) == f"not a sigmanens program: its sigmanens.json holds {holds}"

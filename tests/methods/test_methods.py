@@ -14,7 +14,6 @@ from torch import nn
 
 from sigmanens_dist import convert_to_sigma_ensemble
 from sigmanens_dist.config import ConfigError, load_config
-from sigmanens_dist.evaluation.run import sub_ensemble
 from sigmanens_dist.methods.batch import BatchEnsembleLayer, convert_to_batch_ensemble
 from sigmanens_dist.methods.deep import DeepEnsemble
 from sigmanens_dist.methods.film import convert_to_film_ensemble
@@ -96,7 +95,7 @@ def test_sub_ensemble_runs_only_its_members(method: str, arch: list[str]) -> Non
     model.train()(x)
     model.eval()
     picked = [model.num_members - 1, 0]
-    sub = sub_ensemble(model, picked)
+    sub = model.select_members(picked)
     assert sub.num_members == 2
     torch.testing.assert_close(sub(x), model(x)[picked], atol=2e-5, rtol=1e-4)
 

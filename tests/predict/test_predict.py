@@ -251,7 +251,7 @@ def test_another_program_in_the_same_dir_is_refused_unless_force(run: Path, prog
     out = tmp_path / "out"
     assert main(["predict", str(program), str(folder), "--out", str(out)]) == 0
     other = tmp_path / "one.pt2"
-    export_program(run / CKPT, other, members="0")
+    export_program(run / CKPT, other, members=[0])
     before = sorted((out / "parts").iterdir())
     capsys.readouterr()
     assert main(["predict", str(other), str(folder), "--out", str(out)]) == 2
@@ -653,3 +653,29 @@ def test_class_names_that_are_not_k_strings_are_refused_before_any_input(program
         err = _refusal(bad, [folder], tmp_path / f"out{i}", capsys)
         assert f"class_names {str(names)[:80]!r}: null or a list of num_classes={meta['num_classes']} strings" in err
         assert not (tmp_path / f"out{i}").exists()
+
+
+def test_a_rerun_into_the_same_out_names_what_differs() -> None:
+    """What ``predict`` says when ``--out`` holds another run's parts (without ``--force``): each difference of the
+    manifests in its own words — the program (its path and both hashes, 12 characters), the inputs (the old paths, at
+    most 200 characters, or that the same paths changed), ``--chunk-size``, ``--format`` — first one wins; none for
+    the same run."""
+    from sigmanens_dist.predict.writer import _difference
+
+    old = {"program": {"path": "a.pt2", "sha256": "0123456789abcdef"}, "inputs": ["p/1.png", "p/2.png"],
+           "inputs_sha256": "aa", "chunk_size": 64, "output_format": "parquet"}
+    assert _difference(old, {**old}) is None
+    cases = [({"program": {"path": "b.pt2", "sha256": "fedcba9876543210"}},
+              "another program (a.pt2, sha256 0123456789ab…; this one is fedcba987654…)"),
+             ({"inputs": ["q"]}, "other inputs (p/1.png p/2.png)"),
+             ({"inputs_sha256": "bb"}, "other inputs (the same paths, but their files or contents changed)"),
+             ({"chunk_size": 8}, "--chunk-size 64 (this run: 8)"),
+             ({"output_format": "jsonl"}, "--format parquet (this run: jsonl)")]
+    for change, said in cases:
+        assert _difference(old, {**old, **change}) == said, change
+    many = {**old, "inputs": [f"photos/{i:03d}.png" for i in range(40)]}
+    assert _difference(many, {**old, "inputs": ["q"]}) == f"other inputs ({' '.join(many['inputs'])[:200]})"
+    assert len(_difference(many, {**old, "inputs": ["q"]})) == len("other inputs ()") + 200
+    both = {**old, "chunk_size": 8, "output_format": "jsonl", "program": {"path": "b", "sha256": "ff"}}
+    assert _difference(old, both).startswith("another program")  # the program is named first
+    assert _difference(old, {**old, "chunk_size": 8, "output_format": "jsonl"}).startswith("--chunk-size")

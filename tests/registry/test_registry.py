@@ -509,10 +509,10 @@ def test_export_register_reads_the_checkpoint_once_and_asks_the_registry_once(st
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 54: ``export --register`` reads the checkpoint once (the registration's run id comes from the same
     read as the program) and checks the registration once, before the program is written."""
+    from sigmanens_dist import models as load
     from sigmanens_dist import registry
-    from sigmanens_dist.evaluation import load
 
-    calls: dict[str, int] = {"load_for_eval": 0, "check_registration": 0}
+    calls: dict[str, int] = {"load_trained": 0, "check_registration": 0}
 
     def counted(module: object, name: str) -> None:
         real = getattr(module, name)
@@ -523,11 +523,11 @@ def test_export_register_reads_the_checkpoint_once_and_asks_the_registry_once(st
 
         monkeypatch.setattr(module, name, wrapper)
 
-    counted(load, "load_for_eval")
+    counted(load, "load_trained")
     counted(registry, "check_registration")
     run = _tracked_copy(tmp_path, store, "once")
     assert main(["export", str(run), "--program", str(tmp_path / "model.pt2"), "--register", "once"]) == 0
-    assert calls == {"load_for_eval": 1, "check_registration": 1}
+    assert calls == {"load_trained": 1, "check_registration": 1}
 
 
 def test_predict_of_a_version_whose_files_are_gone_is_one_line(store: str, store_dir: Path, tmp_path: Path,
@@ -691,3 +691,40 @@ def test_served_one_image_per_request_gives_evals_mixed_numbers_at_batch_one(sto
         rows = torch.tensor([name in ("overall", g) for g in groups])
         for key, value in scored_cell(log_probs[rows], target[rows]).items():
             assert want[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (name or "clean", key)
+
+
+@pytest.mark.slow
+def test_curl_of_a_base64_file_to_a_served_224_rgb_program_gives_what_predict_gives(store: str,
+                                                                                     tmp_path: Path) -> None:
+    """Issue 53, over HTTP for a 224 × 224 RGB recipe's program (the 28 × 28 grayscale one: the test above): docs/
+    deploy.md's ``curl`` of image files base64 in a ``dataframe_split`` column — a 224 × 224 PNG, a larger JPEG, an
+    RGBA PNG and a grayscale WebP — to ``mlflow models serve`` of the registered program answers, row by row, what
+    ``sigmanens predict`` gives for those files."""
+    client = mlflow.MlflowClient(store)
+    run = untrained_run(tmp_path / "run", [*BATCHNORM_RUN[:3], "data.img_size=224", *BATCHNORM_RUN[4:]], spread=0.1)
+    _track(run, run / "checkpoints" / "step_00000000.pt", client, client.create_experiment("rgb-serve"), "run")
+    program = tmp_path / "rgb224.onnx"
+    assert main(["export", str(run), "--program", str(program), "--register", "rgb224", "--alias", "champion"]) == 0
+    rng = np.random.default_rng(224)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    images = {"a.png": Image.fromarray(rng.integers(0, 256, (224, 224, 3), dtype=np.uint8)),
+              "b.jpg": Image.fromarray(rng.integers(0, 256, (300, 260, 3), dtype=np.uint8)),
+              "c.png": Image.fromarray(rng.integers(0, 256, (120, 224, 4), dtype=np.uint8), "RGBA"),
+              "d.webp": Image.fromarray(rng.integers(0, 256, (224, 224), dtype=np.uint8), "L")}
+    for name, image in images.items():
+        image.save(photos / name)
+    assert main(["predict", str(program), str(photos), "--out", str(tmp_path / "preds")]) == 0
+    rows = _rows(tmp_path / "preds")
+    want = np.array([rows[f"{photos.as_posix()}/{name}"]["probabilities"] for name in images])
+    column = [[base64.b64encode((photos / name).read_bytes()).decode()] for name in images]
+    (tmp_path / "request.json").write_text(json.dumps({"dataframe_split": {"columns": ["image"], "data": column}}))
+    with _served("models:/rgb224@champion", store, tmp_path) as url:
+        answer = subprocess.run(["curl", "-sS", "--fail-with-body", url, "-H", "Content-Type: application/json",
+                                 "-d", f"@{tmp_path / 'request.json'}"], capture_output=True, text=True, timeout=120,
+                                check=False)
+    assert answer.returncode == 0, answer.stdout[-2000:] + answer.stderr[-2000:]
+    got = json.loads(answer.stdout)["predictions"]
+    np.testing.assert_allclose(np.array(got["probabilities"]), want, rtol=0, atol=1e-6)
+    assert [rows[f"{photos.as_posix()}/{name}"]["prediction"] for name in images] == got["prediction"]
+    assert not np.allclose(want[0], want[1], atol=1e-4)  # the images are told apart: a row is not every row's answer

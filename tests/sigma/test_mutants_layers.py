@@ -167,3 +167,45 @@ def test_a_layernorm_on_non_contiguous_rows_equals_its_copies() -> None:
 def test_an_unbound_layer_says_so() -> None:
     with pytest.raises(RuntimeError, match="is not bound to a SigmaStore"):
         SigmaLayerNorm(nn.LayerNorm(4), 2).store  # noqa: B018
+
+
+@pytest.mark.parametrize("stats", [True, False])
+@pytest.mark.parametrize("feat", [(6, 5, 5), (6, 7), (6,)])  # BatchNorm2d, BatchNorm1d over (C, L) and over C
+def test_per_sample_prediction_statistics_by_hand(feat: tuple[int, ...], stats: bool) -> None:
+    """prediction_per_sample: each member's image normalised with its own statistics mixed with the member's running
+    ones (prior against one sample), the member's affine and γ after; both row layouts; bfloat16 stays bfloat16."""
+    make = nn.BatchNorm2d if len(feat) == 3 else nn.BatchNorm1d
+    ens, layer, _ = _copies(lambda: make(6, eps=EPS, track_running_stats=stats))
+    prior = 3.0
+    if stats:  # every member its own running statistics, not the source's copies
+        g = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            layer.running_mean.add_(torch.randn(M, 6, generator=g))
+            layer.running_var.mul_(torch.rand(M, 6, generator=g) + 0.5)
+    ens.eval()
+    layer.prediction_prior, layer.prediction_per_sample = prior, True
+
+    def by_hand(rows: torch.Tensor, m: int) -> torch.Tensor:  # member m's rows, each image alone
+        flat = rows.reshape(*rows.shape[:2], -1)  # (B, C, positions): one position for a (B, C) input
+        mean, var = flat.mean(-1), flat.var(-1, unbiased=False)
+        if stats:
+            mean = (prior * layer.running_mean[m] + mean) / (prior + 1)
+            var = (prior * layer.running_var[m] + var) / (prior + 1)
+        spatial = [1] * (rows.ndim - 2)
+        scale, shift = layer.gated_affine()
+        y = (rows - mean.view(*mean.shape, *spatial)) / torch.sqrt(var.view(*var.shape, *spatial) + EPS)
+        return y * scale[m].view(-1, *spatial) + shift[m].view(-1, *spatial)
+
+    g = torch.Generator().manual_seed(4)
+    x = 2 * torch.randn(M * B, *feat, generator=g) + 1  # member-major rows: member m's are m·B … (m+1)·B − 1
+    with torch.no_grad():
+        y = layer(x)
+        for m in range(M):
+            torch.testing.assert_close(y[m * B: (m + 1) * B], by_hand(x[m * B: (m + 1) * B], m), atol=1e-5, rtol=1e-5)
+        for b in range(B):  # image b alone, a batch of one per member: what the whole batch gave it
+            torch.testing.assert_close(layer(x[b::B]), y[b::B], atol=1e-6, rtol=1e-6)
+        img = x[:B]  # the ensemble's pass: interleaved rows, every member the same images
+        out = ens(img)
+        for m in range(M):
+            torch.testing.assert_close(out[m], by_hand(img, m), atol=1e-5, rtol=1e-5)
+        assert layer(x.bfloat16()).dtype == torch.bfloat16

@@ -228,14 +228,16 @@ def _sharing_history(client: Any, run_id: str) -> dict[int, tuple[float, list[fl
 
 
 def _expected_children(client: Any, parent: str) -> list[str] | None:
-    """Child names from the study definition logged to the parent run (None if it has none)."""
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = client.download_artifacts(parent, DEFINITION, tmp)
-            definition = read_definition(Path(path))
-        return [c.name for c in definition.children]
-    except Exception:
+    """Child names from the study definition logged to the parent run (None if it has none: a parent run not made by
+    ``sigmanens study``). A definition this version cannot read (a later version) is refused in one line, as by
+    ``study resume``: its children are not guessed."""
+    names = [a.path for a in client.list_artifacts(parent)]
+    if DEFINITION not in names:
         return None
+    with tempfile.TemporaryDirectory() as tmp:
+        text = Path(client.download_artifacts(parent, DEFINITION, tmp)).read_text()
+    definition = read_definition(Path(f"the {DEFINITION} logged to run {parent}"), text)
+    return [c.name for c in definition.children]
 
 
 def _pick_runs(runs: list[Any], expected: list[str] | None) -> tuple[list[RunRecord], list[str]]:

@@ -26,7 +26,7 @@ class SigmaBatchNorm(SigmaNorm):
     channels_last = False
     # In eval, None normalises with the running statistics; a prior strength N ≥ 0 with each member's statistics of
     # its own rows of this batch, mixed with its running ones (prediction_stats.py; N = 0: the batch's alone). Set on
-    # a prediction copy by sigmanens_dist.evaluation.norm_stats; training ignores it.
+    # a prediction copy by sigmanens_dist.inference.norm_stats; training ignores it.
     prediction_prior: float | None = None
     # With a prior: each image's statistics alone, as if every image were a batch of its own (what predicting one
     # image at a time computes, for a whole batch in one pass); set by evaluation.norm_stats for --batch-size 1.

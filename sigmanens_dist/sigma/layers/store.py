@@ -185,7 +185,7 @@ class SigmaStore(nn.Module):
         if key in state_dict:
             theirs = [int(v) for v in state_dict[key].tolist()]
             ours = self._layout_values()
-            if theirs != ours:  # torch's load_state_dict type: models.py and evaluation/load.py catch it at once
+            if theirs != ours:  # torch's load_state_dict type: models.py (build and load_trained) catches it at once
                 raise RuntimeError(self._describe_mismatch(theirs, ours))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)

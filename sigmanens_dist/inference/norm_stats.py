@@ -14,18 +14,15 @@ of a batch are those of the batch on this process: under torchrun every rank its
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from sigmanens_dist.config import EvalConfig, from_options
-from sigmanens_dist.errors import UsageError
 from sigmanens_dist.sigma.layers import SigmaBatchNorm
 from sigmanens_dist.sigma.layers.prediction_stats import prediction_moments
 
-__all__ = ["PredictionBatchNorm", "batch_norm_layers", "norm_stats_problem", "parse_prior", "with_norm_stats"]
+__all__ = ["PredictionBatchNorm", "batch_norm_layers", "norm_stats_problem", "with_norm_stats"]
 
 
 class PredictionBatchNorm(nn.Module):
@@ -81,22 +78,6 @@ def norm_stats_problem(model: nn.Module, mode: str, what: str) -> str | None:
                 "and RMSNorm normalise each sample by its own statistics), so there is nothing to re-estimate; use "
                 "--norm-stats train")
     return None
-
-
-def parse_prior(text: str | None, mode: str) -> float:
-    """``--norm-stats-prior N``: a number ≥ 0 (default 0), and only with ``--norm-stats batch`` (the config's rule,
-    ``eval.norm_stats_prior``, checked by :class:`~sigmanens_dist.config.EvalConfig` itself)."""
-    if text is None:
-        return 0.0
-    try:
-        prior = float(text)
-    except ValueError:
-        prior = math.nan
-    if not (math.isfinite(prior) and prior >= 0):
-        raise UsageError(f"--norm-stats-prior {text!r}: give the prior strength N as a number ≥ 0 (0: the batch "
-                         "statistics alone; e.g. 16: the training statistics count as 16 samples)")
-    from_options(EvalConfig, {"norm_stats_prior": text}, norm_stats=mode, norm_stats_prior=prior)
-    return prior
 
 
 def with_norm_stats(model: nn.Module, mode: str, prior: float = 0.0, per_sample: bool = False) -> nn.Module:

@@ -4,8 +4,8 @@ One temperature T > 0 divides every member's logits before the member softmaxes 
 ``p_T(y | x) = 1/M Σ_m softmax(z_m / T)_y``. The other choice, scaling the pooled prediction (``softmax(log p̄ / T)``,
 "pool then calibrate", Rahaman & Thiery 2021), is not used: with T on the member logits the calibrated model is still
 an ensemble of M members, so every number ``sigmanens eval`` reports (member scores, disagreement, mutual
-information, the OOD scores) stays defined after calibration and comes from the same code (:class:`SampleMetrics` on
-``logits / T``), and a deployed program needs one division. For M = 1 the two are the same.
+information, the OOD scores) stays defined after calibration and comes from the same code (the evaluator's metrics
+on ``logits / T``), and a deployed program needs one division. For M = 1 the two are the same.
 
 ``--calibration member-temperature`` fits instead one T_m per member, each on that member's own validation NLL, and
 averages the tempered members: ``p(y | x) = 1/M Σ_m softmax(z_m / T_m)_y`` (calibrate, then pool). It is scored beside
@@ -19,10 +19,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from sigmanens_dist.evaluation.metrics import SampleMetrics, ensemble_log_probs
+from sigmanens_dist.inference.scores import ensemble_log_probs
 
-__all__ = ["Temperature", "TemperedMetrics", "ensemble_nll", "fit_member_temperatures", "fit_temperature",
-           "scale_logits"]
+__all__ = ["Temperature", "ensemble_nll", "fit_member_temperatures", "fit_temperature", "scale_logits"]
 
 Temperature = float | Tensor | Sequence[float]  # one T for every member (a float or 0-d tensor), or T_m per member
 
@@ -64,15 +63,3 @@ def fit_member_temperatures(member_logits: Tensor, target: Tensor) -> list[float
     """One T per member, each minimising that member's own NLL on these (validation) logits: :func:`fit_temperature`
     on the member alone."""
     return [fit_temperature(member_logits[m : m + 1], target) for m in range(member_logits.shape[0])]
-
-
-class TemperedMetrics(SampleMetrics):
-    """:class:`SampleMetrics` of the calibrated model: member logits divided by ``temperature`` (one, or one per
-    member) before scoring."""
-
-    def __init__(self, temperature: Temperature, num_classes: int, num_members: int, **kwargs: object) -> None:
-        super().__init__(num_classes, num_members, **kwargs)
-        self.temperature = temperature
-
-    def update(self, member_logits: Tensor, target: Tensor) -> None:
-        super().update(scale_logits(member_logits, self.temperature), target)
