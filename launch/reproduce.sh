@@ -7,10 +7,7 @@
 # small: the recipe as written (200 steps, 0.64 epoch, 2,000 test images). long: where models converge (issue 18):
 # 6,250 steps of 32 on the 10,000 training images (20 epochs), scored on the full 10,000-image test set.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/launch/setup.sh"
-cd "$ROOT"
-source "$ROOT/launch/studies.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/studies.sh"  # ROOT, the venv, cd ROOT, the study helpers
 BUDGET="${2:-small}"
 case "$BUDGET" in
   small) BUDGET_ARGS=() ; DEFAULT_OUT=runs/repro ;;

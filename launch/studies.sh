@@ -4,9 +4,31 @@
 # The caller sets OUT (absolute), PORT and CFG, and BUDGET_ARGS (overrides every study gets; may be empty), or calls
 # studies_begin.
 
+# What every such script starts with: the repository root (ROOT), the venv (launch/setup.sh, which also sets -euo
+# pipefail) and ROOT as the working folder.
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/launch/setup.sh"
+cd "$ROOT"
+
 # The long budget (issue 18): 6,250 steps of 32 on the 10,000 training images (~20 epochs), the full test set.
 LONG_BUDGET=(train.max_steps=6250 data.test_subset=10000 schedule.warmup_steps=100 train.eval_every_steps=250
              checkpoint.every_steps=1250)
+
+# The short fine-tune of a pretrained single model into σN-Ens (docs/results.md "Conversion"): 625 steps at a tenth of
+# the learning rate; each study adds its τ, γ start and experiment. Its studies set their whole budget (BUDGET_ARGS=()).
+FINETUNE_BUDGET=(data.test_subset=10000 train.max_steps=625 optim.lr=0.005 schedule.warmup_steps=20
+                 train.eval_every_steps=125 checkpoint.every_steps=625 reg.lambda=0.01)
+
+# The methods every shift study compares, at the recipe's M = 4 (`sigmanens study methods` arguments by lane name); a
+# script adds its own lanes (LANE_ARGS[name]=...) and trains them with train_lanes.
+declare -A LANE_ARGS=(
+  [single]="--methods single"
+  [sigma]="--methods sigma --members 4"
+  # The Deep Ensemble: four networks (4× the parameters and the compute), the reference σN-Ens is measured against
+  [deep]="--methods deep --members 4"
+  # and Packed-Ensembles M=4 at α=3 (2.2× the parameters), the earlier runs' best under shift
+  [packed3]="--methods packed --members 4 model.packed_alpha=3"
+)
 
 # studies_begin OUT PORT: the bench scripts' set-up: OUT created and made absolute, the small recipe, niced studies,
 # the tracking server started (or reused) and stopped on exit.

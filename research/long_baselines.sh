@@ -6,10 +6,7 @@
 # (1) Packed-Ensembles at M = 8 (α = 2) and at the paper's wider α = 3 (M = 4, 8): where it collapses, with its
 #     parameter count; (2) BatchEnsemble with the authors' fast-weight rate (edward2's ResNet-32x4 recipe: 0.5).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/launch/setup.sh"
-cd "$ROOT"
-source "$ROOT/launch/studies.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../launch/studies.sh"  # ROOT, the venv, cd ROOT, the study helpers
 BUDGET_ARGS=("${LONG_BUDGET[@]}")
 studies_begin "${1:-runs/repro_long}" 5077  # or reuse the server of a reproduction on the same OUT
 

@@ -12,10 +12,7 @@
 # Then: sigmanens compare --records results/choices_val/records/*.jsonl --split val --out results/choices_val/val,
 # and once for the chosen τ and the single model (their records files only): --split test.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/launch/setup.sh"
-cd "$ROOT"
-source "$ROOT/launch/studies.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../launch/studies.sh"  # ROOT, the venv, cd ROOT, the study helpers
 BUDGET_ARGS=("${LONG_BUDGET[@]}")
 START=(model.gamma_init_mean=2 model.gamma_init_std=0.1) start_tag=""
 if [ -n "${GAMMA0:-}" ]; then

@@ -8,13 +8,9 @@
 #   bash research/long_conversion.sh [OUT] [SEEDS]   # defaults: runs/conversion, "0 1 2 3 4"
 # Then: sigmanens compare --experiment sigmanens-fmnist-conversion --uri http://127.0.0.1:5078 --split val|test
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/launch/setup.sh"
-cd "$ROOT"
-source "$ROOT/launch/studies.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../launch/studies.sh"  # ROOT, the venv, cd ROOT, the study helpers
 BUDGET_ARGS=()  # each study sets its whole budget
-FINETUNE=(data.test_subset=10000 train.max_steps=625 optim.lr=0.005 schedule.warmup_steps=20 train.eval_every_steps=125
-          checkpoint.every_steps=625 reg.lambda=0.01 reg.tau=0.5 model.gamma_init_mean=1.5 model.gamma_init_std=1
+FINETUNE=("${FINETUNE_BUDGET[@]}" reg.tau=0.5 model.gamma_init_mean=1.5 model.gamma_init_std=1
           tracking.experiment=sigmanens-fmnist-conversion)
 studies_begin "${1:-runs/conversion}" 5078
 for seed in ${2:-0 1 2 3 4}; do

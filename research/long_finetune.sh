@@ -11,13 +11,9 @@
 # Then the middle start between the two, γ ~ N(1, 1) at τ = 0.5 (a sixth of the gates below 0.5), with independent
 # and with shared batches, on seeds 0-2 (MIDDLE_SEEDS="0 1 2 3 4" for all five; MIDDLE_BATCHES, MIDDLE_GAMMA="m s").
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/launch/setup.sh"
-cd "$ROOT"
-source "$ROOT/launch/studies.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../launch/studies.sh"  # ROOT, the venv, cd ROOT, the study helpers
 BUDGET_ARGS=()  # each study sets its whole budget
-FINETUNE=(data.test_subset=10000 train.max_steps=625 optim.lr=0.005 schedule.warmup_steps=20 train.eval_every_steps=125
-          checkpoint.every_steps=625 reg.lambda=0.01 reg.tau=1 model.gamma_init_mean=0 model.gamma_init_std=1
+FINETUNE=("${FINETUNE_BUDGET[@]}" reg.tau=1 model.gamma_init_mean=0 model.gamma_init_std=1
           tracking.experiment=sigmanens-fmnist-finetune
           model.affine_init=perturb)  # the start these fine-tunes were measured with (0.1's recipes pinned plain)
 TAU_ACTIVE=(model.gamma_init_mean=2 model.gamma_init_std=0.1)

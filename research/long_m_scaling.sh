@@ -22,10 +22,7 @@
 # SIGMANENS_REPRO_PORT (MLflow) and SLURM_LOCAL_PORT (its cluster), e.g.
 #   SEEDS=1 SIGMANENS_REPRO_PORT=5082 SLURM_LOCAL_PORT=16927 bash research/long_m_scaling.sh runs/m_scaling_long_b sigma
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/launch/setup.sh"
-cd "$ROOT"
-source "$ROOT/launch/studies.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../launch/studies.sh"  # ROOT, the venv, cd ROOT, the study helpers
 out_arg="${1:-runs/m_scaling_long}"
 shift $(($# > 0 ? 1 : 0))
 read -r -a LANES <<< "${*:-sigma packed2 packed3 batch deep}"

@@ -15,10 +15,7 @@
 # each run's eval.json and eval.md go to results/posthoc_long/evals/<study>/. Then:
 #   python research/posthoc_tables.py   # the tables of docs/results.md
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/launch/setup.sh"
-cd "$ROOT"
-source "$ROOT/launch/studies.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../launch/studies.sh"  # ROOT, the venv, cd ROOT, the study helpers
 phase="${1:-}"
 [[ $phase == train || $phase == eval ]] || { echo "long_posthoc: give a phase, train or eval (got '$phase')" >&2; exit 2; }
 shift
@@ -26,12 +23,6 @@ out_arg="${1:-runs/posthoc_long}"
 shift $(($# > 0 ? 1 : 0))
 RESULTS="$ROOT/results/posthoc_long"
 SEED_LIST=(${SEEDS:-0 1 2})
-declare -A LANE_ARGS=(
-  [single]="--methods single"
-  [sigma]="--methods sigma --members 4"
-  [deep]="--methods deep --members 4"
-  [packed3]="--methods packed --members 4 model.packed_alpha=3"
-)
 
 evaluated() { [ -s "$RESULTS/evals/$1/eval.json" ]; }
 

@@ -7,10 +7,7 @@
 #   bash research/long_shared_batches.sh [OUT] [SEEDS] [TAUS]   # defaults: runs/repro_long, "0 1 2 3 4", "0.5 0.25"
 # GAMMA0="1 1" starts γ ~ N(1, 1) instead of the default N(2, 0.1) (the fine-tune's best start; studies *_g1_*).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/launch/setup.sh"
-cd "$ROOT"
-source "$ROOT/launch/studies.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../launch/studies.sh"  # ROOT, the venv, cd ROOT, the study helpers
 BUDGET_ARGS=("${LONG_BUDGET[@]}")
 studies_begin "${1:-runs/repro_long}" 5077  # or reuse the server of a reproduction on the same OUT
 read -r gmean gstd <<<"${GAMMA0:-2 0.1}"

@@ -36,10 +36,7 @@
 # SHIFT_BUDGET=small uses the recipe's own 200 steps (a preview; OUT default runs/shift_small) instead of the long
 # budget (6,250 steps).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/launch/setup.sh"
-cd "$ROOT"
-source "$ROOT/launch/studies.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../launch/studies.sh"  # ROOT, the venv, cd ROOT, the study helpers
 phase="${1:-}"
 [[ $phase =~ ^(train|choose|test|member_t|mixed_choose|mixed_test)$ ]] ||
   { echo "long_shift: give a phase, train, choose, test, member_t, mixed_choose or mixed_test (got '$phase')" >&2
@@ -62,9 +59,8 @@ shift $(($# > 0 ? 1 : 0))
 # round of issue 52 (results/shift_mixed), whose checkpoints are trained again from the same recipe and seeds.
 RESULTS="$ROOT/${SHIFT_RESULTS:-results/shift_$budget}"
 SEED_LIST=(${SEEDS:-0 1 2 3 4})
-declare -A LANE_ARGS=(
-  [single]="--methods single"
-  [sigma]="--methods sigma --members 4"
+# the lanes beside launch/studies.sh's single, sigma, deep and packed3
+LANE_ARGS+=(
   [sigma_t025]="--methods sigma --members 4 reg.tau=0.25"
   [sigma_t1]="--methods sigma --members 4 reg.tau=1.0"
   # One network at σN-Ens M=4's inference compute: test_resnet at twice the width (stem and every stage), 26.5 MFLOPs
@@ -75,10 +71,6 @@ declare -A LANE_ARGS=(
   [sigma_augmix]="--methods sigma --members 4 train.augmix=true"
   # and σN-Ens with a spread of AugMix strengths over its members (member diversity from data)
   [sigma_augmix_spread]="--methods sigma --members 4 train.augmix.member_severity=[1,3,5,7]"
-  # The Deep Ensemble: four networks (4× the parameters and the compute), the reference σN-Ens is measured against
-  [deep]="--methods deep --members 4"
-  # and Packed-Ensembles M=4 at α=3 (2.2× the parameters), the earlier runs' best under shift
-  [packed3]="--methods packed --members 4 model.packed_alpha=3"
 )
 
 scored() { [ -s "$RESULTS/val/${1}_train/eval.json" ]; }
@@ -158,7 +150,10 @@ fi
 # config_args CONFIG: the eval options of one mixed-round configuration: train (the training statistics: one stream at
 # batch 32 answers for every batch size), b<B>p<N> (batches of B mixed, each batch's statistics with prior N) or
 # h<B>p<N> (the per-corruption protocol's batches of B, each batch's statistics with prior N)
-MIXED_GRID=(train b32p0 b32p4 b32p16 b32p64 b1p4 b1p16 b1p64 ${MIXED_B8:-})  # MIXED_B8="b8p0 b8p16": batches of 8 too
+# MIXED_B8="b8p0 b8p16": batches of 8 too. MIXED_GRID (words) replaces the grid, e.g. for the reference models, which
+# were chosen over "train b32p16 b32p64 b1p16 b1p64" on one seed (priors 0 and 4 were the worst for σN-Ens and the
+# single model at every batch size; docs/results.md "Under mixed batches")
+read -r -a MIXED_GRID <<< "${MIXED_GRID:-train b32p0 b32p4 b32p16 b32p64 b1p4 b1p16 b1p64 ${MIXED_B8:-}}"
 # the mixed test stream: the first 2,000 test images (58,000 with their 28 corrupted copies; all 10,000 would take
 # 25 min a configuration here)
 MIXED_TEST=(--data test_subset=2000)

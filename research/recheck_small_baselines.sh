@@ -4,10 +4,7 @@
 # with: the recipe as written (configs/fmnist_small.yaml, 200 steps), M = 4, seeds 0, 1, 2; then `sigmanens compare`.
 #   bash research/recheck_small_baselines.sh [OUT]      # OUT defaults to runs/repro_recheck; ~20 min on one core
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/launch/setup.sh"
-cd "$ROOT"
-source "$ROOT/launch/studies.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../launch/studies.sh"  # ROOT, the venv, cd ROOT, the study helpers
 BUDGET_ARGS=()
 studies_begin "${1:-runs/repro_recheck}" 5078  # or reuse the server of a reproduction on the same OUT
 
