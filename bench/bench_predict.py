@@ -58,7 +58,7 @@ def backends(head: torch.nn.Module, example: torch.Tensor, folder: Path) -> dict
     """The head as eager module, loaded .pt2 program and onnxruntime session."""
     import onnxruntime
 
-    from sigmanens_dist.export.program_onnx import write_onnx
+    from sigmanens_dist.export.program_file import write_program
     from sigmanens_dist.program_meta import METADATA_FILE
 
     batch = torch.export.Dim("batch", min=1)
@@ -66,7 +66,7 @@ def backends(head: torch.nn.Module, example: torch.Tensor, folder: Path) -> dict
         program = torch.export.export(head, (example,), dynamic_shapes={"x": {0: batch}})
     torch.export.save(program, folder / "head.pt2")
     loaded = torch.export.load(folder / "head.pt2").module()
-    write_onnx(head, example, (METADATA_FILE, "{}"), 1, folder / "head.onnx")
+    write_program(head, example, (METADATA_FILE, "{}"), 1, "onnx", folder / "head.onnx")
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
     session = onnxruntime.InferenceSession(str(folder / "head.onnx"), options, providers=["CPUExecutionProvider"])
@@ -105,7 +105,7 @@ def programs_for(config: Path, members: int, folder: Path) -> dict[str, Path]:
     from sigmanens_dist.catalog.datasets import DATASETS
     from sigmanens_dist.config import load_config
     from sigmanens_dist.export.program import export_program
-    from sigmanens_dist.models import build_model
+    from sigmanens_dist.models import build_model, load_trained
 
     run = folder / "run"
     cfg = load_config(config, [f"model.num_members={members}", "tracking.enabled=false", f"run_dir={run}"])
@@ -120,7 +120,7 @@ def programs_for(config: Path, members: int, folder: Path) -> dict[str, Path]:
                 "model_args": {"num_classes": num_classes, "in_chans": chans, "vocab_size": None}}, ckpt)
     paths = {"pt2": folder / "model.pt2", "onnx": folder / "model.onnx"}
     for fmt, path in paths.items():
-        export_program(ckpt, path, fmt="torch" if fmt == "pt2" else "onnx")
+        export_program(load_trained(ckpt), path, fmt="torch" if fmt == "pt2" else "onnx")
     return paths
 
 

@@ -68,6 +68,7 @@ def _register(folder: Path) -> str:
     import torch
 
     from sigmanens_dist.export.program import export_program
+    from sigmanens_dist.models import load_trained
     from sigmanens_dist.registry import register_program
     from sigmanens_dist.safe_load import load_file
 
@@ -77,7 +78,7 @@ def _register(folder: Path) -> str:
     run = shutil.copytree(FIXTURE, folder / "run")
     checkpoint = run / "checkpoints" / "step_00000002.pt"
     torch.save({**load_file(checkpoint, "checkpoint"), "mlflow_run_id": run_id}, checkpoint)
-    export_program(checkpoint, folder / "model.pt2")
+    export_program(load_trained(checkpoint), folder / "model.pt2")
     register_program(folder / "model.pt2", "bench", uri=uri, run_id=run_id, alias="champion")
     return uri
 

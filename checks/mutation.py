@@ -73,7 +73,8 @@ GROUPS: dict[str, Group] = {
         ("sigmanens_dist/inference/norm_stats.py",),
         ("tests/evaluation/test_norm_stats.py", "tests/evaluation/test_mutants_norm_stats.py")),
     "program": Group(
-        ("sigmanens_dist/export/program.py", "sigmanens_dist/program_meta.py"),
+        ("sigmanens_dist/export/program.py", "sigmanens_dist/export/fit.py", "sigmanens_dist/export/program_file.py",
+         "sigmanens_dist/program_meta.py"),
         ("tests/export/test_program_meta.py", "tests/export/test_export_program.py")),
     "predict_writer": Group(
         ("sigmanens_dist/predict/writer.py",),

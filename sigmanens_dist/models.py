@@ -28,7 +28,7 @@ from sigmanens_dist.safe_load import load_file, load_safetensors
 from sigmanens_dist.sigma.layers import SigmaStore
 
 __all__ = ["SingleModel", "Source", "TrainedModel", "build_model", "enable_grad_checkpointing", "load_trained",
-           "method_of", "source_weights"]
+           "source_weights"]
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,15 @@ def build_model(cfg: Config, num_classes: int, in_chans: int, vocab_size: int | 
     """The ensemble ``model.method`` names (:mod:`sigmanens_dist.methods`), around backbones built by
     ``timm.create_model`` (or, for ``model.source=hf``, a Hugging Face sequence classifier whose embeddings must
     cover the tokenizer's ``vocab_size``). Methods with several backbones (Deep Ensemble) call the factory once per
-    member."""
+    member. ``model.init_from``'s weights are loaded (:func:`source_weights`)."""
+    return _assemble(cfg, num_classes, in_chans, vocab_size,
+                     source_weights(cfg.model.init_from) if cfg.model.init_from else None)
+
+
+def _assemble(cfg: Config, num_classes: int, in_chans: int, vocab_size: int | None, source: Source | None
+              ) -> EnsembleMethod:
+    """:func:`build_model` with the source weights given (None: none; a trained model's rebuild never reads them)."""
     model_cfg = cfg.model
-    source = source_weights(model_cfg.init_from) if model_cfg.init_from else None
 
     def make_backbone() -> nn.Module:
         if model_cfg.source == "hf":
@@ -175,7 +181,7 @@ def _hf_backbone(model_cfg: ModelConfig, num_labels: int, vocab_size: int | None
 # -- the checkpoint → model rebuild ------------------------------------------------------------------------------
 class TrainedModel(NamedTuple):
     """A checkpoint's trained model, rebuilt: what eval, every export and the end-of-training eval start from;
-    unpacks as ``cfg, model, ema, run_id, step, model_args = …``."""
+    unpacks as ``cfg, model, ema, run_id, step, model_args, path = …``."""
 
     cfg: Config
     model: nn.Module  # the raw weights, in eval mode
@@ -183,11 +189,7 @@ class TrainedModel(NamedTuple):
     run_id: str | None  # the MLflow run that wrote the checkpoint
     step: int  # optimiser steps the checkpoint had taken
     model_args: dict[str, Any]  # the sizes the model was rebuilt with (num_classes, in_chans, vocab_size)
-
-
-def method_of(cfg: Config) -> str:
-    """The training method a config names (``model.method``)."""
-    return cfg.model.method
+    path: Path  # the checkpoint file or folder it was read from
 
 
 def load_trained(path: Path | str, overrides: Sequence[str] = (), *, what: str = "--checkpoint",
@@ -208,7 +210,7 @@ def load_trained(path: Path | str, overrides: Sequence[str] = (), *, what: str =
         check_overrides(_stored_config(ckpt.config, (), path, False) if overrides else cfg, cfg)
     model = _rebuilt(cfg, ckpt.model_args, ckpt.weights, path, "model")
     ema = None if ckpt.ema is None else _rebuilt(cfg, ckpt.model_args, ckpt.ema, path, "ema")
-    return TrainedModel(cfg, model, ema, ckpt.run_id, ckpt.step, ckpt.model_args)
+    return TrainedModel(cfg, model, ema, ckpt.run_id, ckpt.step, ckpt.model_args, path)
 
 
 def _stored_config(stored: dict[str, Any], overrides: Sequence[str], path: Path, check_data: bool) -> Config:
@@ -221,12 +223,12 @@ def _stored_config(stored: dict[str, Any], overrides: Sequence[str], path: Path,
 
 def _rebuilt(cfg: Config, model_args: dict[str, Any], weights: dict[str, Any], path: Path, key: str) -> nn.Module:
     torch.manual_seed(cfg.seed)  # the weights come from the checkpoint: never read pretrained or source ones again
-    model = build_model(cfg.without_source_weights(), **model_args)
+    model = _assemble(cfg.without_source_weights(), source=None, **model_args)
     try:
         model.load_state_dict(weights)
     except RuntimeError as err:
         first = str(err).strip().splitlines()
-        raise UsageError(f"{path}: the {key!r} weights are not those of a model.method={method_of(cfg)!r} model as "
+        raise UsageError(f"{path}: the {key!r} weights are not those of a model.method={cfg.model.method!r} model as "
                          f"the checkpoint's config says; the file and its config disagree "
                          f"({' '.join(first[:3])[:400]})") from err
     return model.eval()

@@ -140,9 +140,8 @@ def _program(args: argparse.Namespace) -> int:
     lock = own_run_containing(out, "export")
     try:
         print(f"exporting {which}")
-        meta = export_program(checkpoint, out, parse_members(args.members, loaded.model.num_members),
-                              args.calibration, fmt, alpha, score, args.weights,
-                              args.norm_stats, prior, loaded=loaded)
+        meta = export_program(loaded, out, parse_members(args.members, loaded.model.num_members),
+                              args.calibration, fmt, alpha, score, args.weights, args.norm_stats, prior)
         extra, sets = "", meta.conformal
         if sets is not None:
             extra = f", {score} sets at α={alpha}, q̂={'inf' if sets.qhat is None else f'{sets.qhat:.4g}'}"

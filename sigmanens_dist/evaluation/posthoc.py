@@ -21,8 +21,7 @@ from sigmanens_dist.evaluation.report import SHIFT_KEYS, shift_mean
 from sigmanens_dist.inference.collect import collect_logits
 from sigmanens_dist.inference.conformal import in_sets, set_stats
 from sigmanens_dist.inference.posthoc import PostHocFit, fit_posthoc
-from sigmanens_dist.inference.scores import ensemble_log_probs
-from sigmanens_dist.inference.temperature import Temperature, scale_logits
+from sigmanens_dist.inference.temperature import Temperature, scale_logits, tempered_log_probs
 
 __all__ = ["ConformalSets", "PostHoc", "TemperedMetrics", "fit_posthoc_on"]
 
@@ -56,7 +55,7 @@ class ConformalSets(Metric):
             self.add_state(name, default=[], dist_reduce_fx="cat")
 
     def update(self, member_logits: Tensor, target: Tensor) -> None:
-        probs = ensemble_log_probs(scale_logits(member_logits, self.temperature)).exp()
+        probs = tempered_log_probs(member_logits, self.temperature).exp()
         covered, size = zip(*(set_stats(in_sets(probs, method, q), target) for method, q in self.thresholds.items()),
                             strict=True)
         self.covered.append(torch.stack(covered, -1))
@@ -93,15 +92,14 @@ class PostHoc:
     @classmethod
     def of(cls, fit: PostHocFit) -> PostHoc:
         """The report parts of ``fit``, each with what it was fitted on and an empty shift table to fill."""
-        fitted = {"fitted_on": fit.fitted_on, "num_fit": fit.num_fit, "val_nll_before": fit.nll_before}
         parts: dict[str, dict[str, Any]] = {}
         if fit.calibrate:
-            parts["calibration"] = {"method": "temperature", "temperature": fit.temperature, **fitted,
-                                    "val_nll_after": fit.nll_after, "shift": {}}
+            parts["calibration"] = {"method": "temperature", "temperature": fit.temperature,
+                                    **fit.provenance(fit.nll_after), "shift": {}}
         if fit.member_temperatures is not None:
             parts["member_calibration"] = {"method": "member-temperature",
-                                           "temperatures": list(fit.member_temperatures), **fitted,
-                                           "val_nll_after": fit.member_nll_after, "shift": {}}
+                                           "temperatures": list(fit.member_temperatures),
+                                           **fit.provenance(fit.member_nll_after), "shift": {}}
         if fit.alphas:
             parts["conformal"] = [{"alpha": alpha, "calibrated_on": fit.fitted_on, "num_calibration": fit.num_fit,
                                    "temperature": fit.applied if fit.calibrate else None,

@@ -57,7 +57,6 @@ from sigmanens_dist.evaluation.report import (
 from sigmanens_dist.evaluation.scoring import Transform, score_pass
 from sigmanens_dist.inference.norm_stats import norm_stats_problem, with_norm_stats
 from sigmanens_dist.methods.base import EnsembleMethod
-from sigmanens_dist.models import method_of
 from sigmanens_dist.program_meta import NormStats
 
 __all__ = ["OOD_SETS", "check_options", "flat_metrics", "markdown", "run_eval", "score_pass"]
@@ -88,7 +87,7 @@ def check_options(cfg: Config, model: EnsembleMethod, options: EvalConfig) -> li
     if options.members is not None and options.members > m:
         problems.append(f"--members {options.members}: the model has only M={m} members (choose 1..{m})")
     elif options.members not in (None, m) and not model.supports_sub_ensembles:
-        problems.append(f"--members {options.members}: model.method={method_of(cfg)!r} cannot run a sub-ensemble "
+        problems.append(f"--members {options.members}: model.method={cfg.model.method!r} cannot run a sub-ensemble "
                         f"(no sub_ensemble(members)); score all {m} members")
     # corruption names, severities and the shift split are already checked by EvalConfig
     names = list(SHIFT_SPLITS[options.shift]) if "all" in options.corruptions else list(options.corruptions)
@@ -113,7 +112,7 @@ def check_options(cfg: Config, model: EnsembleMethod, options: EvalConfig) -> li
             problems.append(f"--imagenet-c {options.imagenet_c}: no such folder")
         else:
             problems.extend(_imagenet_c_problems(Path(options.imagenet_c), names, options.severities))
-    norm_problem = norm_stats_problem(model, options.norm_stats, f"model.method={method_of(cfg)!r} "
+    norm_problem = norm_stats_problem(model, options.norm_stats, f"model.method={cfg.model.method!r} "
                                                                  f"(model.name={cfg.model.name!r})")
     if norm_problem is not None:
         problems.append(norm_problem)
@@ -198,7 +197,7 @@ def run_eval(cfg: Config, model: EnsembleMethod, ema: EnsembleMethod | None = No
         write_stream(stream, Path(stream_images))
 
     report: dict[str, Any] = {"checkpoint": str(checkpoint) if checkpoint else None, "step": step,
-                              "method": method_of(cfg), "dataset": cfg.data.dataset, "split": options.split,
+                              "method": cfg.model.method, "dataset": cfg.data.dataset, "split": options.split,
                               "shift_split": options.shift if names or options.imagenet_c else None,
                               "num_members": model.num_members, "members": k_max, "notes": notes,
                               "norm_stats": NormStats(options.norm_stats, options.norm_stats_prior).to_dict(),

@@ -1,11 +1,11 @@
 """``sigmanens export RUN --program OUT``: a trained ensemble as one program file that a process loads and calls
 without sigmanens_dist or timm (docs/deploy.md): a ``torch.export`` program (``.pt2``, run with torch alone) or an
-ONNX model (``.onnx``, run with onnxruntime alone; written by :mod:`.program_onnx`).
+ONNX model (``.onnx``, run with onnxruntime alone); written by :mod:`.program_file`.
 
 The program maps a batch of raw images, float32 ``(B, C, H, W)`` in [0, 1] (what the recipe's loader has before it
 normalises), to the ensemble's prediction; the recipe's mean/std, the chosen members (a real sub-ensemble, not a
 mask), the temperature and the conformal threshold fitted on the calibration split (``data.calib_split``) when
-the run has one, else on the validation split, are inside it, and its metadata
+the run has one, else on the validation split (:mod:`.fit`), are inside it, and its metadata
 (:class:`~sigmanens_dist.program_meta.ProgramMeta`, as JSON) is in the file. It compiles what eval scores with —
 the one checkpoint rebuild (:func:`~sigmanens_dist.models.load_trained`), the method's own sub-ensemble, and
 :mod:`sigmanens_dist.inference`'s scores, post-hoc fit, conformal sets and prediction-time statistics — so a program
@@ -17,34 +17,28 @@ from __future__ import annotations
 import json
 import math
 import os
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor, nn
 
 import sigmanens_dist
-from sigmanens_dist.atomic import atomic_write
 from sigmanens_dist.catalog.datasets import DATASETS, resolve_root
 from sigmanens_dist.config import Config
 from sigmanens_dist.data.ffcv_io import EVAL_CROP_RATIO
-from sigmanens_dist.data.loaders import CLASSES_FILE, build_data
-from sigmanens_dist.distributed.env import DistEnv
+from sigmanens_dist.data.loaders import CLASSES_FILE
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.export.program_onnx import write_onnx
-from sigmanens_dist.inference.collect import collect_logits
-from sigmanens_dist.inference.conformal import RAPS_LAMBDA, in_sets, set_stats
+from sigmanens_dist.export.fit import NO_FIT, fit_program
+from sigmanens_dist.export.program_file import write_program
+from sigmanens_dist.inference.conformal import in_sets
 from sigmanens_dist.inference.norm_stats import norm_stats_problem, with_norm_stats
-from sigmanens_dist.inference.posthoc import fit_posthoc
 from sigmanens_dist.inference.scores import disagreement, ensemble_log_probs, entropy, mutual_information
-from sigmanens_dist.inference.temperature import scale_logits
 from sigmanens_dist.program_meta import (
     CONFORMAL_OUTPUT,
     METADATA_FILE,
     OUTPUTS,
-    ConformalFit,
     Normalisation,
     NormStats,
     ProgramInput,
@@ -54,16 +48,7 @@ from sigmanens_dist.program_meta import (
 if TYPE_CHECKING:
     from sigmanens_dist.models import TrainedModel
 
-__all__ = ["QUIET_EXPORT_WARNINGS", "SATURATION_BAND", "ProgramHead", "class_names", "export_program",
-           "program_threshold", "save_torch_program"]
-
-# aps/raps: a q̂ this close to a point where the cumulative scores saturate is moved just above it (program_threshold)
-SATURATION_BAND = 1e-4
-QUIET_EXPORT_WARNINGS = (
-    # torch.export.save on weights that are views of one storage (the σN-Ens members'): they are on the CPU here
-    (r"No complete tensor found in the group! Returning the first one\. This may cause issues when your weights "
-     r"are not on CPU\.", UserWarning),
-)
+__all__ = ["ProgramHead", "class_names", "export_program"]
 
 
 class ProgramHead(nn.Module):
@@ -98,28 +83,6 @@ class ProgramHead(nn.Module):
         return out
 
 
-def program_threshold(score: str, qhat: float) -> float:
-    """The q̂ a program compares with: ``qhat``, except that an aps or raps q̂ within :data:`SATURATION_BAND` of a
-    point 1 + λ·j (j ≥ 0; aps: j = 0) becomes that point + the band. There the scores of the classes past the
-    ensemble's cumulative probability of 1 pile up, equal but for float32 summation error, which torch and
-    onnxruntime round differently: a q̂ among them splits that pile differently in the two runtimes (a q̂ one ulp
-    below 1 did, on 79 of 256 inputs). Above the pile, both include all of it: the sets only grow, so coverage
-    holds (docs/deploy.md, "Conformal sets in both formats")."""
-    if score == "thr" or not math.isfinite(qhat):
-        return qhat  # 1 − p rounds the same wherever p does: no pile at a threshold
-    point = 1 + RAPS_LAMBDA * max(0, round((qhat - 1) / RAPS_LAMBDA)) if score == "raps" else 1.0
-    return point + SATURATION_BAND if abs(qhat - point) <= SATURATION_BAND else qhat
-
-
-def save_torch_program(program: torch.export.ExportedProgram, out: Path, metadata: tuple[str, str]) -> None:
-    """``torch.export.save`` of ``program`` with ``metadata`` (key, JSON text) as an extra file, atomically at
-    ``out``, without torch's warnings that :data:`QUIET_EXPORT_WARNINGS` names (each benign here)."""
-    with warnings.catch_warnings():
-        for message, category in QUIET_EXPORT_WARNINGS:
-            warnings.filterwarnings("ignore", message=message, category=category)
-        atomic_write(out, lambda f: torch.export.save(program, f, extra_files=dict([metadata])))
-
-
 def _normalisation(cfg: Config, in_chans: int) -> tuple[list[float], list[float]]:
     """The mean/std the recipe's loaders normalise with (none for the synthetic recipe, already model inputs)."""
     spec = DATASETS[cfg.data.dataset]
@@ -144,97 +107,53 @@ def class_names(cfg: Config, num_classes: int) -> list[str] | None:
     return [str(name) for name in names] if len(names) == num_classes else None
 
 
-class _Fit(NamedTuple):
-    """What the post-hoc split (the calibration split, else the validation split) gave the program: its
-    temperature, the fit's record (the metadata's ``fitted_on`` … ``val_nll_after``; none without calibration) and
-    its conformal set (none without ``--conformal``)."""
-
-    temperature: float
-    record: dict[str, Any]
-    conformal: ConformalFit | None
-
-
-def _fit(cfg: Config, model: nn.Module, calibrate: bool, alpha: float | None, score: str) -> _Fit:
-    """T and q̂ fitted on the logits of the split eval fits on (the calibration split, else the validation split:
-    ``Data.posthoc_split``), collected in one pass, by eval's own fit (:func:`fit_posthoc`, a function of the logits
-    and labels: never the test set), and the coverage and size of the program's sets on the same logits."""
-    device = torch.device("cpu")
-    data = build_data(cfg.data, cfg.eval.batch_size or cfg.train.batch_size, cfg.seed, DistEnv(0, 1, 0, device))
-    split, batches = data.posthoc_split()
-    logits, target = collect_logits(model, batches(), device, f"program: {split}")
-    fitted = fit_posthoc(logits, target, "temperature" if calibrate else "none", [] if alpha is None else [alpha],
-                         split)
-    record = ({"fitted_on": fitted.fitted_on, "num_fit": fitted.num_fit, "val_nll_before": fitted.nll_before,
-               "val_nll_after": fitted.nll_after} if calibrate else {})
-    if alpha is None:
-        return _Fit(fitted.temperature, record, None)
-    fitted_qhat = fitted.thresholds[0][score]
-    qhat = program_threshold(score, fitted_qhat)  # what the program compares with, and the coverage is of
-    probs = ensemble_log_probs(scale_logits(logits, fitted.temperature)).exp()
-    covered, size = set_stats(in_sets(probs, score, qhat), target)
-    return _Fit(fitted.temperature, record, ConformalFit(
-        alpha=alpha, score=score, qhat=qhat if math.isfinite(qhat) else None,
-        qhat_fitted=fitted_qhat if math.isfinite(fitted_qhat) else None, fitted_on=split,
-        num_calibration=len(target), val_coverage=float(covered.double().mean()),
-        val_set_size=float(size.double().mean())))
-
-
-def export_program(checkpoint: Path, out: Path, members: Sequence[int] | None = None,
+def export_program(loaded: TrainedModel, out: Path, members: Sequence[int] | None = None,
                    calibration: Literal["temperature", "none"] = "none", fmt: Literal["torch", "onnx"] = "torch",
                    conformal: float | None = None, score: str = "thr",
                    weights: Literal["raw", "ema"] = "raw", norm_stats: Literal["train", "batch"] = "train",
-                   norm_stats_prior: float = 0.0, loaded: TrainedModel | None = None) -> ProgramMeta:
-    """Write ``checkpoint``'s ensemble (or the sub-ensemble ``members``; its raw or EMA ``weights``) as a ``fmt``
-    program at ``out``, with the conformal set at miscoverage ``conformal`` if given, its BatchNorms normalising with
-    the training statistics or each batch's (``norm_stats``, mixed by ``norm_stats_prior``:
-    :mod:`sigmanens_dist.inference.norm_stats`); returns its metadata. Bad ``members``, EMA weights the run did
-    not keep, batch statistics for a model without BatchNorm and a fit that would read the test set are refused
-    before anything is computed."""
-    # looked up per call: tests count load.load_trained
-    from sigmanens_dist.models import load_trained, method_of
-
-    loaded = loaded or load_trained(checkpoint)  # given: the caller read the checkpoint already (export --register)
-    cfg, full = loaded.cfg, loaded.model if weights == "raw" else loaded.ema
+                   norm_stats_prior: float = 0.0) -> ProgramMeta:
+    """Write the ensemble of a checkpoint as ``load_trained`` rebuilt it (or the sub-ensemble ``members``; its raw
+    or EMA ``weights``) as a ``fmt`` program at ``out``, with the conformal set at miscoverage ``conformal`` if
+    given, its BatchNorms normalising with the training statistics or each batch's (``norm_stats``, mixed by
+    ``norm_stats_prior``: :mod:`sigmanens_dist.inference.norm_stats`); returns its metadata. Bad ``members``, EMA
+    weights the run did not keep, batch statistics for a model without BatchNorm, a text recipe and a fit that would
+    read the test set are refused before anything is computed. Everything the program needs from this module is
+    worked out first, then the model, its fit and the file, each once."""
+    cfg, full, method = loaded.cfg, loaded.model if weights == "raw" else loaded.ema, loaded.cfg.model.method
     if full is None:
-        raise UsageError(f"--weights ema: {checkpoint} holds no EMA weights (the run had no train.ema_decay); export "
-                         "its raw weights")
+        raise UsageError(f"--weights ema: {loaded.path} holds no EMA weights (the run had no train.ema_decay); "
+                         "export its raw weights")
     asked = [flag for flag, on in (("--calibration temperature", calibration == "temperature"),
                                    (f"--conformal {conformal}", conformal is not None)) if on]
     if asked and cfg.data.val_from_test and not cfg.data.calib_split:  # a calibration split is not the test set
         raise UsageError(f"{' and '.join(asked)}: this run validates on the test set (data.val_from_test); give it "
                          "a validation split (data.val_split)")
     if members is not None and not full.supports_sub_ensembles:
-        raise UsageError(f"--members: model.method={method_of(cfg)!r} cannot run a sub-ensemble; export all members")
+        raise UsageError(f"--members: model.method={method!r} cannot run a sub-ensemble; export all members")
     chosen = list(members) if members is not None else list(range(full.num_members))
-    problem = norm_stats_problem(full, norm_stats, f"model.method={method_of(cfg)!r} (model.name={cfg.model.name!r})")
+    in_chans = int(cfg.model.in_chans or loaded.model_args["in_chans"])  # what build_model gave the backbone
+    num_classes = int(loaded.model_args["num_classes"])
+    size = cfg.data.img_size or _default_size(cfg)
+    mean, std = _normalisation(cfg, in_chans)
+    names = class_names(cfg, num_classes)
+    problem = norm_stats_problem(full, norm_stats, f"model.method={method!r} (model.name={cfg.model.name!r})")
     if problem is not None:
         raise UsageError(problem)
     model = with_norm_stats(full.select_members(chosen), norm_stats, norm_stats_prior).eval()
-    in_chans = int(cfg.model.in_chans or loaded.model_args["in_chans"])  # what build_model gave the backbone
-    num_classes = int(loaded.model_args["num_classes"])
-    mean, std = _normalisation(cfg, in_chans)
-    fit = (_fit(cfg, model, calibration == "temperature", conformal, score) if asked
-           else _Fit(1.0, {}, None))
+    fit = fit_program(cfg, model, calibration == "temperature", conformal, score) if asked else NO_FIT
     sets = None if fit.conformal is None else (score, math.inf if fit.conformal.qhat is None else fit.conformal.qhat)
     head = ProgramHead(model, mean, std, fit.temperature, sets).eval()
-    size = cfg.data.img_size or _default_size(cfg)
     meta = ProgramMeta(
-        program_format=fmt, num_classes=num_classes, class_names=class_names(cfg, num_classes),
+        program_format=fmt, num_classes=num_classes, class_names=names,
         input=ProgramInput(shape=["B", in_chans, size, size], channels=in_chans, size=size,
                            crop_ratio=EVAL_CROP_RATIO if cfg.data.format == "ffcv" else 1.0),
         normalisation=Normalisation(mean, std), members=chosen, trained_members=full.num_members, weights=weights,
-        norm_stats=NormStats(norm_stats, norm_stats_prior), method=method_of(cfg), tau=cfg.reg.tau,
+        norm_stats=NormStats(norm_stats, norm_stats_prior), method=method, tau=cfg.reg.tau,
         run_id=loaded.run_id, step=loaded.step, dataset=cfg.data.dataset,
         package_version=sigmanens_dist.__version__, calibration=calibration, temperature=fit.temperature,
         **fit.record, conformal=fit.conformal, outputs=list(head.outputs))
-    example = torch.rand(2, in_chans, size, size)
-    if fmt == "onnx":
-        write_onnx(head, example, (METADATA_FILE, meta.to_json()), meta.norm_stats.min_batch, out)
-        return meta
-    batch = torch.export.Dim("batch", min=meta.norm_stats.min_batch)  # torch then refuses a smaller batch itself
-    with torch.no_grad():
-        program = torch.export.export(head, (example,), dynamic_shapes={"x": {0: batch}})
-    save_torch_program(program, out, (METADATA_FILE, meta.to_json()))
+    write_program(head, torch.rand(2, in_chans, size, size), (METADATA_FILE, meta.to_json()),
+                  meta.norm_stats.min_batch, fmt, out)
     return meta
 
 

@@ -20,8 +20,7 @@ import torch
 from torch import Tensor
 
 from sigmanens_dist.errors import UsageError
-from sigmanens_dist.inference.scores import ensemble_log_probs
-from sigmanens_dist.inference.temperature import Temperature, scale_logits
+from sigmanens_dist.inference.temperature import Temperature, tempered_log_probs
 
 __all__ = ["METHODS", "RAPS_K_REG", "RAPS_LAMBDA", "SCORES", "class_scores", "conformal_quantile", "fit_conformal",
            "in_sets", "set_stats"]
@@ -86,6 +85,6 @@ def fit_conformal(member_logits: Tensor, target: Tensor, alphas: list[float],
     """q̂ of every score (:data:`SCORES`) at each miscoverage of ``alphas``, from these calibration member logits
     ``(M, N, K)`` (divided by ``temperature`` first: one, or one per member) and labels ``(N,)``: a pure function of
     them, what eval and a program's export fit alike."""
-    probs = ensemble_log_probs(scale_logits(member_logits, temperature)).exp()
+    probs = tempered_log_probs(member_logits, temperature).exp()
     true_class = {m: class_scores(probs, m).gather(-1, target[:, None])[:, 0] for m in METHODS}
     return [{m: conformal_quantile(scores, alpha) for m, scores in true_class.items()} for alpha in alphas]

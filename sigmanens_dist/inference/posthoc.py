@@ -48,6 +48,12 @@ class PostHocFit:
         """Whether a temperature was fitted (else T = 1)."""
         return self.calibration != "none"
 
+    def provenance(self, nll_after: float | None) -> dict[str, str | int | float | None]:
+        """What a temperature was fitted on, as eval's report and a program's metadata record it, with the NLL it
+        left (``nll_after``: :attr:`nll_after` for T, :attr:`member_nll_after` for the member temperatures)."""
+        return {"fitted_on": self.fitted_on, "num_fit": self.num_fit, "val_nll_before": self.nll_before,
+                "val_nll_after": nll_after}
+
     @property
     def applied(self) -> Temperature:
         """What the conformal sets divide the member logits by: the member temperatures when fitted, else T."""

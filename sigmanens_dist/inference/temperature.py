@@ -21,7 +21,8 @@ from torch import Tensor
 
 from sigmanens_dist.inference.scores import ensemble_log_probs
 
-__all__ = ["Temperature", "ensemble_nll", "fit_member_temperatures", "fit_temperature", "scale_logits"]
+__all__ = ["Temperature", "ensemble_nll", "fit_member_temperatures", "fit_temperature", "scale_logits",
+           "tempered_log_probs"]
 
 Temperature = float | Tensor | Sequence[float]  # one T for every member (a float or 0-d tensor), or T_m per member
 
@@ -35,10 +36,16 @@ def scale_logits(member_logits: Tensor, temperature: Temperature) -> Tensor:
     return member_logits / t.view(-1, *[1] * (member_logits.ndim - 1))
 
 
+def tempered_log_probs(member_logits: Tensor, temperature: Temperature) -> Tensor:
+    """The calibrated ensemble prediction ``log 1/M Σ_m softmax(z_m / T_m)``: what the NLL, the conformal scores and
+    a program's probabilities are computed from."""
+    return ensemble_log_probs(scale_logits(member_logits, temperature))
+
+
 def ensemble_nll(member_logits: Tensor, target: Tensor, temperature: Temperature = 1.0) -> Tensor:
     """Mean NLL of the ensemble prediction with every member's logits divided by ``temperature`` (one, or one per
     member): ``member_logits`` ``(M, N, K)``, ``target`` ``(N,)``."""
-    log_probs = ensemble_log_probs(scale_logits(member_logits, temperature))
+    log_probs = tempered_log_probs(member_logits, temperature)
     return -log_probs.gather(-1, target[:, None]).mean()
 
 

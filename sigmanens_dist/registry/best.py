@@ -13,6 +13,7 @@ from sigmanens_dist.checkpoint import resolve_checkpoint
 from sigmanens_dist.errors import UsageError
 from sigmanens_dist.experiments.compare import RunRecord, mlflow_client
 from sigmanens_dist.export.program import export_program
+from sigmanens_dist.models import load_trained
 from sigmanens_dist.registry.register import TAG_PREFIX, check_registration, register_program
 
 __all__ = ["BY", "parse_by", "register_best"]
@@ -69,5 +70,5 @@ def register_best(uri: str, records: list[RunRecord], name: str, by: str, alias:
         tags[f"{TAG_PREFIX}study"] = study
     with tempfile.TemporaryDirectory(prefix="sigmanens-best-") as tmp:
         program = Path(tmp) / f"{best.name}.pt2"
-        export_program(checkpoint, program)
+        export_program(load_trained(checkpoint), program)
         return register_program(program, name, uri=uri, run=run, alias=alias, tags=tags)

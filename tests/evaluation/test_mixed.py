@@ -131,7 +131,7 @@ def test_predict_over_the_written_stream_gives_evals_mixed_numbers(checkpoint: P
                  "--no-mlflow", "--data", f"test_subset={MIXED_SUBSET}", "--stream-images", str(stream),
                  "--out", str(tmp_path / "eval")]) == 0
     part = json.loads((tmp_path / "eval" / "eval.json").read_text())["weights"]["raw"]
-    export_program(checkpoint, tmp_path / "batch.pt2", norm_stats="batch")
+    export_program(load_trained(checkpoint), tmp_path / "batch.pt2", norm_stats="batch")
     assert main(["predict", str(tmp_path / "batch.pt2"), str(stream), "--batch-size", "8",
                  "--out", str(tmp_path / "pred")]) == 0
     probabilities = _rows(tmp_path / "pred")

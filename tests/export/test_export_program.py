@@ -34,16 +34,9 @@ from sigmanens_dist.data.loaders import CLASSES_FILE, build_data
 from sigmanens_dist.data.raw import build_datasets
 from sigmanens_dist.distributed.env import DistEnv
 from sigmanens_dist.evaluation.posthoc import fit_posthoc_on
-from sigmanens_dist.export.program import (
-    QUIET_EXPORT_WARNINGS,
-    SATURATION_BAND,
-    ProgramHead,
-    class_names,
-    export_program,
-    program_threshold,
-    save_torch_program,
-)
-from sigmanens_dist.export.program_onnx import TRANSLATIONS
+from sigmanens_dist.export.fit import SATURATION_BAND, program_threshold
+from sigmanens_dist.export.program import ProgramHead, class_names, export_program
+from sigmanens_dist.export.program_file import QUIET_EXPORT_WARNINGS, TRANSLATIONS, write_program
 from sigmanens_dist.inference.collect import collect_logits
 from sigmanens_dist.inference.conformal import class_scores
 from sigmanens_dist.inference.temperature import fit_temperature
@@ -348,21 +341,21 @@ def test_both_formats_give_the_same_sets_at_a_qhat_one_ulp_below_1(run: Path, tm
     """Issue 44, finding 10: at q̂ = 0.99999994 (one float32 step below 1) the .pt2 and the .onnx program gave
     different aps sets on 79 of 256 inputs: the tail classes' scores pile up at 1 ± float32 summation error, which
     the two runtimes round differently. The program compares with q̂ moved above the pile: the same sets."""
-    from sigmanens_dist.export import program
+    from sigmanens_dist.export import fit as program_fit
     from sigmanens_dist.inference.posthoc import PostHocFit
 
     below_one = float(np.nextafter(np.float32(1), np.float32(0)))
-    fit = program.fit_posthoc
+    fit = program_fit.fit_posthoc
 
     def fit_at_the_edge(*args: object, **kwargs: object) -> PostHocFit:
         fitted = fit(*args, **kwargs)
         return dataclasses.replace(fitted, thresholds=tuple(dict.fromkeys(q, below_one) for q in fitted.thresholds))
 
-    monkeypatch.setattr(program, "fit_posthoc", fit_at_the_edge)
+    monkeypatch.setattr(program_fit, "fit_posthoc", fit_at_the_edge)
     paths = {fmt: tmp_path / f"edge.{fmt}" for fmt in ("pt2", "onnx")}
     for path in paths.values():
-        export_program(_checkpoint(run), path, calibration="temperature", fmt=program_format(None, path),
-                       conformal=0.1, score="aps")
+        export_program(load_trained(_checkpoint(run)), path, calibration="temperature",
+                       fmt=program_format(None, path), conformal=0.1, score="aps")
     sets = _metadata(paths["onnx"])["conformal"]
     assert sets["qhat_fitted"] == below_one and sets["qhat"] == 1 + SATURATION_BAND
     x = torch.rand(256, 3, 16, 16, generator=torch.Generator().manual_seed(0))
@@ -407,7 +400,7 @@ def test_torchs_save_warning_is_silenced_and_only_it(tmp_path: Path, monkeypatch
     monkeypatch.setattr(torch.export, "save", save_and_warn)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        save_torch_program(program, tmp_path / "quiet.pt2", (METADATA_FILE, "{}"))
+        write_program(head, torch.rand(2, 3, 16, 16), (METADATA_FILE, "{}"), 1, "torch", tmp_path / "quiet.pt2")
     assert [str(w.message) for w in caught] == ["something else"]
     assert (tmp_path / "quiet.pt2").is_file()
 

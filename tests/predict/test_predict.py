@@ -28,6 +28,7 @@ from PIL import Image
 
 from sigmanens_dist.cli import main
 from sigmanens_dist.export.program import export_program
+from sigmanens_dist.models import load_trained
 from sigmanens_dist.training.run_lock import RunLock
 from tests.helpers import FIXTURE, REPO, env, import_blocking, torchrun, untrained_run
 
@@ -45,7 +46,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def program(run: Path) -> Path:
     out = run.parent / "model.pt2"
-    export_program(run / CKPT, out)
+    export_program(load_trained(run / CKPT), out)
     return out
 
 
@@ -54,7 +55,7 @@ def batch_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A program normalising each batch by its own BatchNorm statistics alone (``--norm-stats batch``, prior 0)."""
     run = untrained_run(tmp_path_factory.mktemp("batch") / "run", BATCHNORM_RUN)
     out = run.parent / "batch0.pt2"
-    export_program(run / "checkpoints" / "step_00000000.pt", out, norm_stats="batch")
+    export_program(load_trained(run / "checkpoints" / "step_00000000.pt"), out, norm_stats="batch")
     return out
 
 
@@ -153,7 +154,7 @@ def test_folder_files_shards_and_ffcv_equal_the_program(program: Path, tmp_path:
 def test_jsonl_parts_hold_what_parquet_parts_hold(run: Path, tmp_path: Path) -> None:
     """Both formats, from a program with a conformal set: its column is the class indices the program's set holds."""
     program = tmp_path / "conformal.pt2"
-    export_program(run / CKPT, program, conformal=0.1)
+    export_program(load_trained(run / CKPT), program, conformal=0.1)
     folder = tmp_path / "photos"
     paths = _images(folder, [f"{i}.png" for i in range(5)])
     for fmt in ("parquet", "jsonl"):
@@ -251,7 +252,7 @@ def test_another_program_in_the_same_dir_is_refused_unless_force(run: Path, prog
     out = tmp_path / "out"
     assert main(["predict", str(program), str(folder), "--out", str(out)]) == 0
     other = tmp_path / "one.pt2"
-    export_program(run / CKPT, other, members=[0])
+    export_program(load_trained(run / CKPT), other, members=[0])
     before = sorted((out / "parts").iterdir())
     capsys.readouterr()
     assert main(["predict", str(other), str(folder), "--out", str(out)]) == 2
@@ -572,7 +573,7 @@ def test_onnx_program_predicts_what_the_pt2_predicts(run: Path, program: Path, t
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     onnx = tmp_path / "model.onnx"
-    export_program(run / CKPT, onnx, fmt="onnx")
+    export_program(load_trained(run / CKPT), onnx, fmt="onnx")
     folder = tmp_path / "photos"
     _images(folder, [f"{i}.png" for i in range(3)])
     for name, prog in (("pt2", program), ("onnx", onnx)):

@@ -159,8 +159,9 @@ class Fakes:
         self.checkpoint = Path("/nowhere/checkpoint.pt")
         self.run = object()
         self.version = object()
+        self.loaded = object()
         self.program: Path | None = None
-        for name in ("mlflow_client", "resolve_checkpoint", "check_registration", "export_program",
+        for name in ("mlflow_client", "resolve_checkpoint", "check_registration", "load_trained", "export_program",
                      "register_program"):
             monkeypatch.setattr(best_module, name, getattr(self, name))
 
@@ -180,6 +181,10 @@ class Fakes:
     def check_registration(self, *args: Any, **kwargs: Any) -> object:
         self.calls.append(("check_registration", args, kwargs))
         return self.run
+
+    def load_trained(self, *args: Any, **kwargs: Any) -> object:
+        self.calls.append(("load_trained", args, kwargs))
+        return self.loaded
 
     def export_program(self, *args: Any, **kwargs: Any) -> None:
         self.calls.append(("export_program", args, kwargs))
@@ -217,7 +222,7 @@ def test_register_best_exports_and_registers_the_best_child(
         ("mlflow_client", URI), ("get_run", f"id-{child}"),
         ("resolve_checkpoint", (str(tmp_path), "--register-best"), {}),
         ("check_registration", (URI, f"id-{child}", "model", alias), {}),
-        ("export_program", (fakes.checkpoint, program), {}),
+        ("load_trained", (fakes.checkpoint,), {}), ("export_program", (fakes.loaded, program), {}),
         ("register_program", (program, "model"), {"uri": URI, "run": fakes.run, "alias": alias, "tags": tags})]
     assert capsys.readouterr().out == ("skipped gone: its val/nll is nan (the run diverged); a non-finite metric is "
                                        "never best\n" if by == "val/nll" else "") + (

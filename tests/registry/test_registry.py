@@ -31,6 +31,7 @@ from PIL import Image
 from sigmanens_dist.cli import main
 from sigmanens_dist.experiments.study import ROLE_TAG
 from sigmanens_dist.export.program import export_program
+from sigmanens_dist.models import load_trained
 from sigmanens_dist.predict.backends import load_program
 from sigmanens_dist.safe_load import load_file
 from sigmanens_dist.training.tracking import PARENT_TAG, RUN_ID_FILE
@@ -330,7 +331,7 @@ def test_register_best_picks_the_lower_validation_nll(store: str, tmp_path: Path
     x = np.random.default_rng(2).random((5, 3, 16, 16), dtype=np.float32)
     own = []
     for i, run in enumerate(runs):  # each child's own program, for the registered one to equal
-        export_program(run / CKPT, tmp_path / f"own{i}.pt2")
+        export_program(load_trained(run / CKPT), tmp_path / f"own{i}.pt2")
         own.append(_program_outputs(tmp_path / f"own{i}.pt2", x)["probabilities"])
     assert not np.allclose(own[0], own[1], atol=1e-3), "the children's programs agree: the test proves nothing"
     for name, by, winner, value in (("best", "val/nll", 1, 0.4), ("best-acc", "val/acc", 0, 0.7)):
@@ -561,7 +562,7 @@ def test_the_pyfunc_refuses_one_image_for_a_program_of_batch_statistics_alone(
 
     run = untrained_run(tmp_path / "run", BATCHNORM_RUN)
     program = fetch_program("models:/tiny-onnx@champion", store, tmp_path / "model")
-    export_program(run / "checkpoints" / "step_00000000.pt", program, fmt="onnx", norm_stats="batch")
+    export_program(load_trained(run / "checkpoints" / "step_00000000.pt"), program, fmt="onnx", norm_stats="batch")
     model = mlflow.pyfunc.load_model(str(program.parent.parent))
     x = np.random.default_rng(4).random((2, 3, 16, 16), dtype=np.float32)
     with pytest.raises(mlflow.exceptions.MlflowException, match=r"1 image in the request, and this program "
@@ -590,7 +591,7 @@ def test_the_pyfunc_takes_image_files_as_predict_does(registered: dict[str, tupl
     run = untrained_run(tmp_path / "run", [*BATCHNORM_RUN[:3], f"data.img_size={side}", f"model.in_chans={channels}",
                                            *BATCHNORM_RUN[4:]])
     program = fetch_program("models:/tiny-onnx@champion", store, tmp_path / "model")  # its code files, this program
-    export_program(run / "checkpoints" / "step_00000000.pt", program, fmt="onnx")
+    export_program(load_trained(run / "checkpoints" / "step_00000000.pt"), program, fmt="onnx")
     model = mlflow.pyfunc.load_model(str(program.parent.parent))
     rng = np.random.default_rng(side)
     photos = tmp_path / "photos"
