@@ -244,7 +244,8 @@ def test_the_excerpt_check_sees_a_stale_excerpt_both_ways() -> None:
     its label); an emptied excerpt, a dropped row, a changed number fail, naming the lines."""
     demo = runpy.run_path(str(REPO / "launch" / "readme_demo.py"))
     readme = (REPO / "README.md").read_text()
-    start, end = demo["excerpt"](readme)
+    start, end, written_on = demo["excerpt"](readme)
+    assert written_on and "(" in written_on  # the CPU's name and torch's vector instructions
     table = readme[start:end].splitlines()
     stale = demo["stale_lines"]
     retimed = [re.sub(r"\d", "9", line) if "ms / image" in line else line for line in table]
@@ -253,6 +254,11 @@ def test_the_excerpt_check_sees_a_stale_excerpt_both_ways() -> None:
     assert stale(table[:2] + table[3:], table) == [f"demo: {table[2]}"]
     changed = [*table[:3], table[3].replace("0", "1"), *table[4:]]
     assert stale(changed, table) == [f"README: {changed[3]}", f"demo: {table[3]}"]
+    # another CPU: a score may differ, a row may not, nor a cost line (the same on every CPU)
+    assert stale(changed, table, scores=False) == [] and stale(table[:2] + table[3:], table, scores=False)
+    row = next(i for i, line in enumerate(table) if "parameters" in line)
+    costs = [*table[:row], re.sub(r"\d", "7", table[row]), *table[row + 1:]]
+    assert stale(costs, table, scores=False) == [f"README: {costs[row]}", f"demo: {table[row]}"]
 
 
 @pytest.mark.slow
