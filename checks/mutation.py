@@ -5,6 +5,9 @@ files per module, printing the surviving mutants per module (CONTRIBUTING.md, "M
     .venv/bin/python checks/mutation.py sigma scores    # some groups; --list names them
     .venv/bin/python checks/mutation.py --report-only   # re-read the last runs' results, no mutating
 
+The report holds every group: those not run now come from their last run's record (results/mutation/groups/GROUP.json),
+reported stale (to run again) when a module they mutate changed since.
+
 Each group runs in a copy of this checkout under ``--workdir`` (default ``/tmp/sigmanens-mutation/GROUP``): mutmut
 writes its mutated tree there (``mutants/``), never into this checkout, and runs the group's tests on it one mutant
 at a time in one forked pytest (``--max-children``, default 1: the machine is shared). Only code inside functions is
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import os
 import shutil
@@ -30,6 +34,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 EQUIVALENT = REPO / "checks" / "mutation_equivalent.txt"
 REPORT = REPO / "results" / "mutation" / "report.txt"
+# one record per group's last run (counts, survivors, the digest of each module mutated), so that the report holds
+# every group whichever were run on this machine; a record whose modules changed since is reported stale
+RECORDS = REPO / "results" / "mutation" / "groups"
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,7 @@ class Survivor:
     removed: list[str]
     added: list[str]
     diff: str
+    message_only: bool = False  # changes only the arguments of a raised exception
     reason: str | None = None
 
     @property
@@ -258,15 +266,56 @@ def collect(name: str, group: Group, work: Path, outcome: Outcome) -> None:
                 continue
             info = described.get(mutant, {"diff": "(not run)", "message_only": False})
             removed, added = diff_lines(info["diff"])
-            survivor = Survivor(mutant, status, removed, added, info["diff"])
-            if status == "survived" and info["message_only"]:
-                survivor.reason = MESSAGE
-            elif status == "survived":
-                survivor.reason = next((why for function, r, a, why in equivalents
-                                        if function == survivor.function and r == removed and a == added), None)
-                if survivor.reason is not None:
-                    outcome.matched.add((survivor.function, tuple(removed), tuple(added)))
+            survivor = Survivor(mutant, status, removed, added, info["diff"], info["message_only"])
+            explain(survivor, equivalents, outcome)
             outcome.survivors[module].append(survivor)
+
+
+def explain(survivor: Survivor, equivalents: list[tuple[str, list[str], list[str], str]], outcome: Outcome) -> None:
+    """A surviving mutant's reason: message-only, or the written-down equivalent it matches (None: unexplained)."""
+    if survivor.status == "survived" and survivor.message_only:
+        survivor.reason = MESSAGE
+    elif survivor.status == "survived":
+        survivor.reason = next((why for function, r, a, why in equivalents if function == survivor.function
+                                and r == survivor.removed and a == survivor.added), None)
+        if survivor.reason is not None:
+            outcome.matched.add((survivor.function, tuple(survivor.removed), tuple(survivor.added)))
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def save_record(outcome: Outcome, group: Group, work: Path, records: Path = RECORDS) -> None:
+    """The group's outcome as results/mutation/groups/GROUP.json, with the digest of each module as it was mutated
+    (the group's copy of it in ``work``)."""
+    survivors = {m: [{k: getattr(s, k) for k in ("name", "status", "removed", "added", "diff", "message_only")}
+                     for s in found] for m, found in outcome.survivors.items()}
+    record = {"group": outcome.group, "digests": {m: digest(work / m) for m in group.modules}, "counts": outcome.counts,
+              "survivors": survivors, "seconds": round(outcome.seconds), "error": outcome.error}
+    records.mkdir(parents=True, exist_ok=True)
+    (records / f"{outcome.group}.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+
+
+def load_record(name: str, group: Group, records: Path = RECORDS) -> Outcome:
+    """The group's last recorded outcome, its survivors explained against today's equivalents; an error when there
+    is none or when a module changed since it was mutated (the group must run again)."""
+    outcome = Outcome(name)
+    path = records / f"{name}.json"
+    if not path.exists():
+        outcome.error = f"no run of this group on record ({path}): run it"
+        return outcome
+    record = json.loads(path.read_text())
+    equivalents = read_equivalents()
+    outcome.counts, outcome.seconds, outcome.error = record["counts"], record["seconds"], record["error"]
+    for module, found in record["survivors"].items():
+        outcome.survivors[module] = [Survivor(**entry) for entry in found]
+        for survivor in outcome.survivors[module]:
+            explain(survivor, equivalents, outcome)
+    changed = [m for m in group.modules if record["digests"].get(m) != digest(REPO / m)]
+    if changed:
+        outcome.error = f"stale: {', '.join(changed)} changed since this group ran: run it again"
+    return outcome
 
 
 def _natural(mutant: str) -> tuple[str, int]:
@@ -389,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where each group's copy of the checkout goes (default /tmp/sigmanens-mutation)")
     parser.add_argument("--max-children", type=int, default=1, help="mutants tested at once (default 1)")
     parser.add_argument("--report", type=Path, default=REPORT, help=f"the report written (default {REPORT})")
-    parser.add_argument("--report-only", action="store_true", help="re-read the last runs' results, run nothing")
+    parser.add_argument("--report-only", action="store_true",
+                        help="the last runs' results (this machine's, else results/mutation/groups/); run nothing")
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even with unexplained survivors")
     args = parser.parse_args(argv)
     if args.list:
@@ -399,22 +449,23 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [g for g in args.groups if g not in GROUPS]
     if unknown:
         parser.error(f"unknown group(s) {', '.join(unknown)}: choose from {', '.join(GROUPS)}")
-    names = args.groups or list(GROUPS)
     outcomes = []
-    for name in names:
-        work = args.workdir / name
-        if args.report_only:
-            outcome = Outcome(name)
-            collect(name, GROUPS[name], work, outcome)
-            if (work / "seconds.txt").exists():
-                outcome.seconds = float((work / "seconds.txt").read_text())
-        else:
+    for name, group in GROUPS.items():  # every group in the report: those not run now from their records
+        work, outcome = args.workdir / name, None
+        if not args.report_only and (not args.groups or name in args.groups):
             log = args.workdir / f"{name}.log"
             args.workdir.mkdir(parents=True, exist_ok=True)
             print(f"[mutation] {name}: mutmut run in {work} (log {log})", flush=True)
-            outcome = run_group(name, GROUPS[name], work, args.max_children, log)
+            outcome = run_group(name, group, work, args.max_children, log)
             print(f"[mutation] {name}: {outcome.seconds / 60:.1f} min", flush=True)
-        outcomes.append(outcome)
+        elif (work / "mutants").is_dir():  # a run on this machine: its latest results (mutants re-run by hand too)
+            outcome = Outcome(name)
+            collect(name, group, work, outcome)
+            if (work / "seconds.txt").exists():
+                outcome.seconds = float((work / "seconds.txt").read_text())
+        if outcome is not None and not outcome.error:
+            save_record(outcome, group, work)
+        outcomes.append(load_record(name, group) if outcome is None or not outcome.error else outcome)
     command = "python checks/mutation.py" + "".join(f" {n}" for n in args.groups)
     text, unexplained = report(outcomes, command)
     print(text)
