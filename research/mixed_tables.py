@@ -144,6 +144,14 @@ def choose_text(choice: dict[str, dict[str, Any]]) -> str:
                      for family, by_batch in choice.items() for batch, c in by_batch.items())
 
 
+def temperature_table(runs: Runs) -> str:
+    """Lever c: σN-Ens at another τ against the recipe's τ = 0.5, each at the same configuration, paired by seed (on
+    the validation split and shift, where the choice is made); empty when no other τ was scored."""
+    pairs = [(f"{label(c)}: {FAMILIES[f]} − {FAMILIES['sigma']}", (f, c), ("sigma", c))
+             for f, c in _ordered(runs) if f in ("sigma_t025", "sigma_t1")]
+    return difference_table(runs, pairs) if pairs else ""
+
+
 def test_tables(runs: Runs, found: dict[tuple[str, str], dict[int, dict[str, Any]]], choice: dict[str, Any]) -> str:
     tables = [score_table(runs, _ordered(runs))]
     others = [f for f in FAMILIES if f != "sigma" and f in choice]
@@ -177,7 +185,7 @@ def main() -> None:
         print(test_tables(runs, found, json.loads(choice_file.read_text()) if choice_file.exists() else {}))
         return
     choice = choose(runs)
-    print(score_table(runs, _ordered(runs)), choose_text(choice), sep="\n\n")
+    print(score_table(runs, _ordered(runs)), choose_text(choice), temperature_table(runs), sep="\n\n")
     if args.write:
         write_choice(evals, choice)
 
