@@ -241,12 +241,12 @@ def test_no_test_module_imports_another_test_module() -> None:
 
 def test_tests_mirror_the_package() -> None:
     """A test module sits in the folder of the package it tests (tests/sigma/, tests/training/, …); only the
-    project-wide checks (layout, docs, packaging, benchmarks, registries, the error model, CI's skips) sit at the top
-    of tests/."""
+    project-wide checks (layout, docs, packaging, benchmarks, registries, the error model, CI's skips, the mutation
+    script's records) sit at the top of tests/."""
     tests = PACKAGE.parent / "tests"
     packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     folders = {p.parent.relative_to(tests).as_posix() for p in tests.rglob("test_*.py")}
     assert folders - {"."} <= packages, f"test folders that name no package: {sorted(folders - {'.'} - packages)}"
     top = sorted(p.name for p in tests.glob("test_*.py"))
     assert top == ["test_bench.py", "test_ci_skips.py", "test_docs.py", "test_error_model.py", "test_layout.py",
-                   "test_packaging.py", "test_registries.py"]
+                   "test_mutation_records.py", "test_packaging.py", "test_registries.py"]
