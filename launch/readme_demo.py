@@ -35,8 +35,9 @@ def cpu() -> str:
     """The kind of CPU the scores were computed on: its model name and the vector instructions torch uses."""
     import torch  # here: the README's excerpt is read without it
 
-    name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")), "") if Path("/proc/cpuinfo").is_file() else ""
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.is_file() else []
+    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
     return f"{name or platform.processor() or platform.machine()} ({torch.backends.cpu.get_cpu_capability()})"
 
 

@@ -19,7 +19,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +35,7 @@ from sigmanens_dist.export.program_file import write_program
 from sigmanens_dist.inference.conformal import in_sets
 from sigmanens_dist.inference.norm_stats import norm_stats_problem, with_norm_stats
 from sigmanens_dist.inference.scores import disagreement, ensemble_log_probs, entropy, mutual_information
+from sigmanens_dist.models import TrainedModel
 from sigmanens_dist.program_meta import (
     CONFORMAL_OUTPUT,
     METADATA_FILE,
@@ -44,9 +45,6 @@ from sigmanens_dist.program_meta import (
     ProgramInput,
     ProgramMeta,
 )
-
-if TYPE_CHECKING:
-    from sigmanens_dist.models import TrainedModel
 
 __all__ = ["ProgramHead", "class_names", "export_program"]
 
@@ -119,6 +117,9 @@ def export_program(loaded: TrainedModel, out: Path, members: Sequence[int] | Non
     weights the run did not keep, batch statistics for a model without BatchNorm, a text recipe and a fit that would
     read the test set are refused before anything is computed. Everything the program needs from this module is
     worked out first, then the model, its fit and the file, each once."""
+    if not isinstance(loaded, TrainedModel):  # it took a checkpoint path until 0.3.0: say what it takes now
+        raise UsageError(f"export_program takes the model load_trained rebuilt (export_program(load_trained(path), "
+                         f"out)), not a {type(loaded).__name__}")
     cfg, full, method = loaded.cfg, loaded.model if weights == "raw" else loaded.ema, loaded.cfg.model.method
     if full is None:
         raise UsageError(f"--weights ema: {loaded.path} holds no EMA weights (the run had no train.ema_decay); "

@@ -33,6 +33,7 @@ from sigmanens_dist.config import EvalConfig, load_config
 from sigmanens_dist.data.loaders import CLASSES_FILE, build_data
 from sigmanens_dist.data.raw import build_datasets
 from sigmanens_dist.distributed.env import DistEnv
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.evaluation.posthoc import fit_posthoc_on
 from sigmanens_dist.export.fit import SATURATION_BAND, program_threshold
 from sigmanens_dist.export.program import ProgramHead, class_names, export_program
@@ -518,3 +519,11 @@ def test_a_program_without_data_img_size_takes_its_datasets_own_side() -> None:
     assert _default_size(SimpleNamespace(data=SimpleNamespace(dataset="cifar10"))) == 32
     assert _default_size(SimpleNamespace(data=SimpleNamespace(dataset="fashion_mnist"))) == 28
     assert _default_size(SimpleNamespace(data=SimpleNamespace(dataset="synthetic"))) == 16
+
+
+def test_export_program_given_a_path_says_what_it_takes(tmp_path: Path) -> None:
+    """It took the checkpoint's path until 0.3.0; given one now it says to rebuild the model first, before any
+    file is written."""
+    with pytest.raises(UsageError, match=r"takes the model load_trained rebuilt .*not a PosixPath"):
+        export_program(tmp_path / "ckpt.pt", tmp_path / "model.pt2")  # type: ignore[arg-type]
+    assert not (tmp_path / "model.pt2").exists()
