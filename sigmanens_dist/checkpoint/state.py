@@ -109,6 +109,9 @@ class TrainerState:
         """One checkpoint file or folder, or an error if it is unreadable, not ours or of a later version. A
         folder's shard index is checked (by the strategy that writes the format), its shards stay where they are."""
         path = Path(path)
+        if path.is_dir() and not (path / TRAINER_STATE).is_file():  # a run directory, or a folder half written
+            raise UsageError(f"{path} is a folder without {TRAINER_STATE}: not a checkpoint folder (a run directory? "
+                             "give its checkpoints/best.pt or a step, or resolve it with resolve_checkpoint)")
         raw = load_file(path / TRAINER_STATE if path.is_dir() else path, "checkpoint")
         return cls.from_dict(raw, path)
 

@@ -148,6 +148,16 @@ def test_truncated_empty_and_garbage_files_are_one_line(tmp_path: Path, where: s
         assert str(path) in _one_line(err.value), (case, str(err.value))
 
 
+def test_a_folder_without_trainer_state_is_one_line(tmp_path: Path) -> None:
+    """A run directory given where a checkpoint is read (the library's load_trained, read_checkpoint) is refused by
+    name, not a FileNotFoundError for a trainer.pt the caller never named."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    with pytest.raises(UsageError, match=TRAINER_STATE) as err:
+        consolidated_state_dict(run)
+    assert str(run) in _one_line(err.value)
+
+
 def test_broken_weights_files_are_one_line(tmp_path: Path) -> None:
     for case, data in BROKEN.items():
         for suffix, load in ((".pt", load_file), (".safetensors", load_safetensors)):
