@@ -19,14 +19,17 @@ import numpy as np
 import torch
 
 from sigmanens_dist.checkpoint import resolve_checkpoint
+from sigmanens_dist.errors import UsageError
 from sigmanens_dist.models import load_trained
 from sigmanens_dist.sigma.layers import SigmaBatchNorm
 
 HEADS = ("mean distance, median channel", "mean distance, largest", "variance ratio, median channel")
 
 
-def spread(mean: torch.Tensor, var: torch.Tensor) -> tuple[float, float, float]:
-    """Members' (M, C) running statistics → the three columns of :data:`HEADS` for one layer."""
+def spread(mean: torch.Tensor, var: torch.Tensor, eps: float) -> tuple[float, float, float]:
+    """Members' (M, C) running statistics → the three columns of :data:`HEADS` for one layer. ``eps``: the layer's,
+    added to every variance as its normalisation does, so that a dead channel (variance 0) gives finite numbers."""
+    var = var + eps
     pooled_sd = var.mean(0).sqrt()
     distance = ((mean - mean.mean(0)).abs().max(0).values / pooled_sd).numpy()
     ratio = (var.max(0).values / var.min(0).values).numpy()
@@ -41,14 +44,17 @@ def layer_spreads(checkpoint: Path) -> dict[str, tuple[float, float, float]]:
               if isinstance(module, SigmaBatchNorm) and module.keeps_running_stats()}
     if not layers:
         raise SystemExit(f"{checkpoint}: no σ BatchNorm layer with running statistics (not a σN-Ens BatchNorm model)")
-    return {name: spread(m.running_mean.detach(), m.running_var.detach()) for name, m in layers.items()}
+    return {name: spread(m.running_mean.detach(), m.running_var.detach(), m.eps) for name, m in layers.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoints", nargs="+", type=Path, help="σN-Ens checkpoints or run directories")
     args = ap.parse_args()
-    found = [layer_spreads(c) for c in args.checkpoints]
+    try:
+        found = [layer_spreads(c) for c in args.checkpoints]
+    except UsageError as err:  # a missing, foreign or unreadable checkpoint: its one line, no traceback
+        raise SystemExit(f"member_statistics: {err}") from None
     names = list(found[0])
     if any(list(f) != names for f in found):
         raise SystemExit("the checkpoints are not of one architecture (their σ BatchNorm layers differ)")
