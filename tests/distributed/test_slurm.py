@@ -101,8 +101,11 @@ def _wait_for(done: Callable[[], bool], job: int, cluster: SlurmCluster, timeout
 
 
 def _attempts(run_dir: Path) -> list[list[str]]:
-    """``slurm_attempts.log``: restart count, job id, start step, end step, outcome."""
-    return [line.split() for line in (run_dir / "slurm_attempts.log").read_text().splitlines()]
+    """``slurm_attempts.log``: restart count, job id, start step, end step, outcome — its complete lines only: the
+    batch script's ``echo >>`` creates the file before it writes the line, and a poll can land in between."""
+    log = run_dir / "slurm_attempts.log"
+    text = log.read_text() if log.exists() else ""
+    return [line.split() for line in text[: text.rfind("\n") + 1].splitlines()]
 
 
 def _mlflow_runs(runs_root: Path) -> list:
@@ -137,7 +140,7 @@ def test_user_scancel_is_not_requeued(slurm: SlurmCluster, tmp_path: Path) -> No
     _wait_for(lambda: (run / "checkpoints" / "step_00000004.pt").exists(), job, slurm)
     slurm.run("scancel", str(job))
     deadline = time.time() + 120
-    while not (run / "slurm_attempts.log").exists():  # the batch script's decision, after srun returned
+    while not _attempts(run):  # the batch script's decision, after srun returned
         assert time.time() < deadline, "the batch script never recorded the attempt"
         time.sleep(0.5)
     info = slurm.wait_done(job, timeout=120)
@@ -168,7 +171,7 @@ def test_preempted_twice_requeues_and_resumes_exactly(slurm: SlurmCluster, tmp_p
 
     _wait_for(lambda: (run / "checkpoints" / "step_00000004.pt").exists(), job, slurm)
     slurm.run("scancel", "--batch", "--signal=USR1", str(job))
-    _wait_for(lambda: (run / "slurm_attempts.log").exists(), job, slurm)  # attempt 1 answered; the requeue follows
+    _wait_for(lambda: len(_attempts(run)) > 0, job, slurm)  # attempt 1 answered; the requeue follows
     again = (int(_attempts(run)[0][3]) // 2 + 3) * 2  # a checkpoint the resumed attempt writes a few steps later
     _wait_for(lambda: (run / "checkpoints" / f"step_{again:08d}.pt").exists(), job, slurm)
     slurm.run("scancel", "--signal=USR1", str(job))
