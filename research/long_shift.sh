@@ -9,7 +9,8 @@
 # results/shift_<budget>/records/<study>.jsonl (a recorded study whose checkpoint is gone and which was not scored yet is
 # trained again: same seed and recipe, another machine's floats may differ), each validation evaluation in
 # results/shift_<budget>/val/<run>/eval.json; the checkpoints stay in OUT.
-#   bash research/long_shift.sh train [OUT] [LANE...]   # lanes: single sigma sigma_t025 sigma_t1 wide deep packed3
+#   bash research/long_shift.sh train [OUT] [LANE...]   # lanes: single sigma sigma_t025 sigma_t1 sigma_l0001 sigma_l01
+#                                                       #   wide deep packed3
 #                                                       #   single_augmix sigma_augmix sigma_augmix_spread (default: all)
 #   bash research/long_shift.sh choose [OUT] [STUDY...] # the validation-shift evaluations of every trained run (or of
 #                                                       #   the studies named, e.g. sigma_s3: two may run at once)
@@ -63,6 +64,9 @@ SEED_LIST=(${SEEDS:-0 1 2 3 4})
 LANE_ARGS+=(
   [sigma_t025]="--methods sigma --members 4 reg.tau=0.25"
   [sigma_t1]="--methods sigma --members 4 reg.tau=1.0"
+  # λ a tenth and ten times the recipe's 0.01 (lever c of issue 52: λ had never been chosen under shift)
+  [sigma_l0001]="--methods sigma --members 4 reg.lambda=0.001"
+  [sigma_l01]="--methods sigma --members 4 reg.lambda=0.1"
   # One network at σN-Ens M=4's inference compute: test_resnet at twice the width (stem and every stage), 26.5 MFLOPs
   # an image against 4 × 6.65 (and 1.49M parameters, 3.98× one network's).
   [wide]="--methods single model.kwargs.channels=[64,96,96,192] model.kwargs.stem_width=32"

@@ -40,6 +40,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "results" / "shift_long"
 FAMILIES = {"single": "single model", "wide": "one network at M=4's compute (2× width)", "deep": "Deep Ensemble M=4",
             "packed3": "Packed-Ensembles M=4, α=3",
             "sigma_t025": "σN-Ens M=4, τ=0.25", "sigma": "σN-Ens M=4, τ=0.5", "sigma_t1": "σN-Ens M=4, τ=1",
+            "sigma_l0001": "σN-Ens M=4, τ=0.5, λ=0.001", "sigma_l01": "σN-Ens M=4, τ=0.5, λ=0.1",
             "single_augmix": "single model, AugMix", "sigma_augmix": "σN-Ens M=4, τ=0.5, AugMix",
             "sigma_augmix_spread": "σN-Ens M=4, τ=0.5, AugMix severities 1, 3, 5, 7"}
 NORMS = {"train": "training statistics", "batch": "batch statistics"}
