@@ -144,11 +144,15 @@ def choose_text(choice: dict[str, dict[str, Any]]) -> str:
                      for family, by_batch in choice.items() for batch, c in by_batch.items())
 
 
-def temperature_table(runs: Runs) -> str:
-    """Lever c: σN-Ens at another τ against the recipe's τ = 0.5, each at the same configuration, paired by seed (on
-    the validation split and shift, where the choice is made); empty when no other τ was scored."""
+# lever c: σN-Ens at another τ or λ than the recipe's (τ = 0.5, λ = 0.01)
+RECIPE_VARIANTS = ("sigma_t025", "sigma_t1", "sigma_l0001", "sigma_l01")
+
+
+def recipe_table(runs: Runs) -> str:
+    """Lever c: σN-Ens at another τ or λ against the recipe, each at the same configuration, paired by seed (on the
+    validation split and shift, where the choice is made); empty when no variant was scored."""
     pairs = [(f"{label(c)}: {FAMILIES[f]} − {FAMILIES['sigma']}", (f, c), ("sigma", c))
-             for f, c in _ordered(runs) if f in ("sigma_t025", "sigma_t1")]
+             for f, c in _ordered(runs) if f in RECIPE_VARIANTS]
     return difference_table(runs, pairs) if pairs else ""
 
 
@@ -185,7 +189,7 @@ def main() -> None:
         print(test_tables(runs, found, json.loads(choice_file.read_text()) if choice_file.exists() else {}))
         return
     choice = choose(runs)
-    print(score_table(runs, _ordered(runs)), choose_text(choice), temperature_table(runs), sep="\n\n")
+    print(score_table(runs, _ordered(runs)), choose_text(choice), recipe_table(runs), sep="\n\n")
     if args.write:
         write_choice(evals, choice)
 
